@@ -1,0 +1,52 @@
+"""Assembles the stub: machine + handler families + dispatcher + server. The CLI and the tests both use it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from .machine import Machine
+from .rsp.dispatch import Dispatcher
+from .rsp.server import RspServer
+from .rsp.session import Session
+from .stub.core import CoreHandlers, ViewHolder, stop_reply
+from .stub.live import LiveView
+from .stub.machine_monitor import register_machine_commands
+from .stub.monitor import Monitor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StubConfig:
+    allow_writes: bool = False
+
+
+@dataclass
+class Stub:
+    """Everything one running stub owns; sessions come and go, the stub and its kernel stay."""
+
+    machine: Machine
+    config: StubConfig = field(default_factory=StubConfig)
+    started: float = field(init=False, default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        live = LiveView(self.machine)
+        self.views = ViewHolder(live)
+        self.monitor = Monitor()
+        register_machine_commands(self.monitor, self.machine, self.started)
+        self.core = CoreHandlers(self.views, self.config.allow_writes, live.write_memory)
+        self.dispatcher = Dispatcher((self.core, self.monitor))
+
+    def make_session(self) -> Session:
+        return Session(self.dispatcher, stop_reply=stop_reply())
+
+    def on_connect(self) -> None:
+        self.views.current = None
+
+    def on_disconnect(self) -> None:
+        self.views.current = None
+
+    def server(self, host: str, port: int) -> RspServer:
+        return RspServer(self.make_session, host, port, on_connect=self.on_connect, on_disconnect=self.on_disconnect)

@@ -1,0 +1,94 @@
+"""The amd64 register file as GDB sees it: one table for the `g` packet, `p`, target.xml and trace frames.
+
+GDB's amd64 core feature numbers the registers in this order; the target description we serve describes
+exactly these, so the `g` reply, a trace frame's register block and GDB's regnums all agree by construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Register:
+    name: str
+    size: int  # bytes in the `g` packet
+    gdb_type: str
+    group: str = "general"
+
+
+_GPR = ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15")
+_TYPES = {"rbp": "data_ptr", "rsp": "data_ptr", "rip": "code_ptr", "eflags": "i386_eflags"}
+
+REGISTERS: tuple[Register, ...] = (
+    *(Register(name, 8, _TYPES.get(name, "int64")) for name in _GPR),
+    Register("rip", 8, "code_ptr"),
+    Register("eflags", 4, "i386_eflags"),
+    *(Register(name, 4, "int32") for name in ("cs", "ss", "ds", "es", "fs", "gs")),
+    # x87 state: GDB's amd64 core feature requires it; the kernel never uses it, values are real anyway.
+    *(Register(f"st{i}", 10, "i387_ext", "float") for i in range(8)),
+    *(
+        Register(name, 4, "int", "float")
+        for name in ("fctrl", "fstat", "ftag", "fiseg", "fioff", "foseg", "fooff", "fop")
+    ),
+)
+
+REGISTER_INDEX: dict[str, int] = {reg.name: i for i, reg in enumerate(REGISTERS)}
+OFFSETS: tuple[int, ...] = tuple(sum(r.size for r in REGISTERS[:i]) for i in range(len(REGISTERS)))
+G_PACKET_SIZE: int = sum(r.size for r in REGISTERS)
+PC_REGNUM = REGISTER_INDEX["rip"]
+SP_REGNUM = REGISTER_INDEX["rsp"]
+#: Registers a tracepoint's register block (`collect $regs`) holds: GPRs, rip, eflags and segments.
+GENERAL_REGISTERS: tuple[Register, ...] = REGISTERS[: REGISTER_INDEX["gs"] + 1]
+
+
+def encode_registers(values: dict[str, int]) -> bytes:
+    """Raw `g` block (little-endian, GDB order). Registers missing from `values` are zero-filled."""
+    out = bytearray()
+    for reg in REGISTERS:
+        out += (values.get(reg.name, 0) & ((1 << (8 * reg.size)) - 1)).to_bytes(reg.size, "little")
+    return bytes(out)
+
+
+def decode_registers(block: bytes) -> dict[str, int]:
+    """Inverse of `encode_registers` for as many registers as the block holds."""
+    values: dict[str, int] = {}
+    for reg, offset in zip(REGISTERS, OFFSETS):
+        if offset + reg.size > len(block):
+            break
+        values[reg.name] = int.from_bytes(block[offset : offset + reg.size], "little")
+    return values
+
+
+def hex_registers(values: dict[str, int | None]) -> str:
+    """The `g` reply text: hex per register, `xx…` for a register whose value is unavailable (None/missing)."""
+    parts = []
+    for reg in REGISTERS:
+        value = values.get(reg.name)
+        if value is None:
+            parts.append("xx" * reg.size)
+        else:
+            parts.append((value & ((1 << (8 * reg.size)) - 1)).to_bytes(reg.size, "little").hex())
+    return "".join(parts)
+
+
+def target_xml() -> str:
+    """Target description for GDB (`qXfer:features:read:target.xml`)."""
+    lines = [
+        '<?xml version="1.0"?>',
+        '<!DOCTYPE target SYSTEM "gdb-target.dtd">',
+        "<target>",
+        "<architecture>i386:x86-64</architecture>",
+        '<feature name="org.gnu.gdb.i386.core">',
+        '<flags id="i386_eflags" size="4">',
+    ]
+    for bit, name in ((0, "CF"), (2, "PF"), (4, "AF"), (6, "ZF"), (7, "SF"), (8, "TF"), (9, "IF"), (10, "DF"), (11, "OF")):
+        lines.append(f'<field name="{name}" start="{bit}" end="{bit}"/>')
+    lines.append("</flags>")
+    for regnum, reg in enumerate(REGISTERS):
+        lines.append(
+            f'<reg name="{reg.name}" bitsize="{reg.size * 8}" type="{reg.gdb_type}" regnum="{regnum}"'
+            f' group="{reg.group}"/>'
+        )
+    lines += ["</feature>", "</target>"]
+    return "\n".join(lines) + "\n"

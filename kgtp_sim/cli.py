@@ -1,0 +1,90 @@
+"""Command line: `kgtp-sim serve` starts the kernel and the stub; GDB attaches with `target remote`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from .rsp.server import is_loopback
+
+BUNDLED_KERNEL = Path(__file__).resolve().parent.parent / "fixtures" / "vmlinux"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kgtp-sim", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="start the simulated kernel and the GDB stub")
+    serve.add_argument("--kernel", type=Path, default=BUNDLED_KERNEL, help="static x86_64 kernel ELF (default: bundled)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=1234, help="TCP port (default: 1234; 0 picks a free one)")
+    serve.add_argument(
+        "--allow-remote", action="store_true", help="allow listening on a non-loopback address (a security risk)"
+    )
+    serve.add_argument("--allow-writes", action="store_true", help="let GDB write kernel memory (M/X packets)")
+    serve.add_argument("--hz", type=int, default=100, help="timer tick rate of the kernel (default: 100)")
+    serve.add_argument("--pace", type=int, default=None, help="kgtp_test_function calls per tick")
+    serve.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeat for packet traces)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)],
+        format="kgtp-sim: %(levelname)s %(name)s: %(message)s",
+    )
+    if args.command == "serve":
+        return serve(args)
+    return 2
+
+
+def serve(args: argparse.Namespace) -> int:
+    from .app import Stub, StubConfig
+    from .machine import KernelImage, KernelImageError, Machine
+
+    if not is_loopback(args.host):
+        if not args.allow_remote:
+            print(
+                f"kgtp-sim: refusing to listen on non-loopback address {args.host}: "
+                "anyone who can connect controls the kernel; pass --allow-remote to do it anyway",
+                file=sys.stderr,
+            )
+            return 2
+        print(f"kgtp-sim: WARNING: listening on {args.host}: any host that reaches it controls the kernel", file=sys.stderr)
+    try:
+        image = KernelImage.load(args.kernel)
+    except KernelImageError as error:
+        print(f"kgtp-sim: {error}", file=sys.stderr)
+        return 1
+    if not 1 <= args.hz <= 10000:
+        print("kgtp-sim: --hz must be between 1 and 10000", file=sys.stderr)
+        return 2
+    machine = Machine(image, hz=args.hz, **({"pace": args.pace} if args.pace is not None else {}))
+    stub = Stub(machine, StubConfig(allow_writes=args.allow_writes))
+    server = stub.server(args.host, args.port)
+    try:
+        host, port = server.bind()
+    except OSError as error:
+        print(f"kgtp-sim: cannot listen on {args.host}:{args.port}: {error.strerror or error}", file=sys.stderr)
+        return 1
+    machine.start()
+    print(f"kgtp-sim: kernel {args.kernel} running; listening on {host}:{port}", flush=True)
+    print(f"kgtp-sim: attach with: gdb {args.kernel} -ex 'target remote {host}:{port}'", flush=True)
+
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: object) -> None:
+        stop.set()
+        server.shutdown()
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    try:
+        server.serve_forever()
+    finally:
+        machine.shutdown()
+    return 0

@@ -1,0 +1,175 @@
+"""Packets GDB sends while attaching and for basic session control."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Self
+
+from .base import Packet, PacketError, parse_hex, parse_hex_bytes, parse_signed_hex
+
+
+@dataclass(frozen=True)
+class QSupported(Packet):
+    PREFIX = b"qSupported"
+    gdb_features: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        if body and not body.startswith(b":"):
+            raise PacketError("qSupported: expected ':' before the feature list")
+        text = body[1:].decode("latin-1")
+        return cls(tuple(f for f in text.split(";") if f))
+
+
+@dataclass(frozen=True)
+class StartNoAckMode(Packet):
+    PREFIX = b"QStartNoAckMode"
+    EXACT = True
+    FEATURES = ("QStartNoAckMode+",)
+
+
+@dataclass(frozen=True)
+class MustReplyEmpty(Packet):
+    PREFIX = b"vMustReplyEmpty"
+    EXACT = True
+
+
+@dataclass(frozen=True)
+class SetThread(Packet):
+    """`Hg<id>` / `Hc<id>`: the kernel is one thread to GDB, any id is accepted."""
+
+    PREFIX = b"H"
+    op: str = "g"
+    thread: int = 0
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        if len(body) < 2 or body[:1] not in (b"g", b"c", b"m"):
+            raise PacketError("H: expected Hg<thread> or Hc<thread>")
+        rest = body[1:]
+        if rest.startswith(b"p"):  # multiprocess form p<pid>.<tid>
+            rest = rest.rpartition(b".")[2]
+        return cls(body[:1].decode(), parse_signed_hex(rest, "thread id"))
+
+
+@dataclass(frozen=True)
+class HaltReason(Packet):
+    PREFIX = b"?"
+    EXACT = True
+
+
+@dataclass(frozen=True)
+class FirstThreadInfo(Packet):
+    PREFIX = b"qfThreadInfo"
+    EXACT = True
+
+
+@dataclass(frozen=True)
+class SubsequentThreadInfo(Packet):
+    PREFIX = b"qsThreadInfo"
+    EXACT = True
+
+
+@dataclass(frozen=True)
+class CurrentThread(Packet):
+    PREFIX = b"qC"
+    EXACT = True
+
+
+@dataclass(frozen=True)
+class ThreadAlive(Packet):
+    PREFIX = b"T"
+    thread: int = 1
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        return cls(parse_signed_hex(body, "thread id"))
+
+
+@dataclass(frozen=True)
+class Attached(Packet):
+    PREFIX = b"qAttached"
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        return cls()
+
+
+@dataclass(frozen=True)
+class Offsets(Packet):
+    PREFIX = b"qOffsets"
+    EXACT = True
+
+
+@dataclass(frozen=True)
+class SymbolLookup(Packet):
+    """`qSymbol::` (GDB offers to look up symbols); we need none, the ELF gives us every address."""
+
+    PREFIX = b"qSymbol"
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        return cls()
+
+
+@dataclass(frozen=True)
+class Detach(Packet):
+    PREFIX = b"D"
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        if body and not body.startswith(b";"):
+            raise PacketError("D: unexpected arguments")
+        return cls()
+
+
+@dataclass(frozen=True)
+class Kill(Packet):
+    PREFIX = b"k"
+    EXACT = True
+
+
+@dataclass(frozen=True)
+class Continue(Packet):
+    """`c`: the kernel never stops, so continuing only means waiting for the user's Ctrl-C."""
+
+    PREFIX = b"c"
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        if body:
+            parse_hex(body, "resume address")
+        return cls()
+
+
+@dataclass(frozen=True)
+class ReadFeatures(Packet):
+    """`qXfer:features:read:<annex>:<offset>,<length>`."""
+
+    PREFIX = b"qXfer:features:read:"
+    FEATURES = ("qXfer:features:read+",)
+    annex: str = ""
+    offset: int = 0
+    length: int = 0
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        annex, sep, window = body.rpartition(b":")
+        if not sep:
+            raise PacketError("qXfer: expected <annex>:<offset>,<length>")
+        offset, comma, length = window.partition(b",")
+        if not comma:
+            raise PacketError("qXfer: expected <offset>,<length>")
+        return cls(annex.decode("latin-1"), parse_hex(offset, "offset"), parse_hex(length, "length"))
+
+
+@dataclass(frozen=True)
+class MonitorCommand(Packet):
+    """`qRcmd,<hex command>`: GDB's `monitor` command."""
+
+    PREFIX = b"qRcmd,"
+    command: str = ""
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        return cls(parse_hex_bytes(body, "monitor command").decode("utf-8", "replace"))

@@ -1,0 +1,142 @@
+"""TCP transport for the RSP session: one debugger at a time, loopback unless told otherwise.
+
+The kernel is root on the machine it debugs, so the defaults are the safe ones: bind to 127.0.0.1, and refuse a
+second debugger with a clear error instead of letting two clients interleave tracepoint downloads.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .codec import Decoder, EventKind, encode_packet
+from .session import Session
+
+log = logging.getLogger(__name__)
+
+BUSY_MESSAGE = "kgtp-sim: another debugger is attached; only one is served at a time"
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+@dataclass
+class RspServer:
+    """Accepts connections and runs one `Session` per debugger in its own thread.
+
+    `make_session` builds a fresh session for each client (so ack mode and buffers never leak between
+    debuggers); `on_disconnect` lets the tracing layer stop or keep tracing when a client leaves.
+    """
+
+    make_session: Callable[[], Session]
+    host: str = "127.0.0.1"
+    port: int = 1234
+    on_connect: Callable[[], None] = lambda: None
+    on_disconnect: Callable[[], None] = lambda: None
+    idle_timeout: float | None = None
+    _listener: socket.socket | None = field(init=False, default=None)
+    _busy: threading.Lock = field(init=False, default_factory=threading.Lock)
+    _stop: threading.Event = field(init=False, default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(init=False, default_factory=list)
+    connections: int = field(init=False, default=0)
+    refused: int = field(init=False, default=0)
+
+    def bind(self) -> tuple[str, int]:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((self.host, self.port))
+        listener.listen(8)
+        listener.settimeout(0.2)
+        self._listener = listener
+        host, port = listener.getsockname()[:2]
+        self.port = port
+        return host, port
+
+    def serve_forever(self) -> None:
+        if self._listener is None:
+            self.bind()
+        assert self._listener is not None
+        while not self._stop.is_set():
+            try:
+                conn, peer = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if self._stop.is_set():
+                    break
+                raise
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._busy.acquire(blocking=False):
+                self.connections += 1
+                log.info("debugger connected from %s:%s", *peer[:2])
+                target = self._serve_client
+            else:
+                self.refused += 1
+                log.warning("refused a second debugger from %s:%s", *peer[:2])
+                target = self._refuse
+            thread = threading.Thread(target=target, args=(conn,), daemon=True, name=f"rsp-{peer[1]}")
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+            thread.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._listener is not None:
+            self._listener.close()
+        for thread in self._threads:
+            thread.join(timeout=2)
+
+    def _serve_client(self, conn: socket.socket) -> None:
+        session = self.make_session()
+        try:
+            self.on_connect()
+            conn.settimeout(0.5)
+            while not self._stop.is_set() and not session.closing:
+                try:
+                    data = conn.recv(65536)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    break
+                if not data:
+                    break
+                reply = session.receive(data)
+                if reply:
+                    conn.sendall(reply)
+        except OSError as error:
+            log.info("connection lost: %s", error)
+        finally:
+            conn.close()
+            if session.decoder.pending:
+                log.info("client left in the middle of a packet (%d bytes dropped)", session.decoder.pending)
+            try:
+                self.on_disconnect()
+            finally:
+                self._busy.release()
+                log.info("debugger disconnected")
+
+    @staticmethod
+    def _refuse(conn: socket.socket) -> None:
+        """Answer the newcomer's first packet with an error it prints, then hang up."""
+        decoder = Decoder()
+        try:
+            conn.settimeout(2.0)
+            while True:
+                data = conn.recv(4096)
+                if not data:
+                    return
+                if any(e.kind is EventKind.PACKET for e in decoder.feed(data)):
+                    conn.sendall(b"+" + encode_packet(b"E." + BUSY_MESSAGE.encode()))
+                    return
+        except OSError:
+            return
+        finally:
+            conn.close()

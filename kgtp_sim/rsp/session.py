@@ -1,0 +1,96 @@
+"""One debugger connection as a sans-IO state machine: bytes from GDB in, bytes for GDB out.
+
+It owns the acknowledgement protocol (acks, `-` retransmission, QStartNoAckMode), console output for
+`monitor`, and the one asynchronous case: a `c` that is answered only when the user presses Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from .codec import Decoder, EventKind, encode_packet
+from .dispatch import Binary, Deferred, Dispatcher, WithOutput
+
+log = logging.getLogger(__name__)
+
+#: Console output is split into `O` packets no longer than this (hex doubles it).
+_CONSOLE_CHUNK = 512
+
+
+@dataclass
+class SessionStats:
+    packets: int = 0
+    bad_checksums: int = 0
+    bad_packets: int = 0
+    retransmits: int = 0
+
+
+@dataclass
+class Session:
+    dispatcher: Dispatcher
+    stop_reply: bytes = b"S05"
+    decoder: Decoder = field(default_factory=Decoder)
+    ack_mode: bool = True
+    waiting_for_interrupt: bool = False
+    closing: bool = False
+    stats: SessionStats = field(default_factory=SessionStats)
+    _last_sent: bytes = b""
+
+    def receive(self, data: bytes) -> bytes:
+        """Consume bytes from GDB, return the bytes to send back (possibly empty)."""
+        out = bytearray()
+        for event in self.decoder.feed(data):
+            if event.kind is EventKind.PACKET:
+                self.stats.packets += 1
+                if self.ack_mode:
+                    out += b"+"
+                out += self._answer(event.payload)
+            elif event.kind is EventKind.NACK:
+                if self.ack_mode and self._last_sent:
+                    self.stats.retransmits += 1
+                    out += self._last_sent
+            elif event.kind is EventKind.INTERRUPT:
+                if self.waiting_for_interrupt:
+                    self.waiting_for_interrupt = False
+                    out += self._frame(self.stop_reply)
+                else:
+                    log.info("Ctrl-C while no continue is pending: ignored")
+            elif event.kind is EventKind.BAD_CHECKSUM:
+                self.stats.bad_checksums += 1
+                log.info("bad checksum: %s", event.detail)
+                if self.ack_mode:
+                    out += b"-"
+            elif event.kind is EventKind.BAD_PACKET:
+                self.stats.bad_packets += 1
+                log.info("bad packet: %s", event.detail)
+                if self.ack_mode:
+                    out += b"+"
+                out += self._frame(b"E01")
+            # ACK: nothing to do
+        return bytes(out)
+
+    def _answer(self, payload: bytes) -> bytes:
+        reply = self.dispatcher.dispatch(payload)
+        if payload == b"QStartNoAckMode" and reply == b"OK":
+            # GDB still acknowledges this OK; from the next packet on neither side acks.
+            self.ack_mode = False
+        if payload == b"k" or (payload[:1] == b"D" and reply == b"OK"):
+            self.closing = True
+        if isinstance(reply, Deferred):
+            self.waiting_for_interrupt = True
+            return b""
+        if isinstance(reply, WithOutput):
+            out = bytearray()
+            data = reply.text.encode()
+            for start in range(0, len(data), _CONSOLE_CHUNK):
+                out += self._frame(b"O" + data[start : start + _CONSOLE_CHUNK].hex().encode())
+            return bytes(out + self._frame(reply.final))
+        if isinstance(reply, Binary):
+            return self._frame(reply.data, binary=True)
+        return self._frame(reply)
+
+    def _frame(self, payload: bytes, *, binary: bool = False) -> bytes:
+        framed = encode_packet(payload, binary=binary)
+        self._last_sent = framed
+        return framed

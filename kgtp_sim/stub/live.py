@@ -1,0 +1,45 @@
+"""The live view: registers and memory of the running kernel, read coherently through the machine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..machine import Machine, MemoryFault
+from .view import ViewError
+
+_PAGE = 0x1000
+
+
+@dataclass
+class LiveView:
+    machine: Machine
+
+    def registers(self) -> dict[str, int | None]:
+        return dict(self.machine.registers())
+
+    def read_memory(self, address: int, length: int) -> bytes:
+        """Read `length` bytes, or the readable prefix when the range runs into unmapped memory."""
+        try:
+            return self.machine.read_memory(address, length)
+        except MemoryFault:
+            pass
+        # Partial read: page by page up to the first hole, so `x/…` at the end of a mapping still works.
+        out = bytearray()
+        cursor = address
+        end = address + length
+        while cursor < end:
+            step = min(end, (cursor | (_PAGE - 1)) + 1) - cursor
+            try:
+                out += self.machine.read_memory(cursor, step)
+            except MemoryFault:
+                break
+            cursor += step
+        if not out:
+            raise ViewError(f"cannot access memory at {address:#x}")
+        return bytes(out)
+
+    def write_memory(self, address: int, data: bytes) -> None:
+        try:
+            self.machine.write_memory(address, data)
+        except MemoryFault as fault:
+            raise ViewError(str(fault)) from None
