@@ -1,0 +1,188 @@
+"""Trace frames in GDB's trace-buffer format, and the view GDB reads while a frame is selected.
+
+A frame is `u16 tracepoint, u32 size` followed by `size` bytes of blocks (little-endian):
+`R` + register block (exactly the length of a `g` reply), `M` + u64 address + u16 length + bytes,
+`V` + i32 trace-variable number + i64 value, `S` + u16 length + static-tracepoint data.
+The same bytes are what `qTBuffer` hands to `tsave`, so GDB's tfile reader is the final judge of this module.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from ..arch import amd64
+from ..stub.view import StateView, ViewError
+
+FRAME_HEADER = struct.Struct("<HI")
+MEMORY_HEADER = struct.Struct("<QH")
+TSV_BLOCK = struct.Struct("<iq")
+STATIC_HEADER = struct.Struct("<H")
+
+
+class FrameFormatError(ValueError):
+    """Bytes that are not a well-formed trace frame: never produced by the stub, reported if read back."""
+
+
+@dataclass(frozen=True)
+class RegisterBlock:
+    data: bytes
+
+
+@dataclass(frozen=True)
+class MemoryBlock:
+    address: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class TsvBlock:
+    number: int
+    value: int
+
+
+@dataclass(frozen=True)
+class StaticBlock:
+    data: bytes
+
+
+Block = RegisterBlock | MemoryBlock | TsvBlock | StaticBlock
+
+
+def encode_block(block: Block) -> bytes:
+    if isinstance(block, RegisterBlock):
+        if len(block.data) != amd64.G_PACKET_SIZE:
+            raise FrameFormatError(f"register block of {len(block.data)} bytes, expected {amd64.G_PACKET_SIZE}")
+        return b"R" + block.data
+    if isinstance(block, MemoryBlock):
+        return b"M" + MEMORY_HEADER.pack(block.address, len(block.data)) + block.data
+    if isinstance(block, TsvBlock):
+        return b"V" + TSV_BLOCK.pack(block.number, block.value)
+    return b"S" + STATIC_HEADER.pack(len(block.data)) + block.data
+
+
+def encode_frame(tracepoint: int, blocks: list[Block] | tuple[Block, ...]) -> bytes:
+    body = b"".join(encode_block(b) for b in blocks)
+    return FRAME_HEADER.pack(tracepoint, len(body)) + body
+
+
+def parse_blocks(body: bytes) -> tuple[Block, ...]:
+    blocks: list[Block] = []
+    pos = 0
+    while pos < len(body):
+        kind = body[pos : pos + 1]
+        pos += 1
+        try:
+            if kind == b"R":
+                end = pos + amd64.G_PACKET_SIZE
+                if end > len(body):
+                    raise FrameFormatError("truncated register block")
+                blocks.append(RegisterBlock(body[pos:end]))
+            elif kind == b"M":
+                address, length = MEMORY_HEADER.unpack_from(body, pos)
+                start = pos + MEMORY_HEADER.size
+                end = start + length
+                if end > len(body):
+                    raise FrameFormatError("truncated memory block")
+                blocks.append(MemoryBlock(address, body[start:end]))
+            elif kind == b"V":
+                number, value = TSV_BLOCK.unpack_from(body, pos)
+                end = pos + TSV_BLOCK.size
+                blocks.append(TsvBlock(number, value))
+            elif kind == b"S":
+                (length,) = STATIC_HEADER.unpack_from(body, pos)
+                start = pos + STATIC_HEADER.size
+                end = start + length
+                if end > len(body):
+                    raise FrameFormatError("truncated static-data block")
+                blocks.append(StaticBlock(body[start:end]))
+            else:
+                raise FrameFormatError(f"unknown block type {kind!r} at offset {pos - 1}")
+        except struct.error:
+            raise FrameFormatError(f"truncated {kind!r} block") from None
+        pos = end
+    return tuple(blocks)
+
+
+@dataclass(frozen=True)
+class TraceFrame:
+    """One collected frame plus what GDB's format has no room for: when, on which CPU, in which order."""
+
+    number: int
+    tracepoint: int
+    blocks: tuple[Block, ...]
+    timestamp_ns: int = 0
+    cpu: int = 0
+
+    @property
+    def registers(self) -> dict[str, int] | None:
+        for block in self.blocks:
+            if isinstance(block, RegisterBlock):
+                return amd64.decode_registers(block.data)
+        return None
+
+    def memory_ranges(self) -> list[tuple[int, int]]:
+        return [(b.address, len(b.data)) for b in self.blocks if isinstance(b, MemoryBlock)]
+
+    def tsv_numbers(self) -> list[int]:
+        return [b.number for b in self.blocks if isinstance(b, TsvBlock)]
+
+    def static_data(self) -> bytes | None:
+        for block in self.blocks:
+            if isinstance(block, StaticBlock):
+                return block.data
+        return None
+
+    def to_gdb(self) -> bytes:
+        return encode_frame(self.tracepoint, self.blocks)
+
+
+@dataclass
+class FrameView(StateView):
+    """What `g`/`p`/`m` answer while a frame is selected.
+
+    Registers come from the frame's register block; a frame without one still reports the tracepoint's address
+    as its PC (GDB relies on that to tell a tracepoint hit from a while-stepping frame). Memory comes from the
+    frame's blocks, or from live memory inside read-only regions (QTro), where the live bytes are the same as at
+    hit time; anything else is unavailable.
+    """
+
+    frame: TraceFrame
+    pc: int
+    live: StateView
+    read_only: list[tuple[int, int]] = field(default_factory=list)
+
+    def registers(self) -> dict[str, int | None]:
+        values: dict[str, int | None] = dict(self.frame.registers or {})
+        if "rip" not in values:
+            values["rip"] = self.pc
+        return values
+
+    def read_memory(self, address: int, length: int) -> bytes:
+        out = bytearray()
+        cursor = address
+        end = address + length
+        while cursor < end:
+            chunk = self._chunk_at(cursor, end)
+            if not chunk:
+                break
+            out += chunk
+            cursor += len(chunk)
+        if not out:
+            raise ViewError(f"memory at {address:#x} was not collected in this trace frame")
+        return bytes(out)
+
+    def _chunk_at(self, cursor: int, end: int) -> bytes:
+        # Later blocks win: GDB's own tfile reader scans blocks in order and uses the first match, and a frame
+        # never holds two different values for one address, so order does not matter in practice.
+        for block in self.frame.blocks:
+            if isinstance(block, MemoryBlock) and block.address <= cursor < block.address + len(block.data):
+                offset = cursor - block.address
+                return block.data[offset : offset + (end - cursor)]
+        for start, stop in self.read_only:
+            if start <= cursor < stop:
+                try:
+                    return self.live.read_memory(cursor, min(end, stop) - cursor)
+                except ViewError:
+                    return b""
+        return b""

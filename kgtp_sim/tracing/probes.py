@@ -1,0 +1,222 @@
+"""Where a probe may go and how the instructions it displaces run elsewhere (kprobes / optprobes rules).
+
+A probe replaces code at its address: one byte (int3) or five (a `jmp rel32` to a detour, like optimized
+kprobes). The instructions it covers are copied, relocated, into the detour and executed there before jumping
+back. That is only correct when nothing can land inside the covered bytes, so a jump probe is refused when:
+
+- the address is not an instruction boundary of a function in kernel text;
+- the five bytes would run past the end of the function;
+- another instruction of the function branches into the covered bytes (after the first);
+- the function has an indirect jump (a jump table could target the covered bytes: we cannot know);
+- a call or software interrupt sits inside the window but not last (its return address would point inside).
+
+An int3 probe covers one instruction and only needs the first rule. Relocation rewrites RIP-relative operands
+and relative branches for the new address; calls become `push return; jmp target` so the return address on the
+stack is the original one.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Protocol
+
+from capstone import CS_ARCH_X86, CS_MODE_64, CS_OP_IMM, CS_OP_MEM, Cs
+from capstone import x86_const as X
+
+JUMP_SIZE = 5
+INT3 = b"\xcc"
+
+_cs = Cs(CS_ARCH_X86, CS_MODE_64)
+_cs.detail = True
+
+_COND_JUMPS = {
+    X.X86_INS_JO: 0x0, X.X86_INS_JNO: 0x1, X.X86_INS_JB: 0x2, X.X86_INS_JAE: 0x3, X.X86_INS_JE: 0x4,
+    X.X86_INS_JNE: 0x5, X.X86_INS_JBE: 0x6, X.X86_INS_JA: 0x7, X.X86_INS_JS: 0x8, X.X86_INS_JNS: 0x9,
+    X.X86_INS_JP: 0xA, X.X86_INS_JNP: 0xB, X.X86_INS_JL: 0xC, X.X86_INS_JGE: 0xD, X.X86_INS_JLE: 0xE,
+    X.X86_INS_JG: 0xF,
+}
+_SHORT_ONLY_BRANCHES = {X.X86_INS_LOOP, X.X86_INS_LOOPE, X.X86_INS_LOOPNE, X.X86_INS_JRCXZ, X.X86_INS_JECXZ}
+_ENDS_FLOW = {X.X86_INS_RET, X.X86_INS_JMP, X.X86_INS_UD2, X.X86_INS_IRETQ, X.X86_INS_HLT}
+_CALL_LIKE = {X.X86_INS_CALL, X.X86_INS_INT, X.X86_INS_INT3, X.X86_INS_SYSCALL, X.X86_INS_INT1}
+
+
+class ProbePlacementError(ValueError):
+    """A probe cannot go there; the message says why, in the user's terms."""
+
+
+class CodeSource(Protocol):
+    text_range: tuple[int, int]
+
+    def function_bounds(self, address: int) -> tuple[str, int, int] | None:
+        """(name, start, end) of the function containing `address`, or None."""
+
+    def read_code(self, address: int, length: int) -> bytes:
+        """Original bytes of the kernel image (not the live, possibly patched, memory)."""
+
+
+@dataclass(frozen=True)
+class Instruction:
+    address: int
+    size: int
+    code: bytes
+    mnemonic: str
+    op_str: str
+    id: int
+    branch_target: int | None  # direct relative branch/call target
+    rip_disp_offset: int | None  # byte offset of a RIP-relative displacement inside `code`
+    indirect_jump: bool
+
+    @property
+    def end(self) -> int:
+        return self.address + self.size
+
+    def __str__(self) -> str:
+        return f"{self.address:#x}: {self.mnemonic} {self.op_str}".rstrip()
+
+
+def decode(code: bytes, address: int) -> list[Instruction]:
+    """Linear sweep; stops at the first byte capstone cannot decode."""
+    out = []
+    for insn in _cs.disasm(code, address):
+        target = None
+        rip_offset = None
+        indirect = False
+        operands = insn.operands
+        if insn.group(X.X86_GRP_JUMP) or insn.group(X.X86_GRP_CALL):
+            if operands and operands[0].type == CS_OP_IMM and insn.group(X.X86_GRP_BRANCH_RELATIVE):
+                target = operands[0].imm & ((1 << 64) - 1)
+            elif insn.group(X.X86_GRP_JUMP):
+                indirect = True
+        for op in operands:
+            if op.type == CS_OP_MEM and op.mem.base == X.X86_REG_RIP:
+                rip_offset = insn.disp_offset
+        out.append(
+            Instruction(insn.address, insn.size, bytes(insn.bytes), insn.mnemonic, insn.op_str, insn.id,
+                        target, rip_offset, indirect)
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class ProbeSite:
+    """A vetted probe location: what it overwrites and what must be executed out of line."""
+
+    address: int
+    function: str
+    kind: str  # "jump" or "int3"
+    displaced: tuple[Instruction, ...]
+    original: bytes
+
+    @property
+    def length(self) -> int:
+        return len(self.original)
+
+    @property
+    def resume_address(self) -> int:
+        return self.address + self.length
+
+
+def _function_instructions(source: CodeSource, address: int) -> tuple[str, int, int, list[Instruction]]:
+    low, high = source.text_range
+    if not low <= address < high:
+        raise ProbePlacementError(f"{address:#x} is outside kernel text ({low:#x}-{high:#x})")
+    bounds = source.function_bounds(address)
+    if bounds is None:
+        raise ProbePlacementError(f"{address:#x} is not inside a known kernel function")
+    name, start, end = bounds
+    instructions = decode(source.read_code(start, end - start), start)
+    if not any(i.address == address for i in instructions):
+        raise ProbePlacementError(f"{address:#x} is in the middle of an instruction of {name}")
+    return name, start, end, instructions
+
+
+def plan_probe(source: CodeSource, address: int, kind: str) -> ProbeSite:
+    """Check `address` for a probe of `kind` ("jump" or "int3") and return what it displaces."""
+    name, _start, end, instructions = _function_instructions(source, address)
+    index = next(i for i, insn in enumerate(instructions) if insn.address == address)
+    if kind == "int3":
+        displaced = (instructions[index],)
+        _check_relocatable(displaced, name)
+        return ProbeSite(address, name, "int3", displaced, displaced[0].code[:1])
+    if kind != "jump":
+        raise ValueError(kind)
+
+    window: list[Instruction] = []
+    covered = 0
+    for insn in instructions[index:]:
+        window.append(insn)
+        covered += insn.size
+        if covered >= JUMP_SIZE:
+            break
+    if covered < JUMP_SIZE or address + covered > end:
+        raise ProbePlacementError(f"a 5-byte jump at {address:#x} would cross the end of {name}")
+    inside = {insn.address for insn in window[1:]}
+    for insn in instructions:
+        if insn.indirect_jump:
+            raise ProbePlacementError(f"{name} has an indirect jump ({insn}); a jump probe there is unsafe")
+        if insn.branch_target in inside:
+            raise ProbePlacementError(
+                f"a 5-byte jump at {address:#x} would cover {insn.branch_target:#x}, a jump target of {insn}"
+            )
+    for insn in window[:-1]:
+        if insn.id in _CALL_LIKE:
+            raise ProbePlacementError(f"{insn} inside the 5-byte window would return into the middle of it")
+        if insn.id in _ENDS_FLOW:
+            raise ProbePlacementError(f"{insn} inside the 5-byte window ends the flow before the window does")
+    _check_relocatable(tuple(window), name)
+    original = source.read_code(address, covered)
+    return ProbeSite(address, name, "jump", tuple(window), original)
+
+
+def _check_relocatable(instructions: tuple[Instruction, ...], function: str) -> None:
+    for insn in instructions:
+        if insn.id in _SHORT_ONLY_BRANCHES:
+            raise ProbePlacementError(f"{insn} in {function} has only a short form and cannot be relocated")
+        if insn.id in (X.X86_INS_INT3, X.X86_INS_INT1):
+            raise ProbePlacementError(f"{insn} in {function} is already a breakpoint")
+
+
+def _rel32(source_end: int, target: int) -> bytes:
+    delta = target - source_end
+    if not -(2**31) <= delta < 2**31:
+        raise ProbePlacementError(f"target {target:#x} is out of rel32 reach from {source_end:#x}")
+    return struct.pack("<i", delta)
+
+
+def jump(at: int, target: int) -> bytes:
+    """`jmp rel32` placed at `at` going to `target`."""
+    return b"\xe9" + _rel32(at + JUMP_SIZE, target)
+
+
+def relocate(instructions: tuple[Instruction, ...], at: int) -> bytes:
+    """Re-encode `instructions` to run at address `at` with the same effect as at their own address."""
+    out = bytearray()
+    for insn in instructions:
+        here = at + len(out)
+        if insn.branch_target is not None:
+            target = insn.branch_target
+            if insn.id == X.X86_INS_JMP:
+                out += jump(here, target)
+            elif insn.id == X.X86_INS_CALL:
+                # push the original return address (sign-extended imm32 reaches the kernel's top 2 GiB)
+                ret = insn.end
+                if not ret >= (1 << 64) - (1 << 31):
+                    raise ProbePlacementError(f"cannot emulate {insn}: return address out of imm32 reach")
+                out += b"\x68" + struct.pack("<i", ret - (1 << 64))
+                out += jump(here + 5, target)
+            elif insn.id in _COND_JUMPS:
+                out += bytes((0x0F, 0x80 | _COND_JUMPS[insn.id])) + _rel32(here + 6, target)
+            else:
+                raise ProbePlacementError(f"cannot relocate branch {insn}")
+        elif insn.rip_disp_offset is not None:
+            code = bytearray(insn.code)
+            (disp,) = struct.unpack_from("<i", code, insn.rip_disp_offset)
+            absolute = insn.end + disp
+            code[insn.rip_disp_offset : insn.rip_disp_offset + 4] = _rel32(here + insn.size, absolute)
+            out += code
+        elif insn.id == X.X86_INS_NOP:
+            continue  # marker sites and alignment padding: nothing to execute
+        else:
+            out += insn.code
+    return bytes(out)
