@@ -111,8 +111,9 @@ class TraceFrame:
     number: int
     tracepoint: int
     blocks: tuple[Block, ...]
-    timestamp_ns: int = 0
+    timestamp: int = 0  # TSC ticks at commit
     cpu: int = 0
+    sequence: int = 0  # order of creation since tstart (frame numbers restart as old frames are evicted)
 
     @property
     def registers(self) -> dict[str, int] | None:

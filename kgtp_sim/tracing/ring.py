@@ -1,0 +1,248 @@
+"""The trace buffer: a ring of trace frames in emulated memory, written by native code and read by Python.
+
+Native detours reserve an entry, let the compiled actions append blocks, then commit it; Python (the interpreter
+engine, qTStatus, QTFrame, qTBuffer) reads and writes the same bytes with the same rules, so the two can never
+disagree about what was collected.
+
+Positions are *logical*: `head` and `tail` only grow; the byte for logical position `p` lives at
+`base + p % size`. An entry never wraps physically: when it would not fit before the end, a padding entry fills
+the rest and the entry starts at physical 0. Entries are 8-byte aligned:
+
+    u32 length (whole entry incl. this header)   u32 cpu (PAD_CPU for padding)
+    u64 timestamp (TSC)                           u64 sequence number
+    u16 tracepoint  u32 frame size  blocks...     (GDB's trace-frame format, what qTBuffer serves)
+
+A frame may take at most half the ring. Circular mode evicts the oldest entries to make room; otherwise a frame that does not fit sets `full` and is
+dropped, which stops the run with `tfull`.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Protocol
+
+from .frames import FRAME_HEADER, TraceFrame, parse_blocks
+
+# Control block: u64 fields.
+CTL_BASE = 0x00
+CTL_SIZE = 0x08
+CTL_HEAD = 0x10
+CTL_TAIL = 0x18
+CTL_FRAMES = 0x20
+CTL_CREATED = 0x28
+CTL_CIRCULAR = 0x30
+CTL_FULL = 0x38
+CTL_ENTRY = 0x40  # logical position of the entry being written (between reserve and commit)
+CTL_BYTES = 0x48
+
+ENTRY_HEADER = struct.Struct("<IIQQ")
+PAD_CPU = 0xFFFFFFFF
+#: Offset of the GDB frame inside an entry, and of its first block.
+FRAME_AT = ENTRY_HEADER.size
+BLOCKS_AT = FRAME_AT + FRAME_HEADER.size
+#: The smallest ring that still holds a frame with a full register block.
+MIN_SIZE = 0x1000
+
+_CTL = struct.Struct("<9Q")
+
+
+def align8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+class Memory(Protocol):
+    def read(self, address: int, length: int) -> bytes: ...
+
+    def write(self, address: int, data: bytes) -> None: ...
+
+
+@dataclass
+class RingState:
+    base: int
+    size: int
+    head: int
+    tail: int
+    frames: int
+    created: int
+    circular: bool
+    full: bool
+
+    @property
+    def used(self) -> int:
+        return self.head - self.tail
+
+    @property
+    def free(self) -> int:
+        return self.size - self.used
+
+
+def reserve_and_commit_asm(ctl: int) -> str:
+    """AT&T source of two routines sharing the control block at `ctl`.
+
+    `ring_reserve`: in %rdi = tracepoint number, %rsi = the most bytes of blocks the frame may hold; out %rax =
+    address where blocks go (0: no room, or not circular and full), %rdx = the limit for them. Clobbers rcx,
+    rdx, r8-r11, flags. `ring_commit`: in %rdi = end of the blocks written; stamps sizes, timestamp and
+    sequence, and publishes the entry. Interrupts must be off between the two (detours run with IF=0).
+    Every number is written in hex: in AT&T mode the assembler reads decimal immediates and displacements
+    as hex (`16(%r9)` became `0x16(%r9)`).
+    """
+    return f"""
+ring_reserve:
+    movabs ${ctl:#x}, %r8
+    lea {BLOCKS_AT + 7:#x}(%rsi), %r9
+    and $-8, %r9                         /* need = align8(BLOCKS_AT + max) */
+    lea (%r9,%r9), %rax                  /* at most half the ring, so padding + entry always fit */
+    cmp {CTL_SIZE:#x}(%r8), %rax
+    ja ring_fail
+    mov {CTL_HEAD:#x}(%r8), %r10
+    mov %r10, %rax
+    xor %edx, %edx
+    divq {CTL_SIZE:#x}(%r8)              /* rdx = physical offset of head */
+    mov {CTL_SIZE:#x}(%r8), %r11
+    sub %rdx, %r11                       /* r11 = bytes to the physical end */
+    cmp %r9, %r11
+    jae ring_room
+    add %r11, %r9                        /* padding + entry */
+    mov %r11, %rcx                       /* remember the padding length */
+    jmp ring_evict
+ring_room:
+    xor %ecx, %ecx
+ring_evict:
+    mov {CTL_SIZE:#x}(%r8), %rax
+    sub %r10, %rax
+    add {CTL_TAIL:#x}(%r8), %rax         /* rax = free = size - (head - tail) */
+    cmp %r9, %rax
+    jae ring_fits
+    cmpq $0x0, {CTL_CIRCULAR:#x}(%r8)
+    je ring_full
+    mov {CTL_TAIL:#x}(%r8), %rax         /* evict the oldest entry */
+    push %rdx
+    xor %edx, %edx
+    divq {CTL_SIZE:#x}(%r8)
+    add {CTL_BASE:#x}(%r8), %rdx
+    mov (%rdx), %r11d                    /* its length */
+    cmpl $-1, 0x4(%rdx)
+    pop %rdx
+    je ring_evicted_pad
+    decq {CTL_FRAMES:#x}(%r8)
+ring_evicted_pad:
+    add %r11, {CTL_TAIL:#x}(%r8)
+    jmp ring_evict
+ring_fits:
+    test %rcx, %rcx
+    je ring_place
+    add {CTL_BASE:#x}(%r8), %rdx         /* write the padding entry */
+    movl %ecx, (%rdx)
+    movl $-1, 0x4(%rdx)
+    add %rcx, %r10
+    mov %r10, {CTL_HEAD:#x}(%r8)
+    xor %edx, %edx
+ring_place:
+    mov %r10, {CTL_ENTRY:#x}(%r8)
+    add {CTL_BASE:#x}(%r8), %rdx         /* rdx = entry address */
+    movw %di, {FRAME_AT:#x}(%rdx)
+    lea {BLOCKS_AT:#x}(%rdx), %rax
+    add %rsi, %rdx
+    add ${BLOCKS_AT:#x}, %rdx            /* limit = blocks + max */
+    ret
+ring_full:
+    movq $0x1, {CTL_FULL:#x}(%r8)
+ring_fail:
+    xor %eax, %eax
+    xor %edx, %edx
+    ret
+
+ring_commit:
+    movabs ${ctl:#x}, %r8
+    mov {CTL_ENTRY:#x}(%r8), %rax
+    xor %edx, %edx
+    divq {CTL_SIZE:#x}(%r8)
+    add {CTL_BASE:#x}(%r8), %rdx         /* rdx = entry address */
+    mov %rdi, %rcx
+    sub %rdx, %rcx                       /* rcx = entry length before alignment */
+    lea {-BLOCKS_AT:#x}(%rcx), %r9
+    movl %r9d, {FRAME_AT + 2:#x}(%rdx)   /* frame size */
+    add $0x7, %rcx
+    and $-8, %rcx
+    movl %ecx, (%rdx)
+    movl $0x0, 0x4(%rdx)                   /* cpu: the machine has one */
+    mov %rdx, %r9
+    rdtsc
+    shl $0x20, %rdx
+    or %rdx, %rax
+    mov %rax, 0x8(%r9)
+    mov {CTL_CREATED:#x}(%r8), %rax
+    mov %rax, 0x10(%r9)
+    incq {CTL_CREATED:#x}(%r8)
+    incq {CTL_FRAMES:#x}(%r8)
+    add %rcx, {CTL_HEAD:#x}(%r8)
+    ret
+"""
+
+
+@dataclass
+class Ring:
+    """Python side of the ring at `ctl` (control block) in emulated memory accessed through `memory`."""
+
+    memory: Memory
+    ctl: int
+
+    def initialize(self, base: int, size: int, circular: bool) -> None:
+        if size < MIN_SIZE or size % 8:
+            raise ValueError(f"trace buffer size must be a multiple of 8 of at least {MIN_SIZE} bytes")
+        self.memory.write(self.ctl, _CTL.pack(base, size, 0, 0, 0, 0, int(circular), 0, 0))
+
+    def state(self) -> RingState:
+        base, size, head, tail, frames, created, circular, full, _ = _CTL.unpack(self.memory.read(self.ctl, _CTL.size))
+        return RingState(base, size, head, tail, frames, created, bool(circular), bool(full))
+
+    def set_circular(self, circular: bool) -> None:
+        self.memory.write(self.ctl + CTL_CIRCULAR, struct.pack("<Q", int(circular)))
+
+    def entries(self) -> list[TraceFrame]:
+        """Every frame in the ring, oldest first, numbered by its position (what GDB calls the frame number)."""
+        state = self.state()
+        frames: list[TraceFrame] = []
+        pos = state.tail
+        while pos < state.head:
+            phys = state.base + pos % state.size
+            length, cpu, timestamp, sequence = ENTRY_HEADER.unpack(self.memory.read(phys, ENTRY_HEADER.size))
+            if length < ENTRY_HEADER.size or length % 8:
+                raise ValueError(f"corrupt trace buffer entry at logical {pos:#x} (length {length})")
+            if cpu != PAD_CPU:
+                tracepoint, size = FRAME_HEADER.unpack(self.memory.read(phys + FRAME_AT, FRAME_HEADER.size))
+                body = self.memory.read(phys + BLOCKS_AT, size)
+                frames.append(TraceFrame(len(frames), tracepoint, parse_blocks(body), timestamp, cpu, sequence))
+            pos += length
+        return frames
+
+    def append(self, tracepoint: int, blocks: bytes, timestamp: int, cpu: int = 0) -> bool:
+        """Python-side writer with the same rules as the native routines (used by the interpreter engine)."""
+        state = self.state()
+        need = align8(BLOCKS_AT + len(blocks))
+        if 2 * need > state.size:
+            return False
+        head, tail, frames = state.head, state.tail, state.frames
+        to_end = state.size - head % state.size
+        pad = to_end if to_end < need else 0
+        while state.size - (head - tail) < need + pad:
+            if not state.circular:
+                self.memory.write(self.ctl + CTL_FULL, struct.pack("<Q", 1))
+                return False
+            phys = state.base + tail % state.size
+            length, cpu_field = struct.unpack("<II", self.memory.read(phys, 8))
+            if cpu_field != PAD_CPU:
+                frames -= 1
+            tail += length
+        if pad:
+            self.memory.write(state.base + head % state.size, struct.pack("<II", pad, PAD_CPU))
+            head += pad
+        phys = state.base + head % state.size
+        entry = ENTRY_HEADER.pack(need, cpu, timestamp, state.created) + FRAME_HEADER.pack(tracepoint, len(blocks))
+        self.memory.write(phys, entry + blocks)
+        self.memory.write(
+            self.ctl + CTL_HEAD,
+            struct.pack("<QQQQ", head + need, tail, frames + 1, state.created + 1),
+        )
+        return True

@@ -1,0 +1,134 @@
+"""The trace ring: native reserve/commit (run in unicorn) and the Python writer obey the same rules."""
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from keystone import KS_ARCH_X86, KS_MODE_64, KS_OPT_SYNTAX_ATT, Ks
+from unicorn import UC_ARCH_X86, UC_MODE_64, UC_TLB_VIRTUAL, Uc
+from unicorn.x86_const import UC_X86_REG_RAX, UC_X86_REG_RDI, UC_X86_REG_RDX, UC_X86_REG_RSI, UC_X86_REG_RSP
+
+from kgtp_sim.tracing.frames import MemoryBlock, encode_block
+from kgtp_sim.tracing.ring import BLOCKS_AT, Ring, align8, reserve_and_commit_asm
+
+CODE = 0xFFFFFFFFA0000000
+CTL = 0xFFFFC90000000000
+DATA = 0xFFFFC90000100000
+STACK = 0xFFFFC90000200000
+RETURN = CODE + 0xF00  # a 'hlt' the routines return to
+
+
+class UcMemory:
+    def __init__(self, uc):
+        self.uc = uc
+
+    def read(self, address, length):
+        return bytes(self.uc.mem_read(address, length))
+
+    def write(self, address, data):
+        self.uc.mem_write(address, data)
+
+
+def machine(size: int, circular: bool):
+    uc = Uc(UC_ARCH_X86, UC_MODE_64)
+    uc.ctl_set_tlb_mode(UC_TLB_VIRTUAL)
+    for base, length in ((CODE, 0x1000), (CTL, 0x1000), (DATA, 0x100000), (STACK, 0x1000)):
+        uc.mem_map(base, length)
+    ks = Ks(KS_ARCH_X86, KS_MODE_64)
+    ks.syntax = KS_OPT_SYNTAX_ATT
+    source = reserve_and_commit_asm(CTL)
+    code, _ = ks.asm(source, CODE)
+    uc.mem_write(CODE, bytes(code))
+    uc.mem_write(RETURN, b"\xf4")
+    # find the commit routine: assemble the reserve part alone to learn its size
+    commit_at = CODE + len(ks.asm(source.split("ring_commit:")[0], CODE)[0])
+    ring = Ring(UcMemory(uc), CTL)
+    ring.initialize(DATA, size, circular)
+    return uc, ring, commit_at
+
+
+def call(uc, address, regs):
+    uc.reg_write(UC_X86_REG_RSP, STACK + 0x800)
+    uc.mem_write(STACK + 0x800, RETURN.to_bytes(8, "little"))
+    for name, value in regs.items():
+        uc.reg_write(name, value)
+    uc.emu_start(address, RETURN, count=100_000)
+    return uc.reg_read(UC_X86_REG_RAX), uc.reg_read(UC_X86_REG_RDX)
+
+
+def native_append(uc, commit_at, tracepoint, blocks):
+    where, limit = call(uc, CODE, {UC_X86_REG_RDI: tracepoint, UC_X86_REG_RSI: len(blocks)})
+    if where == 0:
+        return False
+    assert limit == where + len(blocks)
+    uc.mem_write(where, blocks)
+    call(uc, commit_at, {UC_X86_REG_RDI: where + len(blocks)})
+    return True
+
+
+frames = st.lists(st.tuples(st.integers(1, 5), st.binary(max_size=300)), min_size=1, max_size=60)
+
+
+@settings(max_examples=40, deadline=None)
+@given(frames, st.booleans(), st.sampled_from([0x1000, 0x1238, 0x2000]))
+def test_native_and_python_writers_agree(sequence, circular, size):
+    native, native_ring, commit_at = machine(size, circular)
+    python, python_ring, _ = machine(size, circular)
+    accepted = []
+    for tp, payload in sequence:
+        blocks = encode_block(MemoryBlock(0x1000 + tp, payload))
+        ok_native = native_append(native, commit_at, tp, blocks)
+        ok_python = python_ring.append(tp, blocks, timestamp=0)
+        assert ok_native == ok_python
+        if ok_native:
+            accepted.append((tp, payload))
+    n_state, p_state = native_ring.state(), python_ring.state()
+    assert (n_state.head, n_state.tail, n_state.frames, n_state.created, n_state.full) == (
+        p_state.head, p_state.tail, p_state.frames, p_state.created, p_state.full)
+    entries = native_ring.entries()
+    assert len(entries) == n_state.frames
+    got = [(e.tracepoint, e.blocks[0].data) for e in entries]
+    assert [(e.tracepoint, e.blocks) for e in entries] == [(e.tracepoint, e.blocks) for e in python_ring.entries()]
+    if circular:
+        assert got == accepted[len(accepted) - len(got):]  # the newest frames survive, in order
+        assert n_state.created == len(accepted)
+    else:
+        assert got == accepted  # nothing evicted; what did not fit was refused
+        assert n_state.full == (len(accepted) < len(sequence))
+    assert [e.sequence for e in entries] == list(range(n_state.created - len(entries), n_state.created))
+
+
+def test_full_non_circular_buffer_refuses_and_flags():
+    uc, ring, commit_at = machine(0x1000, circular=False)
+    blocks = encode_block(MemoryBlock(0, bytes(200)))
+    accepted = 0
+    while native_append(uc, commit_at, 1, blocks):
+        accepted += 1
+    state = ring.state()
+    assert state.full and state.frames == accepted and accepted == 0x1000 // align8(BLOCKS_AT + len(blocks))
+
+
+def test_frame_larger_than_half_the_ring_is_refused():
+    uc, ring, commit_at = machine(0x1000, circular=True)
+    assert not native_append(uc, commit_at, 1, bytes(0x900))
+    assert not ring.append(1, bytes(0x900), timestamp=0)
+    assert ring.state().frames == 0
+
+
+def test_commit_stamps_timestamp_and_sequence():
+    uc, ring, commit_at = machine(0x1000, circular=True)
+    for _ in range(3):
+        assert native_append(uc, commit_at, 7, encode_block(MemoryBlock(1, b"x")))
+    entries = ring.entries()
+    assert [e.sequence for e in entries] == [0, 1, 2]
+    assert all(e.timestamp > 0 for e in entries)
+    assert entries[0].timestamp <= entries[1].timestamp <= entries[2].timestamp
+
+
+def test_bad_sizes_are_refused():
+    uc, ring, _ = machine(0x1000, circular=False)
+    with pytest.raises(ValueError):
+        ring.initialize(DATA, 0x100, False)
+    with pytest.raises(ValueError):
+        ring.initialize(DATA, 0x1004, False)
