@@ -41,7 +41,7 @@ E_INTERNAL = 0x0F
 
 @dataclass(frozen=True)
 class Binary:
-    """A reply whose payload is raw bytes, escaped on the wire (qXfer data, qTBuffer)."""
+    """A reply whose payload is raw bytes, escaped on the wire (qXfer data; qTBuffer is hex, not this)."""
 
     data: bytes
 

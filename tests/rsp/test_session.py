@@ -128,3 +128,7 @@ def test_binary_reply_is_escaped():
     body = out[2 : out.index(b"#")]
     assert body == b"l}\x04}\x03"
     assert out.endswith(b"%02x" % checksum(body))
+
+
+def test_hex_payload_with_spaces_is_malformed():
+    assert packets(send(session(), b"qRcmd,68 69")) == [b"E01"]

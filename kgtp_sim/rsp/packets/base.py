@@ -55,10 +55,9 @@ def parse_hex_bytes(text: bytes, what: str = "data") -> bytes:
     """Hex-encoded bytes (two digits each)."""
     if len(text) % 2:
         raise PacketError(f"{what}: odd number of hex digits")
-    try:
-        return bytes.fromhex(text.decode("ascii"))
-    except (ValueError, UnicodeDecodeError):
-        raise PacketError(f"{what} is not hex") from None
+    if any(c not in b"0123456789abcdefABCDEF" for c in text):  # bytes.fromhex would accept spaces
+        raise PacketError(f"{what} is not hex")
+    return bytes.fromhex(text.decode("ascii"))
 
 
 def split_exact(body: bytes, sep: bytes, count: int, what: str) -> list[bytes]:
