@@ -8,6 +8,8 @@ import socket
 import pytest
 from elftools.elf.elffile import ELFFile
 
+from kgtp_sim.rsp.codec import encode_packet
+
 from ..conftest import VMLINUX, run_gdb
 
 pytestmark = pytest.mark.gdb
@@ -47,7 +49,7 @@ def test_task_comm_and_struct_members(gdb, stub):
 
 def test_disassembly_and_line_info_at_pc(gdb, stub):
     out = run_gdb(gdb, stub, "x/5i $pc", "info line *$pc")
-    instructions = re.findall(r"^\s*(=>\s*)?0x[0-9a-f]+ <[\w.]+(\+\d+)?>:\s+\S+", out, re.M)
+    instructions = re.findall(r"^(?:=>)?\s*0x[0-9a-f]+(?: <[\w.]+(?:\+\d+)?>)?:\t\S+", out, re.M)
     assert len(instructions) == 5, out
     assert re.search(r'Line \d+ of "[^"]+\.[cS]"', out), out
 
@@ -56,7 +58,7 @@ def test_detach_and_attach_again(gdb, stub):
     out = run_gdb(gdb, stub, "print jiffies", "detach", f"target remote {stub.address}", "print jiffies")
     first, second = _values(out, "jiffies")
     assert second >= first
-    assert "Ending remote debugging" in out or "Detaching from program" in out, out
+    assert out.count("Remote target) detached") == 2, out
 
 
 def test_memory_writes_are_refused_by_default(gdb, stub):
@@ -66,9 +68,9 @@ def test_memory_writes_are_refused_by_default(gdb, stub):
 
 def test_second_debugger_is_refused_while_first_keeps_working(gdb, stub):
     with socket.create_connection(("127.0.0.1", stub.port)) as first:
-        first.sendall(b"+$qSupported#37")
+        first.sendall(b"+" + encode_packet(b"qSupported"))
         assert b"PacketSize=" in first.recv(4096)
         out = run_gdb(gdb, stub, "print jiffies", timeout=30)
         assert "another debugger is attached" in out, out
-        first.sendall(b"+$m0,1#2a")  # the first client is still served
+        first.sendall(b"+" + encode_packet(b"m0,1"))  # the first client is still served
         assert first.recv(4096).startswith(b"+$E")  # address 0 is unmapped: a clean error, not a hang
