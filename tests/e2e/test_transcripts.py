@@ -44,7 +44,7 @@ def _masked(request: bytes, reply: bytes) -> bytes:
         if any(lo <= address and address + length <= hi for lo, hi in READ_ONLY):
             return reply
         return re.sub(rb"[0-9a-f]", b"h", reply)
-    if request.startswith(b"qRcmd") and reply.startswith(b"O"):
+    if request.startswith(b"qRcmd") and reply.startswith(b"O") and reply != b"OK":
         text = bytes.fromhex(reply[1:].decode())
         return re.sub(rb"\d+(\.\d+)?", b"N", text)
     if request == b"qTStatus":
