@@ -1,0 +1,137 @@
+"""Bad input over a real socket, security defaults and command-line errors, against the stub process."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kgtp_sim.rsp.codec import Decoder, EventKind, encode_packet
+
+from ..conftest import ROOT, run_gdb, start_stub
+
+
+def _connect(stub) -> socket.socket:
+    deadline = time.monotonic() + 5
+    while True:  # the previous test's client may still be releasing the one debugger slot
+        sock = socket.create_connection(("127.0.0.1", stub.port), timeout=5)
+        sock.sendall(b"+" + encode_packet(b"qSupported"))
+        reply = sock.recv(4096)
+        if b"PacketSize" in reply or time.monotonic() > deadline:
+            assert b"PacketSize" in reply, reply
+            return sock
+        sock.close()
+        time.sleep(0.05)
+
+
+def _exchange(sock: socket.socket, payload: bytes | None = None, raw: bytes | None = None) -> list[bytes]:
+    sock.sendall(raw if raw is not None else encode_packet(payload))
+    decoder = Decoder()
+    packets: list[bytes] = []
+    deadline = time.monotonic() + 5
+    while not packets and time.monotonic() < deadline:
+        data = sock.recv(65536)
+        if not data:
+            break
+        packets += [e.payload for e in decoder.feed(data) if e.kind is EventKind.PACKET]
+    return packets
+
+
+def _jiffies(sock: socket.socket, address: int) -> int:
+    (reply,) = _exchange(sock, b"m%x,8" % address)
+    return int.from_bytes(bytes.fromhex(reply.decode()), "little")
+
+
+@pytest.fixture(scope="module")
+def jiffies_address():
+    from kgtp_sim.machine import KernelImage
+
+    from ..conftest import VMLINUX
+
+    return KernelImage.load(VMLINUX).symbols["jiffies"].address
+
+
+def test_malformed_packets_get_errors_and_the_kernel_keeps_running(stub, jiffies_address):
+    with _connect(stub) as sock:
+        before = _jiffies(sock, jiffies_address)
+        for bad in (b"m", b"mzz,4", b"m1,fffffffffffffffff", b"Mffffffff81000000,2:00", b"qRcmd,zz", b"p999",
+                    b"qXfer:features:read:target.xml:zz", b"Hz1"):
+            (reply,) = _exchange(sock, bad)
+            assert reply.startswith(b"E"), (bad, reply)
+        assert _exchange(sock, b"vNoSuchPacket") == [b""]
+        time.sleep(0.05)
+        assert _jiffies(sock, jiffies_address) > before
+
+
+def test_bad_checksum_is_nacked_then_the_retransmit_is_served(stub, jiffies_address):
+    with _connect(stub) as sock:
+        sock.sendall(b"$m%x,8#00" % jiffies_address)
+        assert sock.recv(16) == b"-"
+        assert _jiffies(sock, jiffies_address) > 0
+
+
+def test_client_vanishing_mid_packet_leaves_the_server_serving(stub, jiffies_address):
+    sock = _connect(stub)
+    sock.sendall(b"+$m%x,8#" % jiffies_address)  # no checksum: cut off mid-packet
+    sock.close()
+    with _connect(stub) as again:
+        assert _jiffies(again, jiffies_address) > 0
+
+
+def test_garbage_flood_does_not_break_framing(stub, jiffies_address):
+    with _connect(stub) as sock:
+        # '$' would open a packet and '-' legitimately asks for a retransmission; everything else is noise
+        sock.sendall(bytes(range(256)).replace(b"$", b"").replace(b"-", b"") * 64)
+        assert _jiffies(sock, jiffies_address) > 0
+
+
+def test_continue_then_ctrl_c_gives_a_stop_reply(stub):
+    with _connect(stub) as sock:
+        sock.sendall(b"+" + encode_packet(b"c"))
+        time.sleep(0.1)
+        assert _exchange(sock, raw=b"\x03") == [b"T05thread:1;"]
+
+
+def test_writes_work_only_when_enabled(gdb):
+    server = start_stub("--allow-writes")
+    try:
+        out = run_gdb(gdb, server, "print kgtp_counter = 123456", "print kgtp_counter")
+        assert re.search(r"^\$2 = 12345\d$", out, re.M), out  # written value, maybe incremented since
+    finally:
+        server.stop()
+
+
+def test_monitor_knobs(gdb, stub):
+    out = run_gdb(gdb, stub, "monitor hz 250", "monitor hz", "monitor pace 7", "monitor pace 0x10", "monitor hz 0",
+                  "monitor frobnicate", "monitor hz 100")
+    assert "hz 250" in out and "pace 7" in out and "pace 16" in out
+    assert "hz must be between 1 and 10000" in out
+    assert "unknown command 'frobnicate'" in out
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kgtp_sim", "serve", "--port", "0", *args],
+                          capture_output=True, text=True, timeout=30, cwd=ROOT)
+
+
+def test_bad_kernel_is_a_one_line_error(tmp_path):
+    bogus = tmp_path / "vmlinux"
+    bogus.write_bytes(b"\x7fELF not really")
+    for path in (bogus, tmp_path / "missing", ROOT / "README.md"):
+        result = _serve("--kernel", str(path))
+        assert result.returncode == 1
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.startswith("kgtp-sim: ")
+
+
+def test_non_loopback_bind_needs_explicit_flag():
+    result = _serve("--host", "0.0.0.0")
+    assert result.returncode == 2 and "--allow-remote" in result.stderr
+
+
+def test_default_bind_is_loopback(stub):
+    assert re.search(r"listening on 127\.0\.0\.1:\d+", "".join(stub.output))
