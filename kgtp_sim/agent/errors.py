@@ -82,3 +82,13 @@ class EvalResult:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+class MemoryFault(Exception):
+    """Unreadable memory, raised by an `AgentContext.read_memory`. The machine's own MemoryFault may derive from
+    this class (then the interpreter needs no `fault_types`)."""
+
+    def __init__(self, address: int, size: int = 1) -> None:
+        super().__init__(f"cannot read {size} byte(s) at 0x{address:x}")
+        self.address = address
+        self.size = size

@@ -1,0 +1,223 @@
+"""A self-contained unicorn machine for running compiled expressions: tests, differential checks, instruction counts.
+
+It is not the simulated kernel: just module space for code, vmalloc space for the agent context, register block,
+TSV array, trace area and a stack, plus whatever memory a test maps. It calls a compiled expression the way a
+probe's detour does (SysV, %rdi/%rsi), handles memory faults with `fault_fixup` (the machine does the same from its
+fault-fixup table), serves the printf trap, and counts the instructions executed with a native code hook
+(`inc qword [rcx]; ret` in an executable host page: no Python per instruction).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from unicorn import UC_ARCH_X86, UC_HOOK_CODE, UC_HOOK_MEM_PROT, UC_HOOK_MEM_UNMAPPED, UC_MODE_64, Uc, UcError
+from unicorn import UC_PROT_ALL, UC_TLB_VIRTUAL
+from unicorn.unicorn_py3.unicorn import HOOK_CODE_CFUNC, uc_hook_h, uclib
+from unicorn.x86_const import (
+    UC_X86_REG_R8,
+    UC_X86_REG_RAX,
+    UC_X86_REG_RCX,
+    UC_X86_REG_RDI,
+    UC_X86_REG_RDX,
+    UC_X86_REG_RIP,
+    UC_X86_REG_RSI,
+    UC_X86_REG_RSP,
+)
+from unicorn import x86_const
+
+from ..arch import amd64
+from . import abi
+from .blocks import split_blocks
+from .compiled import CompiledExpr, fault_fixup
+from .errors import ErrorCode, EvalError, EvalResult, MemoryFault
+from .interp import DEFAULT_LOOP_BUDGET
+from .opcodes import OpClass
+from .printf_format import format_printf
+
+CODE_BASE = 0xFFFFFFFFA0000000  # module space
+CODE_SIZE = 0x100000
+DATA_BASE = 0xFFFFC90000000000  # vmalloc space
+CTX_ADDR = DATA_BASE
+REGS_ADDR = DATA_BASE + 0x1000
+TSV_ADDR = DATA_BASE + 0x10000
+TSV_SLOTS = 0x10000  # every u16 TSV number has a slot
+TRACE_ADDR = DATA_BASE + 0x100000
+TRACE_SIZE = 0x200000
+STACK_TOP = DATA_BASE + 0x320000
+DATA_SIZE = 0x320000
+TRAP_ADDR = CODE_BASE + CODE_SIZE - 0x1000  # printf trap: a `ret` with a Python hook on it
+RETURN_ADDR = TRAP_ADDR + 0x10  # the caller's return address: emulation stops there
+PAGE = 0x1000
+
+_counter_page: mmap.mmap | None = None
+_counter_fn: int = 0
+
+
+def _native_counter() -> int:
+    """Address of `inc qword [rcx]; ret`: a UC_HOOK_CODE callback whose user_data (4th arg) is the counter."""
+    global _counter_page, _counter_fn
+    if _counter_page is None:
+        page = mmap.mmap(-1, PAGE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        page.write(b"\x48\xff\x01\xc3")
+        _counter_fn = ctypes.addressof(ctypes.c_char.from_buffer(page))
+        _counter_page = page
+    return _counter_fn
+
+
+@dataclass
+class NativeRun:
+    """What one call of compiled code produced."""
+
+    result: EvalResult
+    trace: bytes  # the bytes of [trace start, ctx.trace_ptr)
+    tsvs: dict[int, int]  # the TSVs the program names, read back
+    output: list[str] = field(default_factory=list)  # printf texts
+    instructions: int = 0  # emulated instructions, entry to return inclusive
+
+    @property
+    def blocks(self) -> list[bytes]:
+        return split_blocks(self.trace)
+
+
+_LIVE_UC = {1: x86_const.UC_X86_REG_RBX, 6: x86_const.UC_X86_REG_RBP, 12: x86_const.UC_X86_REG_R12,
+            13: x86_const.UC_X86_REG_R13, 14: x86_const.UC_X86_REG_R14, 15: x86_const.UC_X86_REG_R15}
+
+
+class Sandbox:
+    def __init__(self) -> None:
+        uc = Uc(UC_ARCH_X86, UC_MODE_64)
+        uc.ctl_set_tlb_mode(UC_TLB_VIRTUAL)
+        uc.mem_map(CODE_BASE, CODE_SIZE, UC_PROT_ALL)
+        uc.mem_map(DATA_BASE, DATA_SIZE, UC_PROT_ALL)
+        uc.mem_write(TRAP_ADDR, b"\xc3")
+        self.uc = uc
+        self._pages: set[int] = set()
+        self._output: list[str] = []
+        self._fault_address: int | None = None
+        self._counter = ctypes.c_uint64(0)
+        self._count_hook = uc_hook_h()
+        status = uclib.uc_hook_add(
+            uc._uch,
+            ctypes.byref(self._count_hook),
+            UC_HOOK_CODE,
+            ctypes.cast(_native_counter(), HOOK_CODE_CFUNC),
+            ctypes.cast(ctypes.byref(self._counter), ctypes.c_void_p),
+            ctypes.c_uint64(1),
+            ctypes.c_uint64(0),
+        )
+        if status != 0:
+            raise UcError(status)
+        uc.hook_add(UC_HOOK_MEM_UNMAPPED | UC_HOOK_MEM_PROT, self._on_fault)
+        uc.hook_add(UC_HOOK_CODE, self._on_printf, begin=TRAP_ADDR, end=TRAP_ADDR)
+        self._loaded: dict[int, bytes] = {}
+
+    # memory -------------------------------------------------------------------------------------------------
+    def map_memory(self, address: int, data: bytes) -> None:
+        """Map the pages covering [address, address+len) (if needed) and write `data` there."""
+        first = address & ~(PAGE - 1)
+        last = (address + max(len(data), 1) + PAGE - 1) & ~(PAGE - 1)
+        for page in range(first, last, PAGE):
+            if page not in self._pages:
+                self.uc.mem_map(page, PAGE, UC_PROT_ALL)
+                self._pages.add(page)
+        self.uc.mem_write(address, bytes(data))
+
+    def read_memory(self, address: int, n: int) -> bytes:
+        try:
+            return bytes(self.uc.mem_read(address, n))
+        except UcError:
+            raise MemoryFault(address, n) from None
+
+    def load(self, compiled: CompiledExpr) -> None:
+        if not (CODE_BASE <= compiled.base and compiled.end <= TRAP_ADDR):
+            raise ValueError("compiled code outside the sandbox's module space")
+        if self._loaded.get(compiled.base) != compiled.code:
+            self.uc.mem_write(compiled.base, compiled.code)
+            self.uc.ctl_remove_cache(compiled.base, compiled.end)
+            self._loaded[compiled.base] = compiled.code
+
+    # hooks --------------------------------------------------------------------------------------------------
+    def _on_fault(self, uc, access, address, size, value, user_data) -> bool:
+        self._fault_address = address
+        return False
+
+    def _on_printf(self, uc, address, size, user_data) -> None:
+        fmt_addr = uc.reg_read(UC_X86_REG_RSI)
+        fmt = bytearray()
+        while True:
+            byte = bytes(uc.mem_read(fmt_addr + len(fmt), 1))
+            if byte == b"\0":
+                break
+            fmt += byte
+        nargs = uc.reg_read(UC_X86_REG_RCX)
+        args = struct.unpack(f"<{nargs}Q", bytes(uc.mem_read(uc.reg_read(UC_X86_REG_RDX), 8 * nargs))) if nargs else ()
+        self._output.append(format_printf(bytes(fmt), args, self.read_memory))
+
+    # calls --------------------------------------------------------------------------------------------------
+    def run(
+        self,
+        compiled: CompiledExpr,
+        registers: Sequence[int] | Mapping[int, int] = (),
+        tsvs: Mapping[int, int] | None = None,
+        *,
+        trace_limit: int = TRACE_SIZE,
+        loop_budget: int = DEFAULT_LOOP_BUDGET,
+        printf: bool = True,
+    ) -> NativeRun:
+        """Call `compiled` once. `registers`: values of GDB regnums 0..23 (missing ones are 0)."""
+        uc = self.uc
+        self.load(compiled)
+        regs = dict(enumerate(registers)) if not isinstance(registers, Mapping) else dict(registers)
+        block = amd64.encode_registers({amd64.REGISTERS[n].name: v for n, v in regs.items()})
+        uc.mem_write(REGS_ADDR, block)
+        numbers = sorted(
+            {i.arg for i in compiled.program.insns if i.op.cls is OpClass.TSV or i.name == "tracev"}
+        )
+        for n in numbers:
+            uc.mem_write(TSV_ADDR + 8 * n, struct.pack("<Q", (tsvs or {}).get(n, 0) & (2**64 - 1)))
+        ctx = abi.AgentCtx(
+            tsv_base=TSV_ADDR,
+            trace_ptr=TRACE_ADDR,
+            trace_limit=TRACE_ADDR + min(trace_limit, TRACE_SIZE),
+            loop_budget=loop_budget,
+            printf_fn=TRAP_ADDR if printf else 0,
+        )
+        uc.mem_write(CTX_ADDR, ctx.pack())
+        rsp = STACK_TOP - 8
+        uc.mem_write(rsp, struct.pack("<Q", RETURN_ADDR))
+        uc.reg_write(UC_X86_REG_RSP, rsp)
+        uc.reg_write(UC_X86_REG_RDI, REGS_ADDR)
+        uc.reg_write(UC_X86_REG_RSI, CTX_ADDR)
+        for n, reg in _LIVE_UC.items():
+            uc.reg_write(reg, regs.get(n, 0) & (2**64 - 1))
+        for reg in (UC_X86_REG_RAX, UC_X86_REG_RCX, UC_X86_REG_RDX, UC_X86_REG_R8):
+            uc.reg_write(reg, 0xDEAD_BEEF_DEAD_BEEF)  # garbage: compiled code must not depend on it
+        self._output = []
+        self._counter.value = 0
+        pc = compiled.entry
+        while True:
+            self._fault_address = None
+            try:
+                uc.emu_start(pc, RETURN_ADDR)
+                break
+            except UcError:
+                if not fault_fixup(uc, compiled, CTX_ADDR, self._fault_address):
+                    raise
+                pc = uc.reg_read(UC_X86_REG_RIP)
+        if uc.reg_read(UC_X86_REG_RSP) != rsp + 8:
+            raise AssertionError("compiled code returned with an unbalanced stack")
+        out = abi.AgentCtx.unpack(bytes(uc.mem_read(CTX_ADDR, abi.CTX_SIZE)))
+        trace = bytes(uc.mem_read(TRACE_ADDR, out.trace_ptr - TRACE_ADDR))
+        values = {n: struct.unpack("<Q", bytes(uc.mem_read(TSV_ADDR + 8 * n, 8)))[0] for n in numbers}
+        if out.error:
+            address = out.fault_addr if out.error == ErrorCode.MEMORY_FAULT and out.fault_addr else None
+            error = EvalError.make(ErrorCode(out.error), out.error_pc, compiled.program.code, address)
+            result = EvalResult(None, error)
+        else:
+            result = EvalResult(uc.reg_read(UC_X86_REG_RAX))
+        return NativeRun(result, trace, values, list(self._output), self._counter.value)

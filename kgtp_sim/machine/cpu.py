@@ -1,0 +1,438 @@
+"""The unicorn CPU: memory map, hooks, and x86 interrupt/exception delivery through the kernel's IDT.
+
+Unicorn runs instructions but has no notion of an IDT: software interrupts, #DE, #UD and bad memory accesses
+come back to us as hooks. This module turns each into what the hardware would do (push the 64-bit interrupt
+frame, set CR2, clear IF for an interrupt gate, jump to the gate's handler), so the kernel handles its own
+exceptions and returns with `iretq`. Two tables get a look first, for the tracer's sake:
+
+- `breakpoints`: an int3 at one of these addresses is the stub's probe, not the kernel's business;
+- `fault_fixups`: a memory fault whose RIP is in one of these ranges (stub-generated code) is resolved by the
+  tracer (like Linux's exception tables), never by the kernel's #PF handler.
+
+Measured on unicorn 2.1.4: writing RIP inside an INTR or INSN_INVALID hook redirects execution; #DE reports RIP
+at the faulting instruction, `int N` and int3 report RIP after it; an unmapped access stops emu_start with RIP
+at the faulting instruction (so we stop, then deliver #PF from the run loop); `hlt` ends emu_start with RIP after
+it; `mem_map`/`mem_unmap` inside an OUT hook take effect for the very next access.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import functools
+import mmap
+import struct
+from collections import Counter
+from typing import Callable
+
+from unicorn import (
+    UC_ARCH_X86,
+    UC_HOOK_CODE,
+    UC_HOOK_INSN,
+    UC_HOOK_INSN_INVALID,
+    UC_HOOK_INTR,
+    UC_HOOK_MEM_INVALID,
+    UC_MEM_FETCH_PROT,
+    UC_MEM_FETCH_UNMAPPED,
+    UC_MEM_READ_PROT,
+    UC_MEM_WRITE_PROT,
+    UC_MEM_WRITE_UNMAPPED,
+    UC_MODE_64,
+    UC_PROT_ALL,
+    UC_PROT_EXEC,
+    UC_PROT_READ,
+    UC_PROT_WRITE,
+    UC_TLB_VIRTUAL,
+    Uc,
+    UcError,
+)
+from unicorn import x86_const as X
+
+from .errors import MachineError
+from .image import KernelImage
+from .layout import (
+    BOOT_BASE,
+    BOOT_SIZE,
+    DEMAND_BASE,
+    DEMAND_SIZE,
+    MODULE_BASE,
+    MODULE_SIZE,
+    PAGE_SIZE,
+    VMALLOC_BASE,
+    VMALLOC_SIZE,
+    page_ceil,
+    page_floor,
+)
+
+NO_EXIT = 0xFFFF_FFFF_FFFF_FFFF  #: `until` for emu_start when only a stop request should end it
+ERROR_CODE_VECTORS = frozenset({8, 10, 11, 12, 13, 14, 17, 21, 29, 30})
+EFLAGS_TF = 1 << 8
+EFLAGS_IF = 1 << 9
+EFLAGS_NT = 1 << 14
+EFLAGS_RF = 1 << 16
+KERNEL_CS = 0x08
+KERNEL_DS = 0x10
+#: the bootloader's GDT: null, 64-bit code (0x08), data (0x10); the kernel installs its own equivalent
+BOOT_GDT = struct.pack("<3Q", 0, 0x00AF9B000000FFFF, 0x00CF93000000FFFF)
+
+#: register name (kgtp_sim/arch/amd64.py order) -> unicorn id
+REGISTER_IDS: dict[str, int] = {
+    name: getattr(X, f"UC_X86_REG_{name.upper()}")
+    for name in (
+        "rax rbx rcx rdx rsi rdi rbp rsp r8 r9 r10 r11 r12 r13 r14 r15 rip eflags cs ss ds es fs gs".split()
+    )
+}
+ARGUMENT_REGISTERS = (X.UC_X86_REG_RDI, X.UC_X86_REG_RSI, X.UC_X86_REG_RDX, X.UC_X86_REG_RCX, X.UC_X86_REG_R8,
+                      X.UC_X86_REG_R9)
+
+BreakpointHandler = Callable[[Uc], None]
+FaultHandler = Callable[[Uc, int], None]
+
+
+#: exceptions QEMU calls "contributory": a second one before the first is delivered makes a #DF
+CONTRIBUTORY_VECTORS = frozenset({0, 10, 11, 12, 13})
+
+
+@functools.cache
+def _old_exception_offset() -> int | None:
+    """Offset of QEMU's CPUX86State.old_exception in a unicorn context blob, found by experiment.
+
+    QEMU remembers the exception "in flight" and resets it only when it delivers the exception itself. Unicorn
+    hands exceptions to our hook instead, so the memory stays set: after one #DE, the next #DE is promoted to a
+    double fault (vector 8). We cannot reach the field through the API, so we find it once: run a #DE on a
+    scratch CPU and look for the only int that went from -1 to 0 in the saved context.
+    """
+    uc = Uc(UC_ARCH_X86, UC_MODE_64)
+    uc.mem_map(0x1000, PAGE_SIZE)
+    uc.mem_write(0x1000, bytes.fromhex("31c9" "31d2" "48f7f1" "f4"))  # xor ecx,ecx; xor edx,edx; div rcx; hlt
+    uc.hook_add(UC_HOOK_INTR, lambda uc, intno, _: uc.reg_write(X.UC_X86_REG_RIP, uc.reg_read(X.UC_X86_REG_RIP) + 3))
+    before = bytes(uc.context_save())
+    uc.emu_start(0x1000, 0x1007)
+    after = bytes(uc.context_save())
+    found = [i for i in range(0, len(before) - 3)
+             if before[i : i + 4] == b"\xff\xff\xff\xff" and after[i : i + 4] == b"\0\0\0\0"]
+    return found[0] if len(found) == 1 else None
+
+
+class Stop(enum.Enum):
+    """Why `Cpu.run` returned."""
+
+    HALT = "hlt executed"
+    STOPPED = "stop requested (or instruction budget spent)"
+    UNTIL = "reached the requested address"
+    EXCEPTION = "a memory fault was delivered (IDT or fixup); resume"
+
+
+class FaultFixups:
+    """Address ranges of stub-generated code -> handler(uc, fault_address) for memory faults raised there.
+
+    The handler must leave RIP (and whatever else) where execution continues, typically the generated code's
+    fault exit, after recording the error. Ranges must not overlap.
+    """
+
+    def __init__(self) -> None:
+        self._ranges: dict[int, tuple[int, FaultHandler]] = {}
+
+    def add(self, start: int, end: int, handler: FaultHandler) -> None:
+        """Cover [start, end)."""
+        if end <= start:
+            raise ValueError(f"empty range {start:#x}..{end:#x}")
+        for lo, (hi, _) in self._ranges.items():
+            if start < hi and lo < end:
+                raise ValueError(f"range {start:#x}..{end:#x} overlaps {lo:#x}..{hi:#x}")
+        self._ranges[start] = (end, handler)
+
+    def remove(self, start: int) -> None:
+        del self._ranges[start]
+
+    def find(self, address: int) -> FaultHandler | None:
+        for lo, (hi, handler) in list(self._ranges.items()):
+            if lo <= address < hi:
+                return handler
+        return None
+
+    def __len__(self) -> int:
+        return len(self._ranges)
+
+    def clear(self) -> None:
+        self._ranges.clear()
+
+
+class InstructionCounter:
+    """Counts every executed instruction with a native UC_HOOK_CODE callback: `inc qword [rcx]; ret`.
+
+    The callback's 4th argument (rcx) is the user_data pointer, here a c_uint64, so no Python runs per
+    instruction (about 12 ns each, measured). Falls back to `available = False` where W+X mappings are refused.
+    """
+
+    CODE = bytes.fromhex("48ff01c3")
+
+    def __init__(self, uc: Uc) -> None:
+        self.value_cell = ctypes.c_uint64(0)
+        self.available = False
+        self._handle = None
+        try:
+            from unicorn.unicorn_py3.arch.types import uc_hook_h
+            from unicorn.unicorn_py3.unicorn import HOOK_CODE_CFUNC, uclib
+
+            self._page = mmap.mmap(-1, PAGE_SIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+            self._page.write(self.CODE)
+            address = ctypes.addressof(ctypes.c_char.from_buffer(self._page))
+            handle = uc_hook_h()
+            status = uclib.uc_hook_add(
+                uc._uch,
+                ctypes.byref(handle),
+                UC_HOOK_CODE,
+                ctypes.cast(address, HOOK_CODE_CFUNC),
+                ctypes.cast(ctypes.byref(self.value_cell), ctypes.c_void_p),
+                ctypes.c_uint64(1),
+                ctypes.c_uint64(0),
+            )
+            if status == 0:
+                self._handle = handle
+                self.available = True
+        except (OSError, ValueError, ImportError, AttributeError):
+            self.available = False
+
+    @property
+    def value(self) -> int:
+        return self.value_cell.value
+
+
+class Cpu:
+    """One x86_64 CPU running the kernel image. Not thread-safe: the Machine serialises access."""
+
+    def __init__(self, image: KernelImage, port_out: Callable[[int, int, int, int], None],
+                 port_in: Callable[[int, int], int]) -> None:
+        self.image = image
+        self._port_out = port_out
+        self._port_in = port_in
+        uc = Uc(UC_ARCH_X86, UC_MODE_64)
+        # no page tables: guest virtual == unicorn address; needed for addresses like 0xffffffff81000000
+        uc.ctl_set_tlb_mode(UC_TLB_VIRTUAL)
+        self.uc = uc
+        self._map_image(image)
+        uc.mem_map(MODULE_BASE, MODULE_SIZE, UC_PROT_ALL)
+        uc.mem_map(VMALLOC_BASE, VMALLOC_SIZE, UC_PROT_READ | UC_PROT_WRITE)
+        self.demand_pages: set[int] = set()
+
+        self.breakpoints: dict[int, BreakpointHandler] = {}
+        self.fault_fixups = FaultFixups()
+        self.delivered: Counter[int] = Counter()  # vector -> times delivered through the IDT
+        self.breakpoint_hits = 0
+        self.fixup_hits = 0
+
+        self._fault: tuple[int, int] | None = None  # (access, address) of the access that stopped emulation
+        self._error: BaseException | None = None  # raised inside a hook; re-raised by run()
+        uc.hook_add(UC_HOOK_INTR, self._on_interrupt)
+        uc.hook_add(UC_HOOK_INSN_INVALID, self._on_invalid)
+        uc.hook_add(UC_HOOK_MEM_INVALID, self._on_bad_access)
+        uc.hook_add(UC_HOOK_INSN, self._on_out, None, 1, 0, X.UC_X86_INS_OUT)
+        uc.hook_add(UC_HOOK_INSN, self._on_in, None, 1, 0, X.UC_X86_INS_IN)
+        self.counter = InstructionCounter(uc)
+        self._reset(image.entry)
+
+    # ---- memory map --------------------------------------------------------------------------------------
+
+    def _map_image(self, image: KernelImage) -> None:
+        """Map each PT_LOAD with its own permissions (text R-X: a kernel write to it is a real #PF)."""
+        perms: dict[int, int] = {}
+        for seg in image.segments:
+            p = (UC_PROT_READ if seg.readable else 0) | (UC_PROT_WRITE if seg.writable else 0) | (
+                UC_PROT_EXEC if seg.executable else 0)
+            for page in range(page_floor(seg.vaddr), page_ceil(seg.end), PAGE_SIZE):
+                perms[page] = perms.get(page, 0) | p
+        run_start, run_perm, previous = None, None, None
+        for page in sorted(perms) + [None]:
+            if page is None or page != (previous or 0) + PAGE_SIZE or perms[page] != run_perm:
+                if run_start is not None:
+                    self.uc.mem_map(run_start, previous + PAGE_SIZE - run_start, run_perm)
+                if page is not None:
+                    run_start, run_perm = page, perms[page]
+            previous = page
+        for seg in image.segments:
+            self.uc.mem_write(seg.vaddr, seg.data)
+
+    def _reset(self, entry: int) -> None:
+        """The state a 64-bit bootloader hands over: long mode, flat segments, interrupts off, RIP at entry."""
+        uc = self.uc
+        uc.mem_map(BOOT_BASE, BOOT_SIZE, UC_PROT_READ)
+        uc.mem_write(BOOT_BASE, BOOT_GDT)
+        uc.reg_write(X.UC_X86_REG_GDTR, (0, BOOT_BASE, len(BOOT_GDT) - 1, 0))
+        uc.reg_write(X.UC_X86_REG_CS, KERNEL_CS)
+        for seg in (X.UC_X86_REG_SS, X.UC_X86_REG_DS, X.UC_X86_REG_ES):
+            uc.reg_write(seg, KERNEL_DS)
+        uc.reg_write(X.UC_X86_REG_EFLAGS, 0x2)
+        uc.reg_write(X.UC_X86_REG_RIP, entry)
+
+    def map_demand_page(self, address: int) -> bool:
+        """Back the demand-region page holding `address` (the kernel's #PF handler asks through port 0x80)."""
+        page = page_floor(address)
+        if not DEMAND_BASE <= page < DEMAND_BASE + DEMAND_SIZE or page in self.demand_pages:
+            return False
+        self.uc.mem_map(page, PAGE_SIZE, UC_PROT_READ | UC_PROT_WRITE)
+        self.demand_pages.add(page)
+        return True
+
+    def unmap_demand_page(self, address: int) -> bool:
+        page = page_floor(address)
+        if page not in self.demand_pages:
+            return False
+        self.uc.mem_unmap(page, PAGE_SIZE)
+        self.demand_pages.discard(page)
+        return True
+
+    # ---- registers ---------------------------------------------------------------------------------------
+
+    def registers(self) -> dict[str, int]:
+        return {name: self.uc.reg_read(reg) for name, reg in REGISTER_IDS.items()}
+
+    def interrupts_enabled(self) -> bool:
+        return bool(self.uc.reg_read(X.UC_X86_REG_EFLAGS) & EFLAGS_IF)
+
+    @property
+    def rip(self) -> int:
+        return self.uc.reg_read(X.UC_X86_REG_RIP)
+
+    # ---- interrupt delivery ------------------------------------------------------------------------------
+
+    def deliver(self, vector: int, error_code: int | None = None) -> None:
+        """Enter the kernel's handler for `vector` the way an x86_64 CPU does (same privilege level, no IST)."""
+        uc = self.uc
+        _, base, limit, _ = uc.reg_read(X.UC_X86_REG_IDTR)
+        rip = uc.reg_read(X.UC_X86_REG_RIP)
+        if vector * 16 + 15 > limit:
+            raise MachineError(f"vector {vector} at rip {rip:#x}: outside the IDT (limit {limit:#x}); is it loaded?")
+        try:
+            low, _selector, _ist, attr, middle, high, _ = struct.unpack("<HHBBHII", uc.mem_read(base + vector * 16, 16))
+        except UcError:
+            raise MachineError(f"vector {vector} at rip {rip:#x}: IDT at {base:#x} is not mapped") from None
+        if not attr & 0x80:
+            raise MachineError(f"vector {vector} at rip {rip:#x}: no handler (IDT gate not present)")
+        rsp = uc.reg_read(X.UC_X86_REG_RSP)
+        rflags = uc.reg_read(X.UC_X86_REG_EFLAGS)
+        frame = struct.pack("<5Q", rip, uc.reg_read(X.UC_X86_REG_CS), rflags, rsp, uc.reg_read(X.UC_X86_REG_SS))
+        if error_code is not None:
+            frame = struct.pack("<Q", error_code) + frame
+        new_rsp = (rsp & ~0xF) - len(frame)  # 64-bit mode aligns the frame to 16 bytes
+        try:
+            uc.mem_write(new_rsp, frame)
+        except UcError:
+            raise MachineError(f"vector {vector} at rip {rip:#x}: cannot push the frame at rsp {rsp:#x}") from None
+        rflags &= ~(EFLAGS_TF | EFLAGS_NT | EFLAGS_RF)
+        if attr & 0xF == 0xE:  # interrupt gate, as opposed to a trap gate
+            rflags &= ~EFLAGS_IF
+        uc.reg_write(X.UC_X86_REG_RSP, new_rsp)
+        uc.reg_write(X.UC_X86_REG_EFLAGS, rflags)
+        uc.reg_write(X.UC_X86_REG_RIP, low | middle << 16 | high << 32)
+        self.delivered[vector] += 1
+
+    # ---- hooks (run on the CPU thread, inside emu_start) ---------------------------------------------------
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        self.uc.emu_stop()
+
+    def _on_interrupt(self, uc: Uc, intno: int, _data: object) -> None:
+        try:
+            if intno == 3:
+                address = uc.reg_read(X.UC_X86_REG_RIP) - 1
+                handler = self.breakpoints.get(address)
+                if handler is not None:
+                    self.breakpoint_hits += 1
+                    uc.reg_write(X.UC_X86_REG_RIP, address)
+                    handler(uc)
+                    return
+            self.deliver(intno, 0 if intno in ERROR_CODE_VECTORS else None)
+            if intno in CONTRIBUTORY_VECTORS:
+                self._forget_exception_in_flight()
+        except BaseException as error:  # noqa: BLE001 - surfaced by run()
+            self._fail(error)
+
+    def _forget_exception_in_flight(self) -> None:
+        """We delivered the exception, so QEMU must stop treating it as in flight (see _old_exception_offset)."""
+        offset = _old_exception_offset()
+        if offset is None:
+            return
+        context = self.uc.context_save()
+        address = ctypes.cast(context.context, ctypes.c_void_p).value
+        ctypes.memmove(address + offset, b"\xff\xff\xff\xff", 4)
+        self.uc.context_restore(context)
+
+    def _on_invalid(self, uc: Uc, _data: object) -> bool:
+        try:
+            self.deliver(6)
+            return True
+        except BaseException as error:  # noqa: BLE001
+            self._fail(error)
+            return False
+
+    def _on_bad_access(self, uc: Uc, access: int, address: int, size: int, value: int, _data: object) -> bool:
+        self._fault = (access, address)
+        return False
+
+    def _on_out(self, uc: Uc, port: int, size: int, value: int, _data: object) -> None:
+        try:
+            self._port_out(port, size, value, uc.reg_read(X.UC_X86_REG_RDI))
+        except BaseException as error:  # noqa: BLE001
+            self._fail(error)
+
+    def _on_in(self, uc: Uc, port: int, size: int, _data: object) -> int:
+        try:
+            return self._port_in(port, size)
+        except BaseException as error:  # noqa: BLE001
+            self._fail(error)
+            return 0
+
+    # ---- running -----------------------------------------------------------------------------------------
+
+    def run(self, until: int = NO_EXIT, count: int = 0) -> Stop:
+        """Run from RIP until hlt, a stop request, `until`, `count` instructions, or a memory fault (handled)."""
+        uc = self.uc
+        self._fault = None
+        self._error = None
+        begin = uc.reg_read(X.UC_X86_REG_RIP)
+        failure: UcError | None = None
+        try:
+            uc.emu_start(begin, until, 0, count)
+        except UcError as error:
+            failure = error
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        if self._fault is not None:
+            self._handle_fault(*self._fault)
+            return Stop.EXCEPTION
+        rip = uc.reg_read(X.UC_X86_REG_RIP)
+        if failure is not None:
+            raise MachineError(f"emulation failed at rip {rip:#x}: {failure}")
+        if rip == until:
+            return Stop.UNTIL
+        try:
+            if uc.mem_read(rip - 1, 1) == b"\xf4":
+                return Stop.HALT
+        except UcError:
+            pass
+        return Stop.STOPPED
+
+    def _handle_fault(self, access: int, address: int) -> None:
+        """A bad access stopped emulation with RIP at the faulting instruction: fixup table, else #PF."""
+        self._fault = None
+        rip = self.uc.reg_read(X.UC_X86_REG_RIP)
+        handler = self.fault_fixups.find(rip)
+        if handler is not None:
+            self.fixup_hits += 1
+            handler(self.uc, address)
+            return
+        present = access in (UC_MEM_READ_PROT, UC_MEM_WRITE_PROT, UC_MEM_FETCH_PROT)
+        write = access in (UC_MEM_WRITE_UNMAPPED, UC_MEM_WRITE_PROT)
+        fetch = access in (UC_MEM_FETCH_UNMAPPED, UC_MEM_FETCH_PROT)
+        self.uc.reg_write(X.UC_X86_REG_CR2, address)
+        self.deliver(14, int(present) | int(write) << 1 | int(fetch) << 4)
+
+    def read_byte(self, address: int) -> int | None:
+        try:
+            return self.uc.mem_read(address, 1)[0]
+        except UcError:
+            return None

@@ -1,0 +1,447 @@
+"""The machine: the CPU on its own thread, a timer, idle sleeping, and coherent access for the debugger.
+
+Threading model. Only the CPU thread touches unicorn while the machine runs. Everyone else posts a function
+with `run_on_cpu(fn)`: the poster sets a flag and calls `uc.emu_stop()`; emulation ends at the next block
+boundary, the CPU thread runs the posted functions (so a read never sees half an instruction's effects) and
+resumes. A ticker thread does the same for timer ticks. `emu_stop()` is lost when it lands just before
+`emu_start()` begins, so posters repeat it until served (every 2 ms); it is never lost for long.
+
+Idle. `hlt` ends `emu_start`; the CPU thread then sleeps on a condition variable until a tick or a request,
+so an idle kernel costs no host CPU beyond its ticks.
+
+Before `start()` (tests, the benchmark) there is no thread: every call runs directly on the caller's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
+
+from unicorn import Uc, UcError
+from unicorn import x86_const as X
+
+from .cpu import ARGUMENT_REGISTERS, REGISTER_IDS, Cpu, Stop
+from .devices import Devices
+from .errors import MachineError, MemoryFault
+from .image import KernelImage
+from .layout import MODULE_BASE, MODULE_SIZE, VMALLOC_BASE, VMALLOC_SIZE, RegionAllocator
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+TIMER_VECTOR = 32
+TRAP_VECTORS = (0, 3, 6)
+DEFAULT_PACE = 100
+PACE_SYMBOL = "kgtp_test_pace"  #: kernel global: kgtp_test_function calls per tick by the workload thread
+CALL_STACK_SIZE = 64 * 1024
+_KICK_RETRY_S = 0.002
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class MachineStats:
+    """What `monitor stats` shows. Kernel-side figures are read from the kernel's own globals when present."""
+
+    state: str  #: "stopped" (not started), "running", "idle", "halted", or "crashed: <why>"
+    instructions: int  #: executed so far, counted natively (exact; -1 if the counter is unavailable)
+    uptime_s: float
+    idle_s: float  #: host time spent asleep in hlt
+    hz: int
+    pace: int
+    ticks: int  #: timer interrupts delivered
+    jiffies: int
+    context_switches: int
+    syscalls: int  #: int $0x80 delivered
+    page_faults: int  #: #PF delivered to the kernel
+    traps: int  #: #DE, #BP, #UD delivered to the kernel
+    demand_pages_mapped: int
+    breakpoint_hits: int  #: int3 taken by the stub's breakpoint table
+    fault_fixups: int  #: faults in stub code resolved by the fixup table
+
+
+class _Request:
+    def __init__(self, fn: Callable[[Uc], Any]) -> None:
+        self.fn = fn
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def execute(self, uc: Uc) -> None:
+        try:
+            self.result = self.fn(uc)
+        except BaseException as error:  # noqa: BLE001 - handed back to the poster
+            self.error = error
+        finally:
+            self.done.set()
+
+
+class Machine:
+    """A simulated one-CPU x86_64 machine running `image`."""
+
+    def __init__(self, image: KernelImage, hz: int = 100, pace: int = DEFAULT_PACE) -> None:
+        self.image = image
+        self.devices = Devices(self._map_page, self._unmap_page)
+        self.cpu = Cpu(image, self.devices.port_out, self.devices.port_in)
+        #: int3 address -> handler(uc), consulted before the kernel's #BP (see cpu.py)
+        self.breakpoints = self.cpu.breakpoints
+        #: stub-code ranges -> handler(uc, fault_address), consulted before the kernel's #PF (see cpu.py)
+        self.fault_fixups = self.cpu.fault_fixups
+        self._code = RegionAllocator(MODULE_BASE, MODULE_SIZE, 16)
+        self._data = RegionAllocator(VMALLOC_BASE, VMALLOC_SIZE, 16)
+        self._call_frame: tuple[int, int] | None = None  # (stack top, return sentinel) for call()
+
+        self._cond = threading.Condition()
+        self._requests: list[_Request] = []
+        self._tick_pending = False
+        self._kicked = False
+        self._in_emu = False
+        self._halted = False
+        self._stopping = False
+        self._crash: str | None = None
+        self._thread: threading.Thread | None = None
+        self._ticker: threading.Thread | None = None
+        self._ticker_wake = threading.Event()
+        self._started_at: float | None = None
+        self._idle_s = 0.0
+        self._ticks = 0
+
+        self.hz = 0
+        self.set_hz(hz)
+        self.pace = 0
+        self.set_pace(pace)
+
+    # ---- lifecycle ---------------------------------------------------------------------------------------
+
+    @property
+    def uc(self) -> Uc:
+        return self.cpu.uc
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def start(self) -> None:
+        """Boot: the kernel runs from now on, on its own thread, until shutdown()."""
+        if self._thread is not None:
+            raise MachineError("machine already started")
+        self._started_at = time.monotonic()
+        self._thread = threading.Thread(target=self._cpu_loop, name="kgtp-cpu", daemon=True)
+        self._ticker = threading.Thread(target=self._tick_loop, name="kgtp-timer", daemon=True)
+        self._thread.start()
+        self._ticker.start()
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._ticker_wake.set()
+        if self._thread is not None:
+            while self._thread.is_alive():
+                self.uc.emu_stop()
+                self._thread.join(0.05)
+        if self._ticker is not None:
+            self._ticker.join()
+
+    def __enter__(self) -> Machine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ---- the CPU thread ----------------------------------------------------------------------------------
+
+    def _cpu_loop(self) -> None:
+        cpu = self.cpu
+        while True:
+            with self._cond:
+                while not (self._stopping or self._requests or self._tick_pending or not self._halted):
+                    idle_since = time.monotonic()
+                    self._cond.wait()
+                    self._idle_s += time.monotonic() - idle_since
+                if self._stopping:
+                    return
+                requests, self._requests = self._requests, []
+                self._kicked = False
+                tick = self._tick_pending
+            for request in requests:
+                request.execute(cpu.uc)
+            if tick and not self._crash:
+                try:
+                    if cpu.interrupts_enabled():
+                        cpu.deliver(TIMER_VECTOR)
+                        self._ticks += 1
+                        self._halted = False
+                        with self._cond:
+                            self._tick_pending = False
+                    elif self._halted:  # cli; hlt: nothing will ever take this tick
+                        with self._cond:
+                            self._tick_pending = False
+                except MachineError as error:
+                    self._crashed(error)
+            elif tick:
+                with self._cond:
+                    self._tick_pending = False
+            if self._halted:
+                continue
+            with self._cond:
+                if self._requests or self._stopping or self._kicked:
+                    continue
+                self._in_emu = True
+            try:
+                stop = cpu.run()
+            except (MachineError, Exception) as error:  # noqa: BLE001 - a crashed kernel stays inspectable
+                stop = None
+                self._crashed(error)
+            finally:
+                with self._cond:
+                    self._in_emu = False
+                    kicked = self._kicked
+            # a hlt that coincides with a stop request is treated as a spurious wakeup: the idle loop re-halts
+            if stop is Stop.HALT and not kicked:
+                self._halted = True
+
+    def _crashed(self, error: BaseException) -> None:
+        self._crash = f"{type(error).__name__}: {error}" if not isinstance(error, MachineError) else str(error)
+        self._halted = True
+        log.error("machine stopped: %s", self._crash)
+
+    def _kick(self) -> None:
+        """Make the CPU thread come round its loop soon (see the module docstring about lost stops)."""
+        with self._cond:
+            self._kicked = True
+            in_emu = self._in_emu
+            self._cond.notify_all()
+        if in_emu:
+            self.uc.emu_stop()
+
+    def _tick_loop(self) -> None:
+        next_tick = time.monotonic() + self._period
+        while not self._stopping:
+            delay = next_tick - time.monotonic()
+            if delay > 0:
+                self._ticker_wake.wait(delay)
+                self._ticker_wake.clear()
+                next_tick = min(next_tick, time.monotonic() + self._period)  # set_hz() may have shortened it
+                continue
+            now = time.monotonic()
+            next_tick += self._period
+            if next_tick < now:  # a slow host drops ticks rather than bursting them
+                next_tick = now + self._period
+            with self._cond:
+                self._tick_pending = True
+            self._kick()
+            # re-kick while the tick waits: the stop may have been lost, or interrupts were off
+            while not self._stopping and self._tick_pending and self._in_emu and time.monotonic() < next_tick:
+                self._ticker_wake.wait(_KICK_RETRY_S)
+                if self._tick_pending and self._in_emu:
+                    self._kick()
+
+    # ---- access from other threads -----------------------------------------------------------------------
+
+    def run_on_cpu(self, fn: Callable[[Uc], T]) -> T:
+        """Run fn(uc) on the CPU thread between two instructions and return its result (or raise its error)."""
+        thread = self._thread
+        if thread is None or threading.current_thread() is thread or not thread.is_alive():
+            return fn(self.uc)
+        request = _Request(fn)
+        with self._cond:
+            self._requests.append(request)
+        self._kick()
+        while not request.done.wait(_KICK_RETRY_S):
+            if not thread.is_alive():
+                raise MachineError("the machine has shut down")
+            self._kick()
+        if request.error is not None:
+            raise request.error
+        return request.result
+
+    def read_memory(self, address: int, length: int) -> bytes:
+        """Read guest memory at an instruction boundary. Raises MemoryFault if any byte is unmapped."""
+        if length == 0:
+            return b""
+
+        def read(uc: Uc) -> bytes:
+            try:
+                return bytes(uc.mem_read(address, length))
+            except UcError:
+                raise MemoryFault(address, length) from None
+
+        return self.run_on_cpu(read)
+
+    def write_memory(self, address: int, data: bytes) -> None:
+        """Write guest memory and drop any translated code over the range, so patched code runs as patched."""
+        if not data:
+            return
+
+        def write(uc: Uc) -> None:
+            try:
+                uc.mem_write(address, bytes(data))
+            except UcError:
+                raise MemoryFault(address, len(data), write=True) from None
+            uc.ctl_remove_cache(address, address + len(data))
+
+        self.run_on_cpu(write)
+
+    def registers(self) -> dict[str, int]:
+        """The CPU's registers, named as in kgtp_sim/arch/amd64.py (rax … r15, rip, eflags, cs ss ds es fs gs)."""
+        return self.run_on_cpu(lambda uc: self.cpu.registers())
+
+    def set_registers(self, values: dict[str, int]) -> None:
+        """Write some registers (names as in `registers()`)."""
+        unknown = set(values) - set(REGISTER_IDS)
+        if unknown:
+            raise KeyError(f"unknown registers: {', '.join(sorted(unknown))}")
+
+        def write(uc: Uc) -> None:
+            for name, value in values.items():
+                uc.reg_write(REGISTER_IDS[name], value & _MASK64)
+
+        self.run_on_cpu(write)
+
+    def read_symbol(self, name: str, size: int | None = None, signed: bool = False) -> int:
+        """Current value of a kernel global (its ELF size unless `size` is given)."""
+        sym = self.image.symbols[name]
+        size = size or sym.size or 8
+        return int.from_bytes(self.read_memory(sym.address, size), "little", signed=signed)
+
+    def console_text(self) -> str:
+        return self.devices.console_text()
+
+    # ---- settings ----------------------------------------------------------------------------------------
+
+    def set_hz(self, hz: int) -> None:
+        """Timer tick rate, 1..10000 Hz; takes effect from the next tick."""
+        if not 1 <= hz <= 10000:
+            raise ValueError(f"hz must be between 1 and 10000, not {hz}")
+        self.hz = hz
+        self._period = 1.0 / hz
+        self._ticker_wake.set()
+
+    def set_pace(self, pace: int) -> None:
+        """kgtp_test_function calls per tick by the kernel's workload thread (kernel global kgtp_test_pace)."""
+        if pace < 0:
+            raise ValueError(f"pace must not be negative, not {pace}")
+        sym = self.image.symbols.get(PACE_SYMBOL)
+        if sym is not None:
+            self.write_memory(sym.address, pace.to_bytes(sym.size or 8, "little"))
+        self.pace = pace
+
+    # ---- stub-owned memory -------------------------------------------------------------------------------
+
+    def alloc_code(self, length: int) -> int:
+        """Executable memory in module space (detours, compiled expressions). Contents start zeroed."""
+        address = self._code.alloc(length)
+        self.write_memory(address, bytes(self._code.size_of(address)))
+        return address
+
+    def free_code(self, address: int) -> None:
+        self._code.free(address)
+
+    def alloc_data(self, length: int) -> int:
+        """Read-write memory in vmalloc space (trace buffer, agent contexts). Contents start zeroed."""
+        address = self._data.alloc(length)
+        self.write_memory(address, bytes(self._data.size_of(address)))
+        return address
+
+    def free_data(self, address: int) -> None:
+        self._data.free(address)
+
+    # ---- running a kernel function -----------------------------------------------------------------------
+
+    def call(self, target: str | int, *args: int, max_instructions: int | None = None) -> int:
+        """Run a kernel function to completion with SysV arguments; returns %rax (unsigned 64-bit).
+
+        No timer interrupt is injected meanwhile, so the run is deterministic (the benchmark relies on it);
+        exceptions are still delivered through the IDT. The CPU state is restored afterwards; memory is not.
+        On a started machine the kernel pauses for the duration of the call.
+        """
+        address = self.image.address_of(target) if isinstance(target, str) else target
+        if len(args) > len(ARGUMENT_REGISTERS):
+            raise ValueError(f"at most {len(ARGUMENT_REGISTERS)} register arguments")
+        if self._call_frame is None:
+            stack = self.alloc_data(CALL_STACK_SIZE)
+            sentinel = self.alloc_code(16)
+            self.write_memory(sentinel, b"\xf4")  # never executed: emulation ends when RIP gets there
+            self._call_frame = (stack + CALL_STACK_SIZE, sentinel)
+        stack_top, sentinel = self._call_frame
+
+        def run(uc: Uc) -> int:
+            saved = uc.context_save()
+            try:
+                for reg, value in zip(ARGUMENT_REGISTERS, args):
+                    uc.reg_write(reg, value & _MASK64)
+                rsp = stack_top - 8  # as after `call`: return address on a 16-byte aligned stack
+                uc.mem_write(rsp, struct.pack("<Q", sentinel))
+                uc.reg_write(X.UC_X86_REG_RSP, rsp)
+                uc.reg_write(X.UC_X86_REG_RIP, address)
+                start = self.cpu.counter.value
+                while True:
+                    budget = 0
+                    if max_instructions is not None:
+                        used = self.cpu.counter.value - start if self.cpu.counter.available else 0
+                        budget = max_instructions - used
+                        if budget <= 0:
+                            raise MachineError(f"{target} did not return within {max_instructions} instructions")
+                    stop = self.cpu.run(until=sentinel, count=budget)
+                    if stop is Stop.UNTIL:
+                        return uc.reg_read(X.UC_X86_REG_RAX)
+                    if stop is Stop.HALT:
+                        raise MachineError(f"{target} executed hlt at {self.cpu.rip - 1:#x}")
+                    if stop is Stop.STOPPED and max_instructions is not None and not self.cpu.counter.available:
+                        raise MachineError(f"{target} did not return within {max_instructions} instructions")
+            finally:
+                uc.context_restore(saved)
+
+        return self.run_on_cpu(run)
+
+    # ---- figures -----------------------------------------------------------------------------------------
+
+    def instructions(self) -> int:
+        """Instructions executed so far (native counter), or -1 if it could not be installed."""
+        return self.cpu.counter.value if self.cpu.counter.available else -1
+
+    def stats(self) -> MachineStats:
+        def kernel(name: str) -> int:
+            try:
+                return self.read_symbol(name) if name in self.image.symbols else 0
+            except (MemoryFault, MachineError):
+                return 0
+
+        delivered = self.cpu.delivered
+        if self._crash:
+            state = f"crashed: {self._crash}"
+        elif not self.started:
+            state = "stopped"
+        elif self.devices.power_off_code is not None:
+            state = "halted"
+        else:
+            state = "idle" if self._halted else "running"
+        return MachineStats(
+            state=state,
+            instructions=self.instructions(),
+            uptime_s=round(time.monotonic() - self._started_at, 3) if self._started_at else 0.0,
+            idle_s=round(self._idle_s, 3),
+            hz=self.hz,
+            pace=self.pace,
+            ticks=self._ticks,
+            jiffies=kernel("jiffies"),
+            context_switches=kernel("nr_context_switches"),
+            syscalls=delivered[0x80],
+            page_faults=delivered[14],
+            traps=sum(delivered[v] for v in TRAP_VECTORS),
+            demand_pages_mapped=len(self.cpu.demand_pages),
+            breakpoint_hits=self.cpu.breakpoint_hits,
+            fault_fixups=self.cpu.fixup_hits,
+        )
+
+    # ---- devices -----------------------------------------------------------------------------------------
+
+    def _map_page(self, address: int) -> bool:
+        return self.cpu.map_demand_page(address)
+
+    def _unmap_page(self, address: int) -> bool:
+        return self.cpu.unmap_demand_page(address)

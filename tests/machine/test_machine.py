@@ -1,0 +1,265 @@
+"""The machine running the bundled kernel: boot, timer, scheduling, system calls, faults and traps through the
+IDT, coherent access from other threads, the tracer's tables, deterministic calls, and an idle host CPU."""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+
+import pytest
+from keystone import KS_ARCH_X86, KS_MODE_64, Ks
+
+from kgtp_sim.machine import (
+    DEMAND_BASE,
+    MODULE_BASE,
+    KernelImage,
+    Machine,
+    MachineError,
+    MemoryFault,
+)
+
+from ..conftest import VMLINUX
+
+REGISTER_NAMES = (
+    "rax rbx rcx rdx rsi rdi rbp rsp r8 r9 r10 r11 r12 r13 r14 r15 rip eflags cs ss ds es fs gs".split()
+)
+
+
+@pytest.fixture(scope="module")
+def image() -> KernelImage:
+    return KernelImage.load(VMLINUX)
+
+
+@pytest.fixture(scope="module")
+def running(image):
+    """One booted machine for the whole module, after ~1.2 s of uptime (every thread has done its rounds)."""
+    machine = Machine(image, hz=200)
+    machine.start()
+    time.sleep(1.2)
+    yield machine
+    machine.shutdown()
+
+
+def assemble(source: str, address: int) -> bytes:
+    """Intel syntax on purpose: keystone's AT&T mode read `$11` as 0x11 here."""
+    encoding, _ = Ks(KS_ARCH_X86, KS_MODE_64).asm(source, address)
+    return bytes(encoding)
+
+
+def comm(machine: Machine, image: KernelImage, index: int) -> str:
+    tasks = image.symbols["tasks"]
+    size = tasks.size // 5
+    raw = machine.read_memory(tasks.address + index * size + 4, 16)
+    return raw.split(b"\0")[0].decode()
+
+
+# ---- the kernel runs -----------------------------------------------------------------------------------------
+
+
+def test_kernel_boots_ticks_and_switches(running, image):
+    stats = running.stats()
+    assert stats.state in ("running", "idle"), stats.state
+    assert stats.jiffies >= 100 and stats.ticks >= stats.jiffies
+    assert stats.context_switches > stats.jiffies  # every thread sleeps and wakes each round
+    assert "kgtp-sim kernel: 10 static tracepoints" in running.console_text()
+    assert [comm(running, image, i) for i in range(5)] == [
+        "swapper/0", "kgtp_bench", "kmodload", "syscall_test", "pagefault_test"]
+    current = running.read_symbol("current")
+    tasks = image.symbols["tasks"]
+    assert tasks.address <= current < tasks.address + tasks.size
+    jiffies = stats.jiffies
+    time.sleep(0.1)
+    assert running.stats().jiffies > jiffies
+
+
+def test_workload_threads_do_their_work(running):
+    stats = running.stats()
+    assert running.read_symbol("kgtp_counter", signed=True) > 100 * 100  # pace 100 per tick
+    assert running.read_symbol("nr_modules_loaded") >= 2
+    assert stats.syscalls > 50 and running.read_symbol("nr_syscalls") > 50
+    assert running.read_symbol("syscall_counter") > 10
+    assert "syscall_test: hello from int $0x80" in running.console_text()
+
+
+def test_page_faults_and_traps_go_through_the_idt(running):
+    def snapshot(uc):  # both sides read at the same instruction boundary
+        cpu = running.cpu
+        return dict(cpu.delivered), running.read_symbol("nr_page_faults"), running.read_symbol("nr_traps")
+
+    delivered, kernel_faults, kernel_traps = running.run_on_cpu(snapshot)
+    assert delivered[14] >= 10 and kernel_faults == delivered[14]
+    assert all(delivered[v] >= 3 for v in (0, 3, 6))  # #DE, #BP, #UD, each fixed up by do_trap
+    assert kernel_traps == delivered[0] + delivered[3] + delivered[6]
+    # the faulting thread keeps going: more faults and traps later
+    time.sleep(0.2)
+    later = running.stats()
+    assert later.page_faults > delivered[14] and later.traps > kernel_traps
+    assert "crashed" not in later.state
+
+
+def test_demand_paging_maps_and_unmaps(running):
+    pages = sorted(running.cpu.demand_pages)
+    assert 1 <= len(pages) <= 9  # the thread keeps the last 8 pages mapped
+    data = running.read_memory(pages[-1], 16)
+    assert len(data) == 16
+    with pytest.raises(MemoryFault):
+        running.read_memory(DEMAND_BASE + 0xFF000 if DEMAND_BASE + 0xFF000 not in pages else DEMAND_BASE, 8)
+
+
+def test_registers_are_the_amd64_set(running, image):
+    regs = running.registers()
+    assert tuple(regs) == tuple(REGISTER_NAMES)
+    assert regs["cs"] == 0x08 and regs["ss"] == 0x10
+    lo, hi = image.text_range
+    assert lo <= regs["rip"] < hi
+
+
+def test_run_on_cpu_runs_on_the_cpu_thread_between_instructions(running):
+    seen = running.run_on_cpu(lambda uc: threading.current_thread().name)
+    assert seen == "kgtp-cpu"
+    with pytest.raises(ZeroDivisionError):
+        running.run_on_cpu(lambda uc: 1 // 0)
+
+
+def test_reads_while_running_are_coherent(running):
+    """jiffies only grows, and the kernel keeps running while another thread hammers it with reads."""
+    address = running.image.address_of("jiffies")
+    values = [int.from_bytes(running.read_memory(address, 8), "little") for _ in range(300)]
+    assert values == sorted(values)
+    time.sleep(0.05)
+    assert int.from_bytes(running.read_memory(address, 8), "little") > values[0]
+
+
+def test_settings(running):
+    running.set_pace(7)
+    assert running.read_symbol("kgtp_test_pace") == 7 and running.stats().pace == 7
+    running.set_pace(100)
+    with pytest.raises(ValueError):
+        running.set_hz(0)
+    running.set_hz(250)
+    assert running.hz == 250
+    running.set_hz(200)
+
+
+def test_memory_fault_for_unmapped_reads(running):
+    with pytest.raises(MemoryFault, match="not mapped"):
+        running.read_memory(0x1000, 8)
+
+
+# ---- deterministic calls (the benchmark) ---------------------------------------------------------------------
+
+
+def test_call_bench_loop_is_exact_and_repeatable(image):
+    machine = Machine(image)
+    before = machine.read_symbol("kgtp_counter", signed=True)
+    counts = []
+    for _ in range(2):
+        start = machine.instructions()
+        assert machine.call("kgtp_bench_loop", 10000) == 10000
+        counts.append(machine.instructions() - start)
+    assert machine.read_symbol("kgtp_counter", signed=True) == before + 20000
+    assert counts[0] == counts[1]
+    assert 8 * 10000 <= counts[0] <= 12 * 10000  # ~9 instructions per kgtp_test_function call
+
+
+def test_call_on_a_running_machine_pauses_it(running):
+    before = running.read_symbol("kgtp_counter", signed=True)
+    assert running.call("kgtp_bench_loop", 1000) == 1000
+    assert running.read_symbol("kgtp_counter", signed=True) >= before + 1000
+
+
+def test_call_instruction_budget(image):
+    machine = Machine(image)
+    with pytest.raises(MachineError, match="did not return within"):
+        machine.call("kgtp_bench_loop", 10**9, max_instructions=5000)
+
+
+# ---- tables for the tracer -----------------------------------------------------------------------------------
+
+
+def test_breakpoint_table_sees_int3_before_the_idt(image):
+    machine = Machine(image)  # not booted: an int3 reaching the IDT would fail
+    code = machine.alloc_code(64)
+    assert MODULE_BASE <= code
+    snippet = assemble("mov eax, 0x7; int3; add eax, 0x1; ret", code)
+    machine.write_memory(code, snippet)
+    int3_at = code + snippet.index(b"\xcc")
+    hits = []
+
+    def on_int3(uc):
+        from unicorn.x86_const import UC_X86_REG_RAX, UC_X86_REG_RIP
+
+        hits.append(uc.reg_read(UC_X86_REG_RIP))
+        uc.reg_write(UC_X86_REG_RAX, uc.reg_read(UC_X86_REG_RAX) + 0x10)
+        uc.reg_write(UC_X86_REG_RIP, int3_at + 1)
+
+    machine.breakpoints[int3_at] = on_int3
+    assert machine.call(code) == 0x18
+    assert hits == [int3_at] and machine.stats().breakpoint_hits == 1
+    del machine.breakpoints[int3_at]
+    with pytest.raises(MachineError, match="vector 3"):
+        machine.call(code)
+
+
+def test_fault_fixups_resolve_faults_in_stub_code(image):
+    machine = Machine(image)
+    code = machine.alloc_code(64)
+    snippet = assemble("mov rax, qword ptr [rdi]; ret; mov rax, -14; ret", code)
+    machine.write_memory(code, snippet)
+    fault_exit = code + 4  # after `mov rax, [rdi]` (3 bytes) and `ret`
+    faults = []
+
+    def fixup(uc, address):
+        from unicorn.x86_const import UC_X86_REG_RIP
+
+        faults.append(address)
+        uc.reg_write(UC_X86_REG_RIP, fault_exit)
+
+    machine.fault_fixups.add(code, code + len(snippet), fixup)
+    assert machine.call(code, DEMAND_BASE + 0x123) == (-14) & (2**64 - 1)
+    assert faults == [DEMAND_BASE + 0x123]
+    data = machine.alloc_data(8)
+    machine.write_memory(data, struct.pack("<Q", 42))
+    assert machine.call(code, data) == 42
+    machine.fault_fixups.remove(code)
+    with pytest.raises(MachineError, match="vector 14"):  # now a real #PF, and nothing booted to take it
+        machine.call(code, DEMAND_BASE)
+
+
+def test_write_memory_invalidates_translated_code(image):
+    machine = Machine(image)
+    code = machine.alloc_code(16)
+    machine.write_memory(code, assemble("mov eax, 0x1; ret", code))
+    assert machine.call(code) == 1
+    machine.write_memory(code, assemble("mov eax, 0x2; ret", code))
+    assert machine.call(code) == 2
+
+
+def test_allocators_reuse_freed_blocks(image):
+    machine = Machine(image)
+    a = machine.alloc_data(100)
+    b = machine.alloc_data(100)
+    assert b >= a + 100
+    machine.free_data(a)
+    assert machine.alloc_data(50) == a
+    with pytest.raises(ValueError):
+        machine.free_code(a)
+
+
+# ---- host cost -----------------------------------------------------------------------------------------------
+
+
+def test_idle_machine_barely_uses_the_host_cpu(image):
+    machine = Machine(image, hz=100)
+    machine.start()
+    try:
+        time.sleep(0.3)  # boot
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        time.sleep(2.0)
+        usage = (time.process_time() - cpu0) / (time.monotonic() - wall0)
+        stats = machine.stats()
+    finally:
+        machine.shutdown()
+    assert stats.ticks >= 150
+    assert usage < 0.10, f"{usage:.1%} of a host CPU"
