@@ -14,6 +14,8 @@ from .stub.core import CoreHandlers, ViewHolder, stop_reply
 from .stub.live import LiveView
 from .stub.machine_monitor import register_machine_commands
 from .stub.monitor import Monitor
+from .stub.trace import TraceHandlers
+from .tracing.engine import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,9 @@ class Stub:
         self.monitor = Monitor()
         register_machine_commands(self.monitor, self.machine, self.started)
         self.core = CoreHandlers(self.views, self.config.allow_writes, live.write_memory)
-        self.dispatcher = Dispatcher((self.core, self.monitor))
+        self.tracer = Tracer(self.machine)
+        self.trace = TraceHandlers(self.tracer, self.views)
+        self.dispatcher = Dispatcher((self.core, self.trace, self.monitor))
 
     def make_session(self) -> Session:
         return Session(self.dispatcher, stop_reply=stop_reply())
@@ -46,7 +50,12 @@ class Stub:
         self.views.current = None
 
     def on_disconnect(self) -> None:
+        """GDB sends nothing when it leaves: stop tracing unless disconnected tracing was asked for."""
         self.views.current = None
+        if self.tracer.running and not self.tracer.definitions.disconnected_tracing:
+            from .rsp.packets.trace import StopReason
+
+            self.tracer.stop(StopReason.DISCONNECTED)
 
     def server(self, host: str, port: int) -> RspServer:
         return RspServer(self.make_session, host, port, on_connect=self.on_connect, on_disconnect=self.on_disconnect)

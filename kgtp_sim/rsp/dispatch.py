@@ -25,10 +25,11 @@ PACKET_SIZE = 0x4000
 class RspError(Exception):
     """A request that is well-formed but cannot be served: answered `E<code>` (or `E.<text>` when asked)."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, *, text: bool = False) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.text = text  # reply `E.<message>`: GDB prints it ("Bogus reply from target: E.…") where it can
 
 
 # Error numbers used across handlers; GDB only shows them, so they are stable and documented here.
@@ -133,6 +134,8 @@ class Dispatcher:
             return b"E%02x" % E_BAD_PACKET
         except RspError as error:
             log.info("%s refused: %s", packet_class.__name__, error.message)
+            if error.text:
+                return b"E." + error.message.encode("utf-8", "replace")
             return b"E%02x" % error.code
         except Exception:  # the single guard: a bug in one handler must not take the server or kernel down
             self.errors += 1

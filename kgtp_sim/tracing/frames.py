@@ -128,6 +128,9 @@ class TraceFrame:
     def tsv_numbers(self) -> list[int]:
         return [b.number for b in self.blocks if isinstance(b, TsvBlock)]
 
+    def tsv_values(self) -> list[tuple[int, int]]:
+        return [(b.number, b.value) for b in self.blocks if isinstance(b, TsvBlock)]
+
     def static_data(self) -> bytes | None:
         for block in self.blocks:
             if isinstance(block, StaticBlock):

@@ -114,7 +114,9 @@ class ProbeSite:
 
     @property
     def resume_address(self) -> int:
-        return self.address + self.length
+        """Where the kernel continues after the displaced code: past the last instruction it covers (for int3,
+        more than the one byte patched)."""
+        return self.displaced[-1].end
 
 
 def _function_instructions(source: CodeSource, address: int) -> tuple[str, int, int, list[Instruction]]:
@@ -187,6 +189,11 @@ def _rel32(source_end: int, target: int) -> bytes:
 def jump(at: int, target: int) -> bytes:
     """`jmp rel32` placed at `at` going to `target`."""
     return b"\xe9" + _rel32(at + JUMP_SIZE, target)
+
+
+def relocated_size_bound(instructions: tuple[Instruction, ...]) -> int:
+    """Bytes `relocate` may need: a call grows to push+jmp (10), a short branch to its rel32 form (6)."""
+    return sum(max(insn.size, 10) for insn in instructions)
 
 
 def relocate(instructions: tuple[Instruction, ...], at: int) -> bytes:

@@ -149,3 +149,9 @@ def test_call_inside_window_is_refused_but_int3_is_fine():
     source2 = Source({"c2": "int $0x80; nop; nop; nop; ret"})
     with pytest.raises(ProbePlacementError, match="return into the middle"):
         plan_probe(source2, TEXT, "jump")
+
+
+def test_int3_site_resumes_after_the_whole_instruction():
+    source = Source({"k": "addl $0x1, counter(%rip); nop; ret; counter: .long 0x0"})
+    site = plan_probe(source, TEXT, "int3")
+    assert site.length == 1 and site.resume_address == TEXT + site.displaced[0].size == TEXT + 7

@@ -1,0 +1,245 @@
+"""Tracepoint packets: definitions, run control, status, frame selection and the trace buffer upload."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from ..rsp.dispatch import E_TRACE, Binary, Reply, RspError, handles
+from ..rsp.packets import trace as t
+from ..tracing.engine import TraceError, Tracer
+from ..tracing.frames import FrameView, TraceFrame
+from ..tracing.model import MAX_BUFFER_SIZE, MIN_BUFFER_SIZE, DEFAULT_BUFFER_SIZE
+from .core import ViewHolder
+
+log = logging.getLogger(__name__)
+
+#: qTMinFTPILen: the shortest instruction a fast tracepoint may replace (a 5-byte jump, as gdbserver on amd64).
+MIN_FAST_TRACEPOINT_LENGTH = 5
+
+
+@dataclass
+class TraceHandlers:
+    tracer: Tracer
+    views: ViewHolder
+    _upload: list[bytes] = field(default_factory=list)
+    _variables: list[bytes] = field(default_factory=list)
+    _frames: list[TraceFrame] | None = None
+    _selected: int | None = None
+
+    # ---- definitions ----------------------------------------------------------------------------------------
+
+    @handles(t.TraceInit)
+    def trace_init(self, packet: t.TraceInit) -> Reply:
+        if self.tracer.running:
+            self.tracer.stop(t.StopReason.STOP_COMMAND)
+        self.tracer.definitions.clear_tracepoints()
+        self._select(None)
+        return b"OK"
+
+    @handles(t.DefineTracepoint)
+    def define_tracepoint(self, packet: t.DefineTracepoint) -> Reply:
+        self.tracer.definitions.define(packet)
+        return b"OK"
+
+    @handles(t.TracepointActions)
+    def tracepoint_actions(self, packet: t.TracepointActions) -> Reply:
+        try:
+            self.tracer.definitions.add_actions(packet)
+        except KeyError as error:
+            raise RspError(E_TRACE, str(error)) from None
+        return b"OK"
+
+    @handles(t.TracepointSource)
+    def tracepoint_source(self, packet: t.TracepointSource) -> Reply:
+        try:
+            self.tracer.definitions.add_source(packet)
+        except KeyError as error:
+            raise RspError(E_TRACE, str(error)) from None
+        return b"OK"
+
+    @handles(t.DefineTraceVariable)
+    def define_variable(self, packet: t.DefineTraceVariable) -> Reply:
+        self.tracer.definitions.define_variable(packet)
+        return b"OK"
+
+    @handles(t.ReadOnlyRegions)
+    def read_only_regions(self, packet: t.ReadOnlyRegions) -> Reply:
+        self.tracer.definitions.read_only = list(packet.regions)
+        return b"OK"
+
+    @handles(t.SetDisconnectedTracing)
+    def disconnected_tracing(self, packet: t.SetDisconnectedTracing) -> Reply:
+        self.tracer.definitions.disconnected_tracing = packet.keep_tracing
+        return b"OK"
+
+    @handles(t.SetCircularBuffer)
+    def circular_buffer(self, packet: t.SetCircularBuffer) -> Reply:
+        self.tracer.definitions.circular = packet.circular
+        if self.tracer.ring is not None and self.tracer.running:
+            self.tracer.ring.set_circular(packet.circular)
+        return b"OK"
+
+    @handles(t.SetTraceBufferSize)
+    def buffer_size(self, packet: t.SetTraceBufferSize) -> Reply:
+        size = DEFAULT_BUFFER_SIZE if packet.size is None else packet.size
+        if not MIN_BUFFER_SIZE <= size <= MAX_BUFFER_SIZE:
+            raise RspError(E_TRACE, f"trace buffer size {size:#x} outside {MIN_BUFFER_SIZE:#x}..{MAX_BUFFER_SIZE:#x}")
+        self.tracer.definitions.buffer_size = size & ~7
+        return b"OK"
+
+    @handles(t.SetTraceNotes)
+    def trace_notes(self, packet: t.SetTraceNotes) -> Reply:
+        definitions = self.tracer.definitions
+        if packet.user is not None:
+            definitions.user = packet.user
+        if packet.notes is not None:
+            definitions.notes = packet.notes
+        if packet.stop_note is not None:
+            definitions.stop_note = packet.stop_note or None
+            if not self.tracer.running and self.tracer.stop_reason is t.StopReason.STOP_COMMAND:
+                self.tracer.stop_note = definitions.stop_note
+        return b"OK"
+
+    # ---- run control ----------------------------------------------------------------------------------------
+
+    @handles(t.TraceStart)
+    def trace_start(self, packet: t.TraceStart) -> Reply:
+        self._select(None)
+        try:
+            self.tracer.start()
+        except TraceError as error:
+            raise RspError(E_TRACE, str(error), text=True) from None
+        return b"OK"
+
+    @handles(t.TraceStop)
+    def trace_stop(self, packet: t.TraceStop) -> Reply:
+        self.tracer.stop(t.StopReason.STOP_COMMAND, note=self.tracer.definitions.stop_note)
+        return b"OK"
+
+    @handles(t.QueryTraceStatus)
+    def trace_status(self, packet: t.QueryTraceStatus) -> Reply:
+        return t.encode_trace_status(self.tracer.status())
+
+    @handles(t.QueryTracepointStatus)
+    def tracepoint_status(self, packet: t.QueryTracepointStatus) -> Reply:
+        found = self.tracer.location_status(packet.number, packet.address)
+        if found is None:
+            return b""
+        return t.encode_tracepoint_status(*found)
+
+    @handles(t.QueryMinFastTracepointLength)
+    def min_fast_tracepoint_length(self, packet: t.QueryMinFastTracepointLength) -> Reply:
+        return t.encode_min_fast_tracepoint_length(MIN_FAST_TRACEPOINT_LENGTH)
+
+    # ---- upload (a reconnecting GDB learns what is defined) --------------------------------------------------
+
+    @handles(t.FirstTracepointPiece)
+    def first_tracepoint_piece(self, packet: t.FirstTracepointPiece) -> Reply:
+        self._upload = self.tracer.definitions.upload_pieces()
+        return self._next_piece(self._upload)
+
+    @handles(t.NextTracepointPiece)
+    def next_tracepoint_piece(self, packet: t.NextTracepointPiece) -> Reply:
+        return self._next_piece(self._upload)
+
+    @handles(t.FirstTraceVariable)
+    def first_variable(self, packet: t.FirstTraceVariable) -> Reply:
+        self._variables = self.tracer.definitions.upload_variables()
+        return self._next_piece(self._variables)
+
+    @handles(t.NextTraceVariable)
+    def next_variable(self, packet: t.NextTraceVariable) -> Reply:
+        return self._next_piece(self._variables)
+
+    @staticmethod
+    def _next_piece(pieces: list[bytes]) -> Reply:
+        return pieces.pop(0) if pieces else b"l"
+
+    @handles(t.QueryTraceVariable)
+    def variable_value(self, packet: t.QueryTraceVariable) -> Reply:
+        if self._selected is not None and self._frames is not None:
+            frame = self._frames[self._selected]
+            for number, value in frame.tsv_values():
+                if number == packet.number:
+                    return t.encode_trace_variable_value(value)
+            return t.encode_trace_variable_value(None)
+        return t.encode_trace_variable_value(self.tracer.variable_value(packet.number))
+
+    # ---- frames ----------------------------------------------------------------------------------------------
+
+    def _frame_list(self) -> list[TraceFrame]:
+        if self._frames is None:
+            self._frames = self.tracer.frames()
+        return self._frames
+
+    def _select(self, index: int | None) -> Reply:
+        if index is None:
+            self._selected = None
+            self._frames = None
+            self.views.current = None
+            return b"OK"
+        frames = self._frame_list()
+        frame = frames[index]
+        self._selected = index
+        address = next(
+            (a for (n, a) in self.tracer.definitions.tracepoints if n == frame.tracepoint),
+            frame.registers["rip"] if frame.registers else 0,
+        )
+        self.views.current = FrameView(frame, address, self.views.live, list(self.tracer.definitions.read_only))
+        return t.encode_frame_reply(index, frame.tracepoint)
+
+    def _find(self, predicate) -> Reply:
+        frames = self._frame_list()
+        start = 0 if self._selected is None else self._selected + 1
+        for index in range(start, len(frames)):
+            if predicate(frames[index], self._location(frames[index])):
+                return self._select(index)
+        return t.encode_frame_reply(None)
+
+    def _location(self, frame: TraceFrame) -> int:
+        regs = frame.registers
+        if regs is not None:
+            return regs["rip"]
+        return next((a for (n, a) in self.tracer.definitions.tracepoints if n == frame.tracepoint), 0)
+
+    @handles(t.SelectTraceFrame)
+    def select_frame(self, packet: t.SelectTraceFrame) -> Reply:
+        if packet.frame is None:
+            return self._select(None)
+        frames = self._frame_list()
+        if packet.frame >= len(frames):
+            return t.encode_frame_reply(None)
+        return self._select(packet.frame)
+
+    @handles(t.FindFrameByPc)
+    def find_by_pc(self, packet: t.FindFrameByPc) -> Reply:
+        return self._find(lambda frame, pc: pc == packet.address)
+
+    @handles(t.FindFrameByTracepoint)
+    def find_by_tracepoint(self, packet: t.FindFrameByTracepoint) -> Reply:
+        return self._find(lambda frame, pc: frame.tracepoint == packet.number)
+
+    @handles(t.FindFrameInRange)
+    def find_in_range(self, packet: t.FindFrameInRange) -> Reply:
+        return self._find(lambda frame, pc: packet.start <= pc <= packet.end)
+
+    @handles(t.FindFrameOutsideRange)
+    def find_outside_range(self, packet: t.FindFrameOutsideRange) -> Reply:
+        return self._find(lambda frame, pc: not packet.start <= pc <= packet.end)
+
+    @handles(t.ReadTraceFrameInfo)
+    def traceframe_info(self, packet: t.ReadTraceFrameInfo) -> Reply:
+        if self._selected is None or self._frames is None:
+            raise RspError(E_TRACE, "no trace frame selected")
+        frame = self._frames[self._selected]
+        document = t.encode_traceframe_info(frame.memory_ranges(), frame.tsv_numbers())
+        return Binary(t.encode_qxfer_chunk(document, packet.offset, packet.length))
+
+    @handles(t.ReadTraceBuffer)
+    def trace_buffer(self, packet: t.ReadTraceBuffer) -> Reply:
+        data = b"".join(frame.to_gdb() for frame in self.tracer.frames()) if packet.offset == 0 else self._raw
+        self._raw = data
+        return t.encode_trace_buffer(data[packet.offset : packet.offset + packet.length])
+
+    _raw: bytes = b""

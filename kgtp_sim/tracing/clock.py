@@ -1,0 +1,38 @@
+"""Timestamps for trace frames: the emulated CPU's TSC, readable from Python too.
+
+Native frame commits stamp `rdtsc`. Unicorn's `rdtsc` returns the host's TSC, so Python-side writers (the
+interpreter engine) read the same clock by running `rdtsc` in a tiny private CPU: one time base for every frame,
+converted to nanoseconds with a rate measured once against the host's monotonic clock.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import cached_property
+
+from unicorn import UC_ARCH_X86, UC_MODE_64, Uc
+from unicorn.x86_const import UC_X86_REG_RAX, UC_X86_REG_RDX
+
+_CODE = 0x1000
+_RDTSC = b"\x0f\x31"
+
+
+class Tsc:
+    def __init__(self) -> None:
+        self._uc = Uc(UC_ARCH_X86, UC_MODE_64)
+        self._uc.mem_map(_CODE, 0x1000)
+        self._uc.mem_write(_CODE, _RDTSC)
+
+    def read(self) -> int:
+        self._uc.emu_start(_CODE, _CODE + len(_RDTSC))
+        return (self._uc.reg_read(UC_X86_REG_RDX) << 32) | (self._uc.reg_read(UC_X86_REG_RAX) & 0xFFFFFFFF)
+
+    @cached_property
+    def ticks_per_ns(self) -> float:
+        t0, c0 = time.perf_counter_ns(), self.read()
+        time.sleep(0.02)
+        t1, c1 = time.perf_counter_ns(), self.read()
+        return max((c1 - c0) / max(t1 - t0, 1), 1e-9)
+
+    def to_ns(self, ticks: int) -> int:
+        return int(ticks / self.ticks_per_ns)

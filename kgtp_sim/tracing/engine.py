@@ -1,0 +1,329 @@
+"""Run control: turn the definitions into probes at tstart, collect frames at each hit, stop for a reason.
+
+This module owns the trace run's state (running, stop reason, trace state variables, the ring buffer, the
+installed probes) and answers the questions the packet handlers ask about it. A hit never raises: a failing
+condition or action records `terror` on its tracepoint (or is ignored under `$ignore_error`), exactly once,
+and the kernel continues as if the probe were not there.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import time
+from dataclasses import dataclass, field
+
+from unicorn import Uc, UcError
+from unicorn.x86_const import UC_X86_REG_RIP
+
+from ..agent.errors import BytecodeError, EvalError, MemoryFault
+from ..agent.interp import evaluate
+from ..agent.verify import Program, verify
+from ..arch import amd64
+from ..machine import Machine
+from ..rsp.packets import trace as t
+from .builtins import BUILTIN_VARIABLES, BuiltinContext
+from .clock import Tsc
+from .frames import MemoryBlock, RegisterBlock, TraceFrame, TsvBlock, encode_block
+from .model import Definitions, Tracepoint
+from .probes import INT3, ProbePlacementError, ProbeSite, jump, plan_probe, relocate, relocated_size_bound
+from .ring import CTL_BYTES, Ring
+
+log = logging.getLogger(__name__)
+
+#: Largest memory range one `collect` may record in a frame (GDB never asks for more than 64 KiB at once).
+MAX_COLLECT = 0xFFFF
+
+
+class TraceError(Exception):
+    """tstart (or a definition) cannot be honoured; the text reaches the user through GDB."""
+
+
+@dataclass
+class Installed:
+    """A tracepoint location armed in the kernel."""
+
+    tracepoint: Tracepoint
+    site: ProbeSite
+    condition: Program | None
+    actions: list[tuple[t.Action, Program | None]]
+    out_of_line: int
+    hits: int = 0
+    usage: int = 0
+
+
+class MachineMemory:
+    """Ring memory access through the machine (coherent, from any thread)."""
+
+    def __init__(self, machine: Machine) -> None:
+        self.machine = machine
+
+    def read(self, address: int, length: int) -> bytes:
+        return self.machine.read_memory(address, length)
+
+    def write(self, address: int, data: bytes) -> None:
+        self.machine.write_memory(address, data)
+
+
+@dataclass
+class HitContext:
+    """What one evaluation of agent bytecode sees at a hit: live memory, the hit's registers, trace variables."""
+
+    uc: Uc
+    regs: list[int]
+    tracer: Tracer
+    blocks: list[bytes] = field(default_factory=list)
+    room: int = MAX_COLLECT * 4
+
+    def read_memory(self, addr: int, n: int) -> bytes:
+        try:
+            return bytes(self.uc.mem_read(addr, n))
+        except UcError:
+            raise MemoryFault(addr, n) from None
+
+    def register(self, n: int) -> int:
+        return self.regs[n] if n < len(self.regs) else 0
+
+    def tsv_get(self, n: int) -> int:
+        return self.tracer.variable_value(n, self) or 0
+
+    def tsv_set(self, n: int, value: int) -> None:
+        self.tracer.set_variable(n, value)
+
+    def trace_room(self) -> int | None:
+        return self.room - sum(len(b) for b in self.blocks)
+
+    def trace_block(self, block: bytes) -> None:
+        self.blocks.append(block)
+
+    def printf(self, text: str) -> None:
+        self.tracer.printed.append(text)
+        log.info("tracepoint printf: %s", text.rstrip("\n"))
+
+
+class Tracer:
+    def __init__(self, machine: Machine) -> None:
+        self.machine = machine
+        self.definitions = Definitions()
+        self.running = False
+        self.stop_reason = t.StopReason.NOT_RUN
+        self.stop_note: str | None = None
+        self.stopping_tracepoint = 0
+        self.start_time: int | None = None
+        self.stop_time: int | None = None
+        self.values: dict[int, int] = {}
+        self.installed: dict[tuple[int, int], Installed] = {}
+        self.ring: Ring | None = None
+        self._ring_memory: tuple[int, int] | None = None
+        self.printed: list[str] = []
+        self.tsc = Tsc()
+        for variable in BUILTIN_VARIABLES:
+            self.definitions.variables[variable.number] = variable.definition()
+
+    # ---- trace state variables --------------------------------------------------------------------------
+
+    def variable_value(self, number: int, hit: HitContext | None = None) -> int | None:
+        builtin = BUILTIN_VARIABLES.by_number(number)
+        if builtin is not None and builtin.computed and hit is not None:
+            return builtin.compute(BuiltinContext(hit.uc, self.machine, self.tsc))
+        if number in self.values:
+            return self.values[number]
+        variable = self.definitions.variables.get(number)
+        if variable is None:
+            return None
+        return variable.initial if (self.running or self.stop_reason is not t.StopReason.NOT_RUN) else None
+
+    def set_variable(self, number: int, value: int) -> None:
+        self.values[number] = value - (1 << 64) if value >> 63 else value
+
+    @property
+    def ignore_errors(self) -> bool:
+        return bool(self.variable_value(BUILTIN_VARIABLES.by_name("ignore_error").number))
+
+    # ---- run control --------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.running:
+            self.stop(t.StopReason.STOP_COMMAND)
+        prepared = [self._prepare(tp) for tp in self.definitions.tracepoints.values() if tp.enabled]
+        self._allocate_ring()
+        self.values = {n: v.initial for n, v in self.definitions.variables.items()}
+        self.installed = {}
+        try:
+            for item in prepared:
+                self._install(item)
+        except Exception:
+            self._uninstall_all()
+            raise
+        self.running = True
+        self.stop_reason = t.StopReason.NOT_RUN  # what gdbserver reports while running, too
+        self.stop_note = None
+        self.stopping_tracepoint = 0
+        self.start_time = _now_us()
+        self.stop_time = None
+        log.info("tracing started with %d probes", len(self.installed))
+
+    def stop(self, reason: t.StopReason, note: str | None = None, tracepoint: int = 0) -> None:
+        """End the run (tstop, passcount, error, full buffer, disconnect). Probes go; frames stay."""
+        if not self.running:
+            return
+        self._uninstall_all()
+        self.running = False
+        self.stop_reason = reason
+        self.stop_note = note
+        self.stopping_tracepoint = tracepoint
+        self.stop_time = _now_us()
+        log.info("tracing stopped: %s", reason.name)
+
+    def _prepare(self, tp: Tracepoint) -> Installed:
+        where = f"tracepoint {tp.number} at {tp.address:#x}"
+        tsv_slots = max(self.definitions.variables, default=0) + 1
+        try:
+            condition = verify(tp.condition, tsv_slots=tsv_slots, require_value=True) if tp.condition else None
+        except BytecodeError as error:
+            raise TraceError(f"{where}: condition rejected: {error}") from None
+        actions: list[tuple[t.Action, Program | None]] = []
+        for action in tp.actions:
+            program = None
+            if isinstance(action, t.EvalExpression):
+                try:
+                    program = verify(action.bytecode, tsv_slots=tsv_slots)
+                except BytecodeError as error:
+                    raise TraceError(f"{where}: action rejected: {error}") from None
+            actions.append((action, program))
+        try:
+            site = plan_probe(self.machine.image, tp.address, "int3")
+        except ProbePlacementError as error:
+            raise TraceError(f"{where}: {error}") from None
+        return Installed(tp, site, condition, actions, out_of_line=0)
+
+    def _allocate_ring(self) -> None:
+        size = self.definitions.buffer_size
+        if self._ring_memory is not None and self._ring_memory[1] != size:
+            self.machine.free_data(self._ring_memory[0])
+            self._ring_memory = None
+        if self._ring_memory is None:
+            base = self.machine.alloc_data(size + CTL_BYTES)
+            self._ring_memory = (base, size)
+        base, size = self._ring_memory
+        self.ring = Ring(MachineMemory(self.machine), base + size)
+        self.ring.initialize(base, size, self.definitions.circular)
+
+    def _install(self, item: Installed) -> None:
+        site = item.site
+        item.out_of_line = self.machine.alloc_code(relocated_size_bound(site.displaced) + 5)
+        body = relocate(site.displaced, item.out_of_line)
+        body += jump(item.out_of_line + len(body), site.resume_address)
+        self.machine.write_memory(item.out_of_line, body)
+        self.machine.breakpoints[site.address] = lambda uc, item=item: self._hit(uc, item)
+        self.machine.write_memory(site.address, INT3)
+        self.installed[item.tracepoint.key] = item
+
+    def _uninstall_all(self) -> None:
+        for item in self.installed.values():
+            self.machine.write_memory(item.site.address, item.site.original)
+            self.machine.breakpoints.pop(item.site.address, None)
+            self.machine.free_code(item.out_of_line)
+        # the usage counters stay readable for qTP after the run: keep the records, drop the probes
+        self._stopped_installed = dict(self.installed)
+        self.installed = {}
+
+    # ---- a hit (CPU thread, inside the int3 hook) -------------------------------------------------------
+
+    def _hit(self, uc: Uc, item: Installed) -> None:
+        uc.reg_write(UC_X86_REG_RIP, item.out_of_line)  # whatever happens, the kernel goes on
+        if not self.running:
+            return
+        item.hits += 1
+        regs = _hit_registers(uc, item.site.address)
+        hit = HitContext(uc, regs, self)
+        tp = item.tracepoint
+        if item.condition is not None:
+            result = evaluate(item.condition, hit)
+            if not self._check(result.error, tp):
+                return
+            if not result.value:
+                return
+        for action, program in item.actions:
+            if program is not None:
+                result = evaluate(program, hit)
+                if not self._check(result.error, tp):
+                    return
+            else:
+                self._collect(action, hit)
+        blocks = b"".join(hit.blocks)
+        assert self.ring is not None
+        if not self.ring.append(tp.number, blocks, self.tsc.read()):
+            if not self.definitions.circular:
+                self.stop(t.StopReason.BUFFER_FULL)
+            return
+        item.usage += len(blocks) + 6
+        if tp.pass_count and item.hits >= tp.pass_count:
+            self.stop(t.StopReason.PASSCOUNT, tracepoint=tp.number)
+
+    def _check(self, error: EvalError | None, tp: Tracepoint) -> bool:
+        if error is None:
+            return True
+        if not self.ignore_errors:
+            self.stop(t.StopReason.ERROR, note=f"tracepoint {tp.number}: {error}", tracepoint=tp.number)
+        return False
+
+    def _collect(self, action: t.Action, hit: HitContext) -> None:
+        if isinstance(action, t.CollectRegisters):
+            values = {reg.name: hit.regs[i] for i, reg in enumerate(amd64.GENERAL_REGISTERS)}
+            hit.blocks.append(encode_block(RegisterBlock(amd64.encode_registers(values))))
+        elif isinstance(action, t.CollectMemory):
+            base = 0 if action.basereg < 0 else hit.register(action.basereg)
+            address = (base + action.offset) & ((1 << 64) - 1)
+            length = min(action.length, MAX_COLLECT)
+            try:
+                data = hit.read_memory(address, length)
+            except MemoryFault:
+                return  # not collected: GDB shows <unavailable>, like a DProbes fault token
+            hit.blocks.append(encode_block(MemoryBlock(address, data)))
+        # CollectStaticData belongs to static tracepoints (markers)
+
+    # ---- what GDB asks about the run ----------------------------------------------------------------------
+
+    def status(self) -> t.TraceStatus:
+        state = self.ring.state() if self.ring is not None else None
+        return t.TraceStatus(
+            running=self.running,
+            stop_reason=self.stop_reason,
+            stop_note=self.stop_note,
+            stopping_tracepoint=self.stopping_tracepoint,
+            frames=state.frames if state else 0,
+            created=state.created if state else 0,
+            buffer_free=state.free if state else self.definitions.buffer_size,
+            buffer_size=state.size if state else self.definitions.buffer_size,
+            circular=self.definitions.circular,
+            disconnected=self.definitions.disconnected_tracing,
+            start_time=self.start_time,
+            stop_time=self.stop_time,
+            user=self.definitions.user,
+            notes=self.definitions.notes,
+        )
+
+    def location_status(self, number: int, address: int) -> tuple[int, int] | None:
+        item = self.installed.get((number, address)) or getattr(self, "_stopped_installed", {}).get((number, address))
+        if item is None:
+            return None if (number, address) not in self.definitions.tracepoints else (0, 0)
+        return item.hits, item.usage
+
+    def frames(self) -> list[TraceFrame]:
+        return self.ring.entries() if self.ring is not None else []
+
+
+def _hit_registers(uc: Uc, address: int) -> list[int]:
+    from ..machine.cpu import REGISTER_IDS
+
+    values = [uc.reg_read(REGISTER_IDS[reg.name]) for reg in amd64.GENERAL_REGISTERS]
+    values[amd64.PC_REGNUM] = address
+    return values
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+__all__ = ["Tracer", "TraceError", "struct"]
