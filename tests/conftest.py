@@ -93,15 +93,33 @@ def stub():
     server.stop()
 
 
-def run_gdb(client: GdbClient, stub: StubProcess, *commands: str, timeout: float = 90, attach: bool = True) -> str:
-    """Run GDB in batch mode against the stub with the kernel's symbols; returns everything it printed."""
-    argv = [client.path, "-nx", "-batch", "-ex", "set pagination off", "-ex", "set confirm off", str(VMLINUX)]
+@pytest.fixture
+def fresh_stub():
+    """A stub of its own: tracepoints a test leaves on the target are uploaded by the next GDB that attaches."""
+    server = start_stub()
+    yield server
+    server.stop()
+
+
+def run_gdb(client: GdbClient, stub: StubProcess | None, *commands: str, timeout: float = 90,
+            attach: bool = True) -> str:
+    """Run GDB in batch mode with the kernel's symbols, attached to the stub, executing `commands` from a command
+    file (so multi-line commands such as `actions` ... `end` work); returns everything it printed."""
+    import tempfile
+
+    lines = ["set pagination off", "set confirm off"]
     if attach:
-        argv += ["-ex", f"target remote {stub.address}"]
-    for command in commands:
-        argv += ["-ex", command]
+        assert stub is not None
+        lines.append(f"target remote {stub.address}")
+    lines += commands
+    with tempfile.NamedTemporaryFile("w", suffix=".gdb", delete=False) as script:
+        script.write("\n".join(lines) + "\n")
+    argv = [client.path, "-nx", "-batch", str(VMLINUX), "-x", script.name]
     env = dict(os.environ, TERM="dumb")
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    finally:
+        os.unlink(script.name)
     return result.stdout + result.stderr
 
 

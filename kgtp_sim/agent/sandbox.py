@@ -15,7 +15,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from unicorn import UC_ARCH_X86, UC_HOOK_CODE, UC_HOOK_MEM_PROT, UC_HOOK_MEM_UNMAPPED, UC_MODE_64, Uc, UcError
+from unicorn import UC_ARCH_X86, UC_HOOK_CODE, UC_HOOK_MEM_PROT, UC_HOOK_MEM_UNMAPPED, UC_HOOK_MEM_WRITE, UC_MODE_64, Uc, UcError
 from unicorn import UC_PROT_ALL, UC_TLB_VIRTUAL
 from unicorn.unicorn_py3.unicorn import HOOK_CODE_CFUNC, uc_hook_h, uclib
 from unicorn.x86_const import (
@@ -114,6 +114,9 @@ class Sandbox:
             raise UcError(status)
         uc.hook_add(UC_HOOK_MEM_UNMAPPED | UC_HOOK_MEM_PROT, self._on_fault)
         uc.hook_add(UC_HOOK_CODE, self._on_printf, begin=TRAP_ADDR, end=TRAP_ADDR)
+        # every stack write is seen, so `run` can check the code stays within its declared stack_bytes
+        uc.hook_add(UC_HOOK_MEM_WRITE, self._on_stack_write, begin=STACK_TOP - 0x10000, end=STACK_TOP)
+        self._lowest_rsp = STACK_TOP
         self._loaded: dict[int, bytes] = {}
 
     # memory -------------------------------------------------------------------------------------------------
@@ -146,6 +149,9 @@ class Sandbox:
         self._fault_address = address
         return False
 
+    def _on_stack_write(self, uc, access, address, size, value, user_data) -> None:
+        self._lowest_rsp = min(self._lowest_rsp, address)
+
     def _on_printf(self, uc, address, size, user_data) -> None:
         fmt_addr = uc.reg_read(UC_X86_REG_RSI)
         fmt = bytearray()
@@ -168,8 +174,10 @@ class Sandbox:
         trace_limit: int = TRACE_SIZE,
         loop_budget: int = DEFAULT_LOOP_BUDGET,
         printf: bool = True,
+        live: Mapping[int, int] | None = None,
     ) -> NativeRun:
-        """Call `compiled` once. `registers`: values of GDB regnums 0..23 (missing ones are 0)."""
+        """Call `compiled` once. `registers`: values of GDB regnums 0..23 (missing ones are 0). The callee-saved
+        registers hold the same values at entry (as at a probe site), unless `live` says otherwise."""
         uc = self.uc
         self.load(compiled)
         regs = dict(enumerate(registers)) if not isinstance(registers, Mapping) else dict(registers)
@@ -193,11 +201,13 @@ class Sandbox:
         uc.reg_write(UC_X86_REG_RSP, rsp)
         uc.reg_write(UC_X86_REG_RDI, REGS_ADDR)
         uc.reg_write(UC_X86_REG_RSI, CTX_ADDR)
+        entry = {n: (live or {}).get(n, regs.get(n, 0)) & (2**64 - 1) for n in _LIVE_UC}
         for n, reg in _LIVE_UC.items():
-            uc.reg_write(reg, regs.get(n, 0) & (2**64 - 1))
+            uc.reg_write(reg, entry[n])
         for reg in (UC_X86_REG_RAX, UC_X86_REG_RCX, UC_X86_REG_RDX, UC_X86_REG_R8):
             uc.reg_write(reg, 0xDEAD_BEEF_DEAD_BEEF)  # garbage: compiled code must not depend on it
         self._output = []
+        self._lowest_rsp = rsp
         self._counter.value = 0
         pc = compiled.entry
         while True:
@@ -211,6 +221,12 @@ class Sandbox:
                 pc = uc.reg_read(UC_X86_REG_RIP)
         if uc.reg_read(UC_X86_REG_RSP) != rsp + 8:
             raise AssertionError("compiled code returned with an unbalanced stack")
+        for n, reg in _LIVE_UC.items():
+            if uc.reg_read(reg) != entry[n]:
+                raise AssertionError(f"compiled code changed callee-saved {abi.LIVE_CANDIDATES[n]}")
+        lowest = min(self._lowest_rsp, rsp)
+        if rsp - lowest > compiled.stack_bytes:
+            raise AssertionError(f"compiled code used {rsp - lowest} bytes of stack, declared {compiled.stack_bytes}")
         out = abi.AgentCtx.unpack(bytes(uc.mem_read(CTX_ADDR, abi.CTX_SIZE)))
         trace = bytes(uc.mem_read(TRACE_ADDR, out.trace_ptr - TRACE_ADDR))
         values = {n: struct.unpack("<Q", bytes(uc.mem_read(TSV_ADDR + 8 * n, 8)))[0] for n in numbers}

@@ -76,7 +76,6 @@ def target_xml() -> str:
     """Target description for GDB (`qXfer:features:read:target.xml`)."""
     lines = [
         '<?xml version="1.0"?>',
-        '<!DOCTYPE target SYSTEM "gdb-target.dtd">',
         "<target>",
         "<architecture>i386:x86-64</architecture>",
         '<feature name="org.gnu.gdb.i386.core">',

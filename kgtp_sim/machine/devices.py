@@ -3,7 +3,8 @@
 | port  | access     | meaning |
 |-------|------------|---------|
 | 0xe9  | outb       | console: one character, kept in a ring (`monitor console`) and logged line by line |
-| 0x80  | outl       | paging command in %eax, address in %rdi: 1 = map the page holding it (fresh, zeroed, RW), 2 = unmap |
+| 0x80  | outl       | paging command in %eax, address in %rdi: 1 = map the page holding it (zeroed, RW), 2 = unmap it, |
+|       |            | 3 = unmap every demand page (2 and 3 flush the CPU's TLB: costly, so the kernel uses 3, rarely)   |
 | 0x80  | inl        | status of the last paging command: 0 done, 1 refused (outside the demand region / already in that state) |
 | 0x70  | inl        | clock: nanoseconds since the machine started, low 32 bits; latches the high half |
 | 0x71  | inl        | clock: the latched high 32 bits |
@@ -24,6 +25,7 @@ PORT_CONSOLE = 0xE9
 PORT_PAGING = 0x80
 PAGING_MAP = 1
 PAGING_UNMAP = 2
+PAGING_UNMAP_ALL = 3
 PORT_CLOCK_LO = 0x70
 PORT_CLOCK_HI = 0x71
 PORT_POWER = 0xF4
@@ -34,7 +36,7 @@ CONSOLE_RING = 64 * 1024
 class Devices:
     """Port handlers. `map_page`/`unmap_page` come from the CPU (they change its memory map)."""
 
-    def __init__(self, map_page: Callable[[int], bool], unmap_page: Callable[[int], bool]) -> None:
+    def __init__(self, map_page: Callable[[int], bool], unmap_page: Callable[[int | None], bool]) -> None:
         self._map_page = map_page
         self._unmap_page = unmap_page
         self._console = bytearray()
@@ -44,7 +46,7 @@ class Devices:
         self._clock_high = 0
         self.power_off_code: int | None = None
         self.pages_mapped = 0
-        self.pages_unmapped = 0
+        self.pages_unmapped = 0  #: by PAGING_UNMAP only
 
     # ---- port dispatch (called from unicorn's IN/OUT hooks, on the CPU thread) -------------------------------
 
@@ -58,6 +60,8 @@ class Devices:
             elif value == PAGING_UNMAP:
                 ok = self._unmap_page(rdi)
                 self.pages_unmapped += ok
+            elif value == PAGING_UNMAP_ALL:
+                ok = self._unmap_page(None)
             else:
                 ok = False
             self._paging_status = 0 if ok else 1

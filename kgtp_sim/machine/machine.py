@@ -28,7 +28,17 @@ from .cpu import ARGUMENT_REGISTERS, REGISTER_IDS, Cpu, Stop
 from .devices import Devices
 from .errors import MachineError, MemoryFault
 from .image import KernelImage
-from .layout import MODULE_BASE, MODULE_SIZE, VMALLOC_BASE, VMALLOC_SIZE, RegionAllocator
+from .layout import (
+    DEMAND_BASE,
+    DEMAND_SIZE,
+    MODULE_BASE,
+    MODULE_SIZE,
+    PAGE_SIZE,
+    VMALLOC_BASE,
+    VMALLOC_SIZE,
+    RegionAllocator,
+    page_floor,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -235,8 +245,11 @@ class Machine:
                 self._tick_pending = True
             self._kick()
             # re-kick while the tick waits: the stop may have been lost, or interrupts were off
-            while not self._stopping and self._tick_pending and self._in_emu and time.monotonic() < next_tick:
-                self._ticker_wake.wait(_KICK_RETRY_S)
+            while not self._stopping and self._tick_pending and self._in_emu:
+                remaining = next_tick - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._ticker_wake.wait(min(_KICK_RETRY_S, remaining))
                 if self._tick_pending and self._in_emu:
                     self._kick()
 
@@ -266,9 +279,11 @@ class Machine:
 
         def read(uc: Uc) -> bytes:
             try:
-                return bytes(uc.mem_read(address, length))
+                data = bytes(uc.mem_read(address, length))
             except UcError:
                 raise MemoryFault(address, length) from None
+            self._check_present(address, length, write=False)
+            return data
 
         return self.run_on_cpu(read)
 
@@ -278,6 +293,7 @@ class Machine:
             return
 
         def write(uc: Uc) -> None:
+            self._check_present(address, len(data), write=True)
             try:
                 uc.mem_write(address, bytes(data))
             except UcError:
@@ -285,6 +301,15 @@ class Machine:
             uc.ctl_remove_cache(address, address + len(data))
 
         self.run_on_cpu(write)
+
+    def _check_present(self, address: int, length: int, write: bool) -> None:
+        """Demand-region pages the kernel has not mapped are absent for the debugger too."""
+        end = address + length
+        if end <= DEMAND_BASE or address >= DEMAND_BASE + DEMAND_SIZE:
+            return
+        for page in range(page_floor(max(address, DEMAND_BASE)), min(end, DEMAND_BASE + DEMAND_SIZE), PAGE_SIZE):
+            if not self.cpu.page_present(page):
+                raise MemoryFault(address, length, write)
 
     def registers(self) -> dict[str, int]:
         """The CPU's registers, named as in kgtp_sim/arch/amd64.py (rax … r15, rip, eflags, cs ss ds es fs gs)."""
@@ -443,5 +468,5 @@ class Machine:
     def _map_page(self, address: int) -> bool:
         return self.cpu.map_demand_page(address)
 
-    def _unmap_page(self, address: int) -> bool:
-        return self.cpu.unmap_demand_page(address)
+    def _unmap_page(self, address: int | None) -> bool:
+        return self.cpu.unmap_demand_pages(address)

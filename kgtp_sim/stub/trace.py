@@ -96,9 +96,9 @@ class TraceHandlers:
         if packet.notes is not None:
             definitions.notes = packet.notes
         if packet.stop_note is not None:
-            definitions.stop_note = packet.stop_note or None
+            definitions.stop_note = packet.stop_note
             if not self.tracer.running and self.tracer.stop_reason is t.StopReason.STOP_COMMAND:
-                self.tracer.stop_note = definitions.stop_note
+                self.tracer.stop_note = packet.stop_note
         return b"OK"
 
     # ---- run control ----------------------------------------------------------------------------------------
@@ -114,7 +114,8 @@ class TraceHandlers:
 
     @handles(t.TraceStop)
     def trace_stop(self, packet: t.TraceStop) -> Reply:
-        self.tracer.stop(t.StopReason.STOP_COMMAND, note=self.tracer.definitions.stop_note)
+        # Never the short `tstop:0` form: GDB's tfile writer (tsave) then strlen()s a NULL note and crashes.
+        self.tracer.stop(t.StopReason.STOP_COMMAND, note=self.tracer.definitions.stop_note or "")
         return b"OK"
 
     @handles(t.QueryTraceStatus)

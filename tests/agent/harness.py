@@ -24,7 +24,7 @@ UNMAPPED = 0xFFFFFFFF81F00000
 ALL_LIVE = frozenset(abi.LIVE_CANDIDATES)
 
 
-def test_memory(seed: int = 1) -> bytes:
+def make_memory(seed: int = 1) -> bytes:
     rng = random.Random(seed)
     data = bytearray(rng.randbytes(DATA_SIZE))
     strings = b"kgtp\0tracepoint\0\0x\0" + b"A" * 40 + b"\0"
@@ -47,7 +47,7 @@ class Outcome:
 class Differential:
     def __init__(self, memory: Mapping[int, bytes] | None = None) -> None:
         self.sb = Sandbox()
-        source = dict(memory) if memory is not None else {DATA_ADDR: test_memory()}
+        source = dict(memory) if memory is not None else {DATA_ADDR: make_memory()}
         # whole pages, zero-filled: the sandbox maps pages, and the interpreter must see the same bytes
         self.memory = {}
         for addr, data in source.items():

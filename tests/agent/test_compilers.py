@@ -1,0 +1,191 @@
+"""Both compilers: every opcode compiles, the ABI holds (registers, stack, faults), live registers, speed."""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from pathlib import Path
+
+import pytest
+from unicorn.x86_const import UC_X86_REG_RIP
+
+from kgtp_sim.agent import abi
+from kgtp_sim.agent.compile_naive import compile_naive
+from kgtp_sim.agent.compile_opt import compile_opt
+from kgtp_sim.agent.compiled import fault_fixup
+from kgtp_sim.agent.errors import ErrorCode
+from kgtp_sim.agent.measure import instruction_count
+from kgtp_sim.agent.opcodes import OPCODES, OpClass, assemble, encode
+from kgtp_sim.agent.sandbox import CODE_BASE, Sandbox
+from kgtp_sim.agent.verify import verify
+
+from .harness import DATA_ADDR, STRING_ADDR, UNMAPPED, Differential
+
+CORPUS = json.loads((Path(__file__).parent / "data" / "gdb13_corpus.json").read_text())
+COMPILERS = {"naive": compile_naive, "opt": compile_opt}
+
+# one small program per supported opcode (the opcode under test in the middle)
+PROGRAMS = {
+    "add": "const8 1; const8 2; add; end", "sub": "const8 1; const8 2; sub; end", "mul": "reg 1; const8 3; mul; end",
+    "div_signed": "reg 1; const8 3; div_signed; end", "div_unsigned": "reg 1; reg 2; div_unsigned; end",
+    "rem_signed": "reg 1; reg 2; rem_signed; end", "rem_unsigned": "reg 1; const8 3; rem_unsigned; end",
+    "lsh": "reg 1; reg 2; lsh; end", "rsh_signed": "reg 1; const8 3; rsh_signed; end",
+    "rsh_unsigned": "reg 1; reg 2; rsh_unsigned; end", "trace": f"const64 {DATA_ADDR}; reg 3; trace; end",
+    "trace_quick": f"const64 {DATA_ADDR}; trace_quick 9; end", "log_not": "reg 1; log_not; end",
+    "bit_and": "reg 1; reg 2; bit_and; end", "bit_or": "reg 1; const8 6; bit_or; end",
+    "bit_xor": "reg 1; reg 2; bit_xor; end", "bit_not": "reg 1; bit_not; end", "equal": "reg 1; reg 2; equal; end",
+    "less_signed": "reg 1; reg 2; less_signed; end", "less_unsigned": "reg 1; reg 2; less_unsigned; end",
+    "ext": "reg 1; ext 12; end", "ref8": f"const64 {DATA_ADDR}; ref8; end", "ref16": f"const64 {DATA_ADDR}; ref16; end",
+    "ref32": f"const64 {DATA_ADDR}; ref32; end", "ref64": f"const64 {DATA_ADDR}; ref64; end",
+    "if_goto": "reg 1; if_goto 9; const8 1; end; const8 2; end", "goto": "goto 4; end; const8 7; end",
+    "const8": "const8 200; end", "const16": "const16 60000; end", "const32": "const32 4000000000; end",
+    "const64": "const64 18446744073709551615; end", "reg": "reg 17; end", "end": "end", "dup": "reg 1; dup; mul; end",
+    "pop": "reg 1; reg 2; pop; end", "zero_ext": "reg 1; zero_ext 40; end", "swap": "reg 1; reg 2; swap; sub; end",
+    "getv": "getv 2; end", "setv": "reg 1; setv 2; end", "tracev": "tracev 2; end",
+    "tracenz": f"const64 {STRING_ADDR}; const8 50; tracenz; end", "trace16": f"const64 {DATA_ADDR}; trace16 300; end",
+    "pick": "reg 1; reg 2; reg 3; pick 2; end", "rot": "reg 1; reg 2; reg 3; rot; end",
+}
+
+
+def _program_for(name: str) -> bytes:
+    if name == "printf":
+        return encode("reg", 1) + encode("const8", 0) + encode("const8", 0) + encode("printf", 1, fmt=b"%lx") + b"\x27"
+    return assemble(PROGRAMS[name])
+
+
+@pytest.fixture(scope="module")
+def diff() -> Differential:
+    return Differential()
+
+
+@pytest.mark.parametrize("name", [op.name for op in OPCODES if op.supported])
+def test_every_opcode_compiles_and_agrees(diff, name) -> None:
+    code = _program_for(name)
+    assert any(op_name == name for op_name in _names(code))
+    for regs in ([0, 7, 3, 12], [0, 2**64 - 1, 64, 5], [0, 2**63, 2**64 - 1, 0]):
+        diff.check(code, regs, {2: 99})
+
+
+def _names(code: bytes) -> list[str]:
+    return [i.name for i in verify(code).insns]
+
+
+def test_float_opcodes_are_refused_before_compiling() -> None:
+    for op in OPCODES:
+        if op.cls is OpClass.FLOAT:
+            with pytest.raises(ValueError):
+                verify(bytes([op.code, 0x27]))
+
+
+def test_code_is_position_independent() -> None:
+    program = verify(bytes.fromhex(CORPUS["entries"][1]["bytecode"]))
+    for compile_ in COMPILERS.values():
+        a, b = compile_(program, CODE_BASE), compile_(program, CODE_BASE + 0x12340)
+        assert a.code == b.code and b.fault_exit - b.base == a.fault_exit - a.base
+
+
+def test_fault_fixup_in_body_and_in_helper() -> None:
+    sb = Sandbox()
+    sb.map_memory(DATA_ADDR, bytes(64))
+    for compile_ in COMPILERS.values():
+        ref = compile_(verify(assemble(f"const8 1; const64 {UNMAPPED + 8}; ref16; end")), CODE_BASE)
+        run = sb.run(ref)
+        assert run.result.error.code == ErrorCode.MEMORY_FAULT and run.result.error.offset == 11
+        assert run.result.error.address == UNMAPPED + 8
+        helper = compile_(verify(assemble(f"const64 {DATA_ADDR + 4096 - 60}; const16 1000; trace; end")), CODE_BASE + 0x1000)
+        run = sb.run(helper)
+        assert (run.result.error.code, run.result.error.offset) == (ErrorCode.MEMORY_FAULT, 12)
+        assert run.trace == b""
+
+
+def test_fault_fixup_ignores_other_code() -> None:
+    sb = Sandbox()
+    compiled = compile_naive(verify(assemble("const8 1; end")), CODE_BASE)
+    sb.load(compiled)
+    sb.uc.reg_write(UC_X86_REG_RIP, CODE_BASE + 0x8000)
+    assert fault_fixup(sb.uc, compiled, 0) is False
+    assert sb.uc.reg_read(UC_X86_REG_RIP) == CODE_BASE + 0x8000
+
+
+def test_live_registers_are_read_live() -> None:
+    sb = Sandbox()
+    code = verify(assemble("reg 1; reg 12; add; reg 15; add; end"))
+    regs = [0] * 24
+    regs[1], regs[12], regs[15] = 1, 10, 100
+    live = {1: 2, 12: 20, 15: 200}
+    assert sb.run(compile_opt(code, CODE_BASE), regs, live=live).result.value == 111
+    assert sb.run(compile_opt(code, CODE_BASE, {1, 12, 15}), regs, live=live).result.value == 222
+    assert sb.run(compile_opt(code, CODE_BASE, {1}), regs, live=live).result.value == 112
+    with pytest.raises(ValueError):
+        compile_opt(code, CODE_BASE, {0})
+
+
+def test_printf_without_trap_only_pops() -> None:
+    sb = Sandbox()
+    code = verify(_program_for("printf")[:-1] + encode("const8", 3) + b"\x27")
+    for compile_ in COMPILERS.values():
+        assert sb.run(compile_(code, CODE_BASE), [0, 255], printf=True).output == ["ff"]
+        run = sb.run(compile_(code, CODE_BASE), [0, 255], printf=False)
+        assert run.output == [] and run.result.value == 3
+
+
+def test_deep_expressions(diff) -> None:
+    """Depth 20 (GDB's limit) and 64 (ours): register pressure, spills and canonical slots at joins."""
+    for depth in (20, 64):
+        leaves = [f"reg {i % 24}" if i % 3 else f"const64 {DATA_ADDR + 8 * i}; ref64" for i in range(depth)]
+        ops = ["add", "mul", "bit_xor", "sub", "less_unsigned", "bit_or"]
+        body = "; ".join(leaves) + "; " + "; ".join(ops[i % len(ops)] for i in range(depth - 1))
+        code = assemble(body + "; end")
+        assert verify(code).max_depth == depth
+        regs = [(i * 0x9E3779B97F4A7C15) & (2**64 - 1) for i in range(24)]
+        diff.check(code, regs)
+        # the same values kept across a join: every entry must survive in its canonical slot
+        branchy = _join_program(leaves[: depth - 1], ops)
+        diff.check(branchy, regs)
+        diff.check(branchy, [0] * 24)
+
+
+def _join_program(leaves: list[str], ops: list[str]) -> bytes:
+    """leaves...; reg 2; if_goto T; const8 1; goto J; T: const8 2; J: <reduce everything>; end"""
+    head = assemble("; ".join(leaves) + "; reg 2")
+    n = len(head)
+    t = n + 3 + 2 + 3
+    j = t + 2
+    mid = encode("if_goto", t) + encode("const8", 1) + encode("goto", j) + encode("const8", 2)
+    tail = assemble("; ".join(ops[i % len(ops)] for i in range(len(leaves))) + "; end")
+    return head + mid + tail
+
+
+def test_compile_is_fast_when_warm() -> None:
+    programs = [verify(bytes.fromhex(e["bytecode"])) for e in CORPUS["entries"]]
+    for p in programs:  # warm the template cache
+        compile_naive(p, CODE_BASE), compile_opt(p, CODE_BASE)
+    start = time.perf_counter()
+    for p in programs:
+        compile_naive(p, CODE_BASE)
+        compile_opt(p, CODE_BASE)
+    per_expression = (time.perf_counter() - start) / len(programs)
+    assert per_expression < 0.005, f"{per_expression * 1000:.2f} ms per expression (both compilers)"
+
+
+def test_opt_never_costs_more_than_naive_on_gdb_bytecode() -> None:
+    memory = {seg["address"]: bytes.fromhex(seg["hex"]) for seg in CORPUS["segments"]}
+    sb = Sandbox()
+    for entry in CORPUS["entries"]:
+        code = bytes.fromhex(entry["bytecode"])
+        naive = instruction_count(code, "naive", memory=memory, sandbox=sb)
+        opt = instruction_count(code, "opt", memory=memory, sandbox=sb)
+        assert opt.count <= naive.count, (entry["name"], opt.count, naive.count)
+
+
+def test_agent_ctx_layout() -> None:
+    ctx = abi.AgentCtx(tsv_base=1, trace_ptr=2, trace_limit=3, error=4, error_pc=5, saved_rsp=6, loop_budget=7, printf_fn=8, fault_addr=9)
+    raw = ctx.pack()
+    assert len(raw) == abi.CTX_SIZE == 0x48
+    for offset, value in ((abi.CTX_TSV_BASE, 1), (abi.CTX_TRACE_PTR, 2), (abi.CTX_TRACE_LIMIT, 3), (abi.CTX_ERROR, 4),
+                          (abi.CTX_ERROR_PC, 5), (abi.CTX_SAVED_RSP, 6), (abi.CTX_LOOP_BUDGET, 7),
+                          (abi.CTX_PRINTF_FN, 8), (abi.CTX_FAULT_ADDR, 9)):
+        assert struct.unpack_from("<Q", raw, offset)[0] == value
+    assert abi.AgentCtx.unpack(raw) == ctx
+    assert abi.REG_OFFSET[16] == 128 and abi.REG_OFFSET[17] == 136 and abi.REG_SIZE[17] == 4 and abi.REG_BLOCK_BYTES == 164

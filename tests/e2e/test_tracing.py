@@ -1,0 +1,144 @@
+"""Dynamic tracepoints end to end with real GDB, adapted from GDB's gdb.trace scenarios, with the kernel's
+workload (kgtp_test_function called from a kernel thread) in place of `continue`.
+
+Values are checked against each other and against what the kernel really had (registers collected in the same
+frame, the kernel's own counters), never against numbers written into the test.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ..conftest import run_gdb
+
+pytestmark = pytest.mark.gdb
+
+COND = "(2*counter1+3*counter2>0)"
+EXPR = "(2*counter1+3*counter2)"
+
+
+def _frames_collected(out: str) -> int:
+    match = re.search(r"Collected (\d+) trace frames?", out)
+    assert match, out
+    return int(match.group(1))
+
+
+def test_condition_and_collections_match_the_kernel(gdb, fresh_stub):
+    out = run_gdb(
+        gdb, fresh_stub,
+        f"trace kgtp_test_function if {COND}", "actions", f"collect {EXPR}", "collect $regs", "collect kgtp_counter",
+        "end", "tstart", "shell sleep 0.3", "tstop", "tstatus",
+        "tfind start", "tdump", "print $rdi", "print $rsi", "print kgtp_counter",
+        "tfind", "print $rdi", "print kgtp_counter",
+    )
+    assert _frames_collected(out) > 10, out
+    assert "Trace stopped by a tstop command" in out
+    expr = [int(v) for v in re.findall(rf"^{re.escape(EXPR)} = (-?\d+)$", out, re.M)]
+    values = [int(v) for v in re.findall(r"^\$\d+ = (-?\d+)$", out, re.M)]
+    rdi, rsi, counter, rdi2, counter2 = values
+    assert expr[0] == 2 * rdi + 3 * rsi, out  # the expression was evaluated on the registers of that hit
+    assert rdi2 == rdi + 1 and counter2 == counter + 1  # consecutive calls, consecutive frames
+    assert re.search(r"^rip\s+0x[0-9a-f]+\s+0x[0-9a-f]+ <kgtp_test_function>", out, re.M), out
+
+
+def test_false_condition_collects_nothing(gdb, fresh_stub):
+    out = run_gdb(gdb, fresh_stub, "trace kgtp_test_function if (2*counter1+3*counter2<0)", "actions",
+                  f"collect {EXPR}", "end", "tstart", "shell sleep 0.2", "tstop", "tstatus", "info tracepoints")
+    assert _frames_collected(out) == 0, out
+    hits = re.search(r"tracepoint already hit (\d+) times?", out)
+    assert hits and int(hits.group(1)) > 10, out  # the probe did fire; the condition said no
+
+
+def test_passcount_stops_the_run(gdb, fresh_stub):
+    out = run_gdb(gdb, fresh_stub, "trace kgtp_test_function", "passcount 5", "actions", "collect counter1", "end",
+                  "tstart", "shell sleep 0.3", "tstatus")
+    assert "Trace stopped by tracepoint 1." in out, out
+    assert _frames_collected(out) == 5, out
+
+
+def test_full_buffer_stops_with_tfull(gdb, fresh_stub):
+    out = run_gdb(gdb, fresh_stub, "set trace-buffer-size 8192", "trace kgtp_test_function", "actions", "collect $regs",
+                  "end", "tstart", "shell sleep 0.3", "tstatus")
+    assert "Trace stopped because the buffer was full" in out, out
+    frames = _frames_collected(out)
+    assert 0 < frames < 8192 // 300, out
+
+
+def test_circular_buffer_keeps_the_newest_frames(gdb, fresh_stub):
+    out = run_gdb(gdb, fresh_stub, "set trace-buffer-size 8192", "set circular-trace-buffer on",
+                  "trace kgtp_test_function", "actions", "collect $regs", "end", "tstart", "shell sleep 0.3",
+                  "tstop", "tstatus")
+    match = re.search(r"Buffer contains (\d+) trace frames \(of (\d+) created total\)", out)
+    assert match, out
+    kept, created = int(match.group(1)), int(match.group(2))
+    assert 0 < kept < created and kept < 8192 // 200, out
+    # a second GDB finds the stopped run's frames on the target
+    out = run_gdb(gdb, fresh_stub, "tfind 0", "print $rdi", f"tfind {kept - 1}", "print $rdi", "tfind none")
+    first, last = (int(v) for v in re.findall(r"^\$\d+ = (\d+)$", out, re.M))
+    assert last - first == kept - 1, out  # a contiguous run of consecutive calls survived
+
+
+def test_tfind_forms(gdb, fresh_stub):
+    out = run_gdb(
+        gdb, fresh_stub, "trace kgtp_test_function", "actions", "collect $regs", "end",
+        "trace load_module", "actions", "collect $regs", "end",
+        "tstart", "shell sleep 0.6", "tstop",
+        # searches other than by number start after the selected frame
+        "tfind tracepoint 2", "print $pc", "tfind pc kgtp_test_function", "print $pc",
+        "tfind none", "tfind outside kgtp_test_function, kgtp_test_function + 4", "print $pc",
+        "tfind none", "tfind range kgtp_test_function, kgtp_test_function + 4", "print $pc",
+        "tfind none", "tfind 0", "tfind end",
+    )
+    assert re.search(r"Found trace frame \d+, tracepoint 2", out), out
+    pcs = re.findall(r"^\$\d+ = \(void \(\*\)\([^)]*\)\) 0x[0-9a-f]+ <(\w+)>", out, re.M)
+    assert pcs == ["load_module", "kgtp_test_function", "load_module", "kgtp_test_function"], out
+    assert "No longer looking at any trace frame" in out and "Found trace frame 0," in out
+
+
+def test_tsave_then_target_tfile_shows_the_same_frames(gdb, fresh_stub, tmp_path):
+    saved = tmp_path / "trace.tf"
+    live = run_gdb(gdb, fresh_stub, f"trace kgtp_test_function if {COND}", "actions", f"collect {EXPR}",
+                   "collect $regs", "end", "tstart", "shell sleep 0.2", "tstop", "tfind 3", "tdump",
+                   f"tsave {saved}")
+    assert saved.exists(), live
+    offline = run_gdb(gdb, fresh_stub, f"target tfile {saved}", "tfind 3", "tdump", attach=False)
+    def dump(text):
+        return re.findall(r"^(\(2\*counter1.*|r[a-z0-9]+ +0x\S+.*)$", text, re.M)
+    assert dump(live) and dump(live) == dump(offline), offline
+
+
+def test_bad_tracepoint_location_fails_tstart_with_a_message(gdb, fresh_stub):
+    out = run_gdb(gdb, fresh_stub, "trace *(kgtp_test_function+1)", "tstart", "tstatus")
+    assert "middle of an instruction" in out, out
+
+
+def test_trace_state_variables_and_teval(gdb, fresh_stub):
+    out = run_gdb(gdb, fresh_stub, "tvariable $hits = 10", "trace kgtp_test_function", "passcount 7", "actions",
+                  "teval $hits = $hits + 1", "collect $hits", "end", "tstart", "shell sleep 0.3",
+                  "tstatus", "tfind 6", "tdump", "tfind none", "info tvariables")
+    assert "$hits = 17" in out, out
+
+
+def test_division_by_zero_in_condition_stops_with_an_error(gdb, fresh_stub):
+    out = run_gdb(gdb, fresh_stub, "trace kgtp_test_function if (counter1 / (counter2 - counter2)) > 0", "tstart",
+                  "shell sleep 0.2", "tstatus")
+    assert re.search(r"Trace stopped by an error \(.*division by zero", out), out
+
+
+def test_ignore_error_keeps_tracing(gdb, fresh_stub):
+    out = run_gdb(gdb, fresh_stub, "tvariable $ignore_error = 1",
+                  "trace kgtp_test_function if (counter1 / (counter2 - counter2)) > 0",
+                  "tstart", "shell sleep 0.2", "tstatus", "tstop", "tvariable $ignore_error = 0")
+    assert "Trace is running on the target" in out, out
+
+
+def test_disconnect_stops_tracing_unless_asked_otherwise(gdb, fresh_stub):
+    run_gdb(gdb, fresh_stub, "trace kgtp_test_function", "tstart", "shell sleep 0.1")  # leaves without tstop
+    out = run_gdb(gdb, fresh_stub, "tstatus")
+    assert "Trace stopped because of disconnection" in out, out
+    run_gdb(gdb, fresh_stub, "set disconnected-tracing on", "trace kgtp_test_function", "tstart")
+    out = run_gdb(gdb, fresh_stub, "tstatus", "info tracepoints", "tstop")
+    assert "Trace is running on the target" in out, out
+    assert "kgtp_test_function" in out  # the reconnecting GDB learned the tracepoint from the target
