@@ -67,10 +67,6 @@ def s32(value: int) -> int:
     return sem.signed(value)
 
 
-def hx(value: int) -> str:
-    return f"-0x{-value:x}" if value < 0 else f"0x{value:x}"
-
-
 def _sext_bits(value: int) -> int:
     for bits in (8, 16, 32):
         if sem.ext(value, bits) == value:
@@ -985,7 +981,8 @@ class _Compiler:
             a = self.leafify(a)
         if needs_rcx(b):
             b = self.leafify(b)
-        self.evict("rax")
+        if not (isinstance(a, V) and a.v.reg == "rax" and a.v.refs == 1):
+            self.evict("rax")
         self.evict("rdx")
         self.pinned.update(("rax", "rdx"))
         vb = self.gen(b)

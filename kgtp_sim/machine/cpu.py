@@ -182,6 +182,34 @@ class FaultFixups:
         self._ranges.clear()
 
 
+class FastRegisters:
+    """Register access straight through libunicorn, about 3x cheaper than the binding's reg_read/reg_write.
+
+    Used on the per-interrupt path. Only for registers that fit 64 bits; the buffer is cleared before each
+    read because unicorn writes just the register's width (2 bytes for a selector).
+    """
+
+    def __init__(self, uc: Uc) -> None:
+        from unicorn.unicorn_py3.unicorn import uclib
+
+        self._handle = uc._uch
+        self._value = ctypes.c_uint64(0)
+        self._ref = ctypes.byref(self._value)
+        self._read = uclib.uc_reg_read
+        self._write = uclib.uc_reg_write
+
+    def read(self, reg: int) -> int:
+        self._value.value = 0
+        if self._read(self._handle, reg, self._ref):
+            raise MachineError(f"cannot read register {reg}")
+        return self._value.value
+
+    def write(self, reg: int, value: int) -> None:
+        self._value.value = value & 0xFFFF_FFFF_FFFF_FFFF
+        if self._write(self._handle, reg, self._ref):
+            raise MachineError(f"cannot write register {reg}")
+
+
 class InstructionCounter:
     """Counts every executed instruction with a native UC_HOOK_CODE callback: `inc qword [rcx]; ret`.
 
@@ -259,6 +287,7 @@ class Cpu:
         uc.hook_add(UC_HOOK_INSN, self._on_out, None, 1, 0, X.UC_X86_INS_OUT)
         uc.hook_add(UC_HOOK_INSN, self._on_in, None, 1, 0, X.UC_X86_INS_IN)
         self.counter = InstructionCounter(uc)
+        self.regs = FastRegisters(uc)
         self._reset(image.entry)
 
     # ---- memory map --------------------------------------------------------------------------------------
@@ -329,22 +358,22 @@ class Cpu:
     # ---- registers ---------------------------------------------------------------------------------------
 
     def registers(self) -> dict[str, int]:
-        return {name: self.uc.reg_read(reg) for name, reg in REGISTER_IDS.items()}
+        return {name: self.regs.read(reg) for name, reg in REGISTER_IDS.items()}
 
     def interrupts_enabled(self) -> bool:
-        return bool(self.uc.reg_read(X.UC_X86_REG_EFLAGS) & EFLAGS_IF)
+        return bool(self.regs.read(X.UC_X86_REG_EFLAGS) & EFLAGS_IF)
 
     @property
     def rip(self) -> int:
-        return self.uc.reg_read(X.UC_X86_REG_RIP)
+        return self.regs.read(X.UC_X86_REG_RIP)
 
     # ---- interrupt delivery ------------------------------------------------------------------------------
 
     def deliver(self, vector: int, error_code: int | None = None) -> None:
         """Enter the kernel's handler for `vector` the way an x86_64 CPU does (same privilege level, no IST)."""
-        uc = self.uc
+        uc, regs = self.uc, self.regs
         _, base, limit, _ = uc.reg_read(X.UC_X86_REG_IDTR)
-        rip = uc.reg_read(X.UC_X86_REG_RIP)
+        rip = regs.read(X.UC_X86_REG_RIP)
         if vector * 16 + 15 > limit:
             raise MachineError(f"vector {vector} at rip {rip:#x}: outside the IDT (limit {limit:#x}); is it loaded?")
         try:
@@ -353,9 +382,9 @@ class Cpu:
             raise MachineError(f"vector {vector} at rip {rip:#x}: IDT at {base:#x} is not mapped") from None
         if not attr & 0x80:
             raise MachineError(f"vector {vector} at rip {rip:#x}: no handler (IDT gate not present)")
-        rsp = uc.reg_read(X.UC_X86_REG_RSP)
-        rflags = uc.reg_read(X.UC_X86_REG_EFLAGS)
-        frame = struct.pack("<5Q", rip, uc.reg_read(X.UC_X86_REG_CS), rflags, rsp, uc.reg_read(X.UC_X86_REG_SS))
+        rsp = regs.read(X.UC_X86_REG_RSP)
+        rflags = regs.read(X.UC_X86_REG_EFLAGS)
+        frame = struct.pack("<5Q", rip, regs.read(X.UC_X86_REG_CS), rflags, rsp, regs.read(X.UC_X86_REG_SS))
         if error_code is not None:
             frame = struct.pack("<Q", error_code) + frame
         new_rsp = (rsp & ~0xF) - len(frame)  # 64-bit mode aligns the frame to 16 bytes
@@ -366,9 +395,9 @@ class Cpu:
         rflags &= ~(EFLAGS_TF | EFLAGS_NT | EFLAGS_RF)
         if attr & 0xF == 0xE:  # interrupt gate, as opposed to a trap gate
             rflags &= ~EFLAGS_IF
-        uc.reg_write(X.UC_X86_REG_RSP, new_rsp)
-        uc.reg_write(X.UC_X86_REG_EFLAGS, rflags)
-        uc.reg_write(X.UC_X86_REG_RIP, low | middle << 16 | high << 32)
+        regs.write(X.UC_X86_REG_RSP, new_rsp)
+        regs.write(X.UC_X86_REG_EFLAGS, rflags)
+        regs.write(X.UC_X86_REG_RIP, low | middle << 16 | high << 32)
         self.delivered[vector] += 1
 
     # ---- hooks (run on the CPU thread, inside emu_start) ---------------------------------------------------
@@ -381,7 +410,7 @@ class Cpu:
     def _on_interrupt(self, uc: Uc, intno: int, _data: object) -> None:
         try:
             if intno == 3:
-                address = uc.reg_read(X.UC_X86_REG_RIP) - 1
+                address = self.regs.read(X.UC_X86_REG_RIP) - 1
                 handler = self.breakpoints.get(address)
                 if handler is not None:
                     self.breakpoint_hits += 1
@@ -457,7 +486,7 @@ class Cpu:
 
     def _on_out(self, uc: Uc, port: int, size: int, value: int, _data: object) -> None:
         try:
-            self._port_out(port, size, value, uc.reg_read(X.UC_X86_REG_RDI))
+            self._port_out(port, size, value, self.regs.read(X.UC_X86_REG_RDI))
         except BaseException as error:  # noqa: BLE001
             self._fail(error)
 
@@ -475,7 +504,7 @@ class Cpu:
         uc = self.uc
         self._fault = None
         self._error = None
-        begin = uc.reg_read(X.UC_X86_REG_RIP)
+        begin = self.regs.read(X.UC_X86_REG_RIP)
         failure: UcError | None = None
         self._in_emulation = True
         try:
@@ -492,7 +521,7 @@ class Cpu:
         if self._fault is not None:
             self._handle_fault(*self._fault)
             return Stop.EXCEPTION
-        rip = uc.reg_read(X.UC_X86_REG_RIP)
+        rip = self.regs.read(X.UC_X86_REG_RIP)
         if failure is not None:
             raise MachineError(f"emulation failed at rip {rip:#x}: {failure}")
         if rip == until:

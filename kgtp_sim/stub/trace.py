@@ -39,16 +39,47 @@ class TraceHandlers:
 
     @handles(t.DefineTracepoint)
     def define_tracepoint(self, packet: t.DefineTracepoint) -> Reply:
-        self.tracer.definitions.define(packet)
+        tracepoint = self.tracer.definitions.define(packet)
+        if not packet.more:
+            self._arm_if_running(tracepoint)
         return b"OK"
 
     @handles(t.TracepointActions)
     def tracepoint_actions(self, packet: t.TracepointActions) -> Reply:
         try:
-            self.tracer.definitions.add_actions(packet)
+            tracepoint = self.tracer.definitions.add_actions(packet)
         except KeyError as error:
             raise RspError(E_TRACE, str(error)) from None
+        if not packet.more:
+            self._arm_if_running(tracepoint)
         return b"OK"
+
+    def _arm_if_running(self, tracepoint) -> None:
+        """InstallInTrace: a tracepoint GDB downloads during a run goes live once its last piece arrived."""
+        try:
+            self.tracer.arm(tracepoint)
+        except TraceError as error:
+            raise RspError(E_TRACE, str(error), text=True) from None
+
+    @handles(t.EnableTracepoint)
+    def enable_tracepoint(self, packet: t.EnableTracepoint) -> Reply:
+        tracepoint = self._location(packet.number, packet.address)
+        tracepoint.enabled = True
+        self._arm_if_running(tracepoint)
+        return b"OK"
+
+    @handles(t.DisableTracepoint)
+    def disable_tracepoint(self, packet: t.DisableTracepoint) -> Reply:
+        tracepoint = self._location(packet.number, packet.address)
+        tracepoint.enabled = False
+        self.tracer.disarm(tracepoint.key)
+        return b"OK"
+
+    def _location(self, number: int, address: int):
+        tracepoint = self.tracer.definitions.tracepoints.get((number, address))
+        if tracepoint is None:
+            raise RspError(E_TRACE, f"no tracepoint {number} at {address:#x}")
+        return tracepoint
 
     @handles(t.TracepointSource)
     def tracepoint_source(self, packet: t.TracepointSource) -> Reply:
@@ -194,11 +225,11 @@ class TraceHandlers:
         frames = self._frame_list()
         start = 0 if self._selected is None else self._selected + 1
         for index in range(start, len(frames)):
-            if predicate(frames[index], self._location(frames[index])):
+            if predicate(frames[index], self._frame_pc(frames[index])):
                 return self._select(index)
         return t.encode_frame_reply(None)
 
-    def _location(self, frame: TraceFrame) -> int:
+    def _frame_pc(self, frame: TraceFrame) -> int:
         regs = frame.registers
         if regs is not None:
             return regs["rip"]

@@ -24,6 +24,7 @@ from ..machine import Machine
 from ..rsp.packets import trace as t
 from .builtins import BUILTIN_VARIABLES, BuiltinContext
 from .clock import Tsc
+from .fastregs import RegisterReader
 from .frames import MemoryBlock, RegisterBlock, TraceFrame, TsvBlock, encode_block
 from .model import Definitions, Tracepoint
 from .probes import INT3, ProbePlacementError, ProbeSite, jump, plan_probe, relocate, relocated_size_bound
@@ -62,7 +63,8 @@ class MachineMemory:
         return self.machine.read_memory(address, length)
 
     def write(self, address: int, data: bytes) -> None:
-        self.machine.write_memory(address, data)
+        # ring memory is data: no translated code to drop, unlike machine.write_memory
+        self.machine.run_on_cpu(lambda uc: uc.mem_write(address, data))
 
 
 @dataclass
@@ -113,10 +115,12 @@ class Tracer:
         self.stop_time: int | None = None
         self.values: dict[int, int] = {}
         self.installed: dict[tuple[int, int], Installed] = {}
+        self._stopped_installed: dict[tuple[int, int], Installed] = {}
         self.ring: Ring | None = None
         self._ring_memory: tuple[int, int] | None = None
         self.printed: list[str] = []
         self.tsc = Tsc()
+        self._registers = RegisterReader()
         for variable in BUILTIN_VARIABLES:
             self.definitions.variables[variable.number] = variable.definition()
 
@@ -149,6 +153,7 @@ class Tracer:
         self._allocate_ring()
         self.values = {n: v.initial for n, v in self.definitions.variables.items()}
         self.installed = {}
+        self._stopped_installed = {}
         try:
             for item in prepared:
                 self._install(item)
@@ -174,6 +179,22 @@ class Tracer:
         self.stopping_tracepoint = tracepoint
         self.stop_time = _now_us()
         log.info("tracing stopped: %s", reason.name)
+
+    def arm(self, tp: Tracepoint) -> None:
+        """Install one location during a run (InstallInTrace, QTEnable)."""
+        if self.running and tp.enabled and tp.key not in self.installed:
+            item = self._prepare(tp)
+            earlier = self._stopped_installed.pop(tp.key, None)
+            if earlier is not None:  # re-enabled in the same run: its counters go on
+                item.hits, item.usage = earlier.hits, earlier.usage
+            self._install(item)
+
+    def disarm(self, key: tuple[int, int]) -> None:
+        """Remove one location's probe during a run (QTDisable); its hits and frames stay."""
+        item = self.installed.pop(key, None)
+        if item is not None:
+            self._remove_probe(item)
+            self._stopped_installed[key] = item
 
     def _prepare(self, tp: Tracepoint) -> Installed:
         where = f"tracepoint {tp.number} at {tp.address:#x}"
@@ -219,13 +240,16 @@ class Tracer:
         self.machine.write_memory(site.address, INT3)
         self.installed[item.tracepoint.key] = item
 
+    def _remove_probe(self, item: Installed) -> None:
+        self.machine.write_memory(item.site.address, item.site.original)
+        self.machine.breakpoints.pop(item.site.address, None)
+        self.machine.free_code(item.out_of_line)
+
     def _uninstall_all(self) -> None:
         for item in self.installed.values():
-            self.machine.write_memory(item.site.address, item.site.original)
-            self.machine.breakpoints.pop(item.site.address, None)
-            self.machine.free_code(item.out_of_line)
+            self._remove_probe(item)
         # the usage counters stay readable for qTP after the run: keep the records, drop the probes
-        self._stopped_installed = dict(self.installed)
+        self._stopped_installed.update(self.installed)
         self.installed = {}
 
     # ---- a hit (CPU thread, inside the int3 hook) -------------------------------------------------------
@@ -235,7 +259,9 @@ class Tracer:
         if not self.running:
             return
         item.hits += 1
-        regs = _hit_registers(uc, item.site.address)
+        regs = self._registers.read(uc)
+        regs[amd64.PC_REGNUM] = item.site.address
+        regs[amd64.REGISTER_INDEX["eflags"]] &= 0xFFFFFFFF
         hit = HitContext(uc, regs, self)
         tp = item.tracepoint
         if item.condition is not None:
@@ -253,7 +279,7 @@ class Tracer:
                 self._collect(action, hit)
         blocks = b"".join(hit.blocks)
         assert self.ring is not None
-        if not self.ring.append(tp.number, blocks, self.tsc.read()):
+        if not self.ring.append(tp.number, blocks, self.tsc.now()):
             if not self.definitions.circular:
                 self.stop(t.StopReason.BUFFER_FULL)
             return
@@ -270,8 +296,7 @@ class Tracer:
 
     def _collect(self, action: t.Action, hit: HitContext) -> None:
         if isinstance(action, t.CollectRegisters):
-            values = {reg.name: hit.regs[i] for i, reg in enumerate(amd64.GENERAL_REGISTERS)}
-            hit.blocks.append(encode_block(RegisterBlock(amd64.encode_registers(values))))
+            hit.blocks.append(b"R" + amd64.encode_general(hit.regs))
         elif isinstance(action, t.CollectMemory):
             base = 0 if action.basereg < 0 else hit.register(action.basereg)
             address = (base + action.offset) & ((1 << 64) - 1)
@@ -305,7 +330,7 @@ class Tracer:
         )
 
     def location_status(self, number: int, address: int) -> tuple[int, int] | None:
-        item = self.installed.get((number, address)) or getattr(self, "_stopped_installed", {}).get((number, address))
+        item = self.installed.get((number, address)) or self._stopped_installed.get((number, address))
         if item is None:
             return None if (number, address) not in self.definitions.tracepoints else (0, 0)
         return item.hits, item.usage
@@ -314,12 +339,6 @@ class Tracer:
         return self.ring.entries() if self.ring is not None else []
 
 
-def _hit_registers(uc: Uc, address: int) -> list[int]:
-    from ..machine.cpu import REGISTER_IDS
-
-    values = [uc.reg_read(REGISTER_IDS[reg.name]) for reg in amd64.GENERAL_REGISTERS]
-    values[amd64.PC_REGNUM] = address
-    return values
 
 
 def _now_us() -> int:

@@ -82,9 +82,10 @@ def test_circular_buffer_keeps_the_newest_frames(gdb, fresh_stub):
 
 def test_tfind_forms(gdb, fresh_stub):
     out = run_gdb(
-        gdb, fresh_stub, "trace kgtp_test_function", "actions", "collect $regs", "end",
+        gdb, fresh_stub, "monitor pace 5",  # load_module runs every 50 ticks: keep the buffer from filling first
+        "trace kgtp_test_function", "actions", "collect $regs", "end",
         "trace load_module", "actions", "collect $regs", "end",
-        "tstart", "shell sleep 0.6", "tstop",
+        "tstart", "shell sleep 1.1", "tstop",
         # searches other than by number start after the selected frame
         "tfind tracepoint 2", "print $pc", "tfind pc kgtp_test_function", "print $pc",
         "tfind none", "tfind outside kgtp_test_function, kgtp_test_function + 4", "print $pc",
@@ -142,3 +143,16 @@ def test_disconnect_stops_tracing_unless_asked_otherwise(gdb, fresh_stub):
     out = run_gdb(gdb, fresh_stub, "tstatus", "info tracepoints", "tstop")
     assert "Trace is running on the target" in out, out
     assert "kgtp_test_function" in out  # the reconnecting GDB learned the tracepoint from the target
+
+
+def test_enable_disable_and_install_during_a_run(gdb, fresh_stub):
+    out = run_gdb(
+        gdb, fresh_stub, "monitor pace 5", "trace kgtp_test_function", "actions", "collect counter1", "end",
+        "tstart", "shell sleep 0.1", "disable 1", "tstatus", "shell sleep 0.2", "tstatus",
+        "trace load_module", "actions", "collect $regs", "end", "shell sleep 1.1",
+        "enable 1", "shell sleep 0.1", "tstop", "tstatus", "info tracepoints",
+    )
+    counts = [int(n) for n in re.findall(r"Collected (\d+) trace frames", out)]
+    assert len(counts) == 3 and 0 < counts[0] <= counts[1] <= counts[0] + 2, out  # nothing while disabled
+    hits = [int(n) for n in re.findall(r"tracepoint already hit (\d+) times?", out)]
+    assert len(hits) == 2 and hits[0] > counts[1] and hits[1] > 0, out  # re-enabled, and the new one fired
