@@ -21,6 +21,7 @@ from ..agent.interp import evaluate
 from ..agent.verify import Program, verify
 from ..arch import amd64
 from ..machine import Machine
+from ..machine import MemoryFault as MachineMemoryFault
 from ..rsp.packets import trace as t
 from .builtins import BUILTIN_VARIABLES, BuiltinContext
 from .clock import Tsc
@@ -49,6 +50,7 @@ class Installed:
     condition: Program | None
     actions: list[tuple[t.Action, Program | None]]
     out_of_line: int
+    fired: int = 0
     hits: int = 0
     usage: int = 0
 
@@ -78,9 +80,10 @@ class HitContext:
     room: int = MAX_COLLECT * 4
 
     def read_memory(self, addr: int, n: int) -> bytes:
+        # Through the machine, not uc.mem_read: absent demand pages read as zeros from unicorn but must fault.
         try:
-            return bytes(self.uc.mem_read(addr, n))
-        except UcError:
+            return self.tracer.machine.read_memory(addr, n)
+        except MachineMemoryFault:
             raise MemoryFault(addr, n) from None
 
     def register(self, n: int) -> int:
@@ -258,7 +261,7 @@ class Tracer:
         uc.reg_write(UC_X86_REG_RIP, item.out_of_line)  # whatever happens, the kernel goes on
         if not self.running:
             return
-        item.hits += 1
+        item.fired += 1
         regs = self._registers.read(uc)
         regs[amd64.PC_REGNUM] = item.site.address
         regs[amd64.REGISTER_INDEX["eflags"]] &= 0xFFFFFFFF
@@ -270,6 +273,7 @@ class Tracer:
                 return
             if not result.value:
                 return
+        item.hits += 1
         for action, program in item.actions:
             if program is not None:
                 result = evaluate(program, hit)
