@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from elftools.elf.elffile import ELFFile  # noqa: E402
 
-from kgtp_sim.agent.opcodes import BY_NAME, assemble, encode  # noqa: E402
+from kgtp_sim.agent.opcodes import BY_NAME, encode  # noqa: E402
 from kgtp_sim.agent.verify import verify  # noqa: E402
 
 SOURCE = HERE / "corpus_src" / "agent_corpus.c"

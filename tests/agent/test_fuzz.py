@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from .bytecode_gen import bytecode, registers, trace_limits, tsv_values
 from .harness import Differential
 
-EXAMPLES = int(os.environ.get("KGTP_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("KGTP_FUZZ_EXAMPLES", "600"))
 
 
 @pytest.fixture(scope="module")
