@@ -14,7 +14,7 @@ from .stub.core import CoreHandlers, ViewHolder, stop_reply
 from .stub.live import LiveView
 from .stub.machine_monitor import register_machine_commands
 from .stub.monitor import Monitor
-from .stub.trace import TraceHandlers
+from .stub.trace import TraceHandlers, register_trace_commands
 from .tracing.engine import Tracer
 
 log = logging.getLogger(__name__)
@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class StubConfig:
     allow_writes: bool = False
+    engine: str = "opt"
 
 
 @dataclass
@@ -39,7 +40,8 @@ class Stub:
         self.monitor = Monitor()
         register_machine_commands(self.monitor, self.machine, self.started)
         self.core = CoreHandlers(self.views, self.config.allow_writes, live.write_memory)
-        self.tracer = Tracer(self.machine)
+        self.tracer = Tracer(self.machine, self.config.engine)
+        register_trace_commands(self.monitor, self.tracer)
         self.trace = TraceHandlers(self.tracer, self.views)
         self.dispatcher = Dispatcher((self.core, self.trace, self.monitor))
 

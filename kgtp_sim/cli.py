@@ -27,6 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-writes", action="store_true", help="let GDB write kernel memory (M/X packets)")
     serve.add_argument("--hz", type=int, default=100, help="timer tick rate of the kernel (default: 100)")
     serve.add_argument("--pace", type=int, default=None, help="kgtp_test_function calls per tick")
+    serve.add_argument("--engine", choices=("interp", "naive", "opt"), default="opt",
+                       help="how conditions and actions run: interpreted, naive native or optimized native (default)")
     serve.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeat for packet traces)")
     return parser
 
@@ -64,7 +66,7 @@ def serve(args: argparse.Namespace) -> int:
         print("kgtp-sim: --hz must be between 1 and 10000", file=sys.stderr)
         return 2
     machine = Machine(image, hz=args.hz, **({"pace": args.pace} if args.pace is not None else {}))
-    stub = Stub(machine, StubConfig(allow_writes=args.allow_writes))
+    stub = Stub(machine, StubConfig(allow_writes=args.allow_writes, engine=args.engine))
     server = stub.server(args.host, args.port)
     try:
         host, port = server.bind()

@@ -275,3 +275,28 @@ class TraceHandlers:
         return t.encode_trace_buffer(data[packet.offset : packet.offset + packet.length])
 
     _raw: bytes = b""
+
+
+def register_trace_commands(monitor, tracer: Tracer) -> None:
+    """`monitor engine` and `monitor probes`."""
+    from ..tracing.native import ENGINES
+    from .monitor import MonitorUsageError
+
+    @monitor.register("engine", "engine [interp|naive|opt]", "show or set how conditions and actions run (next tstart)")
+    def engine(args: list[str]) -> str:
+        if args:
+            if args[0] not in ENGINES:
+                raise MonitorUsageError(f"engine must be one of {', '.join(ENGINES)}")
+            tracer.engine = args[0]
+        return f"engine {tracer.engine}" + (" (takes effect at the next tstart)" if tracer.running else "")
+
+    @monitor.register("probes", "probes", "armed tracepoint locations: probe kind, engine, fired/hit counts")
+    def probes(args: list[str]) -> str:
+        rows = []
+        for item in list(tracer.installed.values()) + list(tracer._stopped_installed.values()):
+            fired, hits, usage = tracer.counters(item)
+            kind = item.native.kind if item.native is not None else "int3"
+            armed = "armed" if item.tracepoint.key in tracer.installed else "removed"
+            rows.append(f"{item.tracepoint.number:>3}  {item.site.address:#x}  {kind:5} {armed:8} "
+                        f"fired {fired}  hits {hits}  bytes {usage}  ({item.site.function})")
+        return "\n".join(rows) if rows else "no probes"

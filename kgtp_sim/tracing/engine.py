@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from unicorn import Uc, UcError
 from unicorn.x86_const import UC_X86_REG_RIP
 
-from ..agent.errors import BytecodeError, EvalError, MemoryFault
+from ..agent.abi import CTX_ERROR, CTX_SIZE, AgentCtx
+from ..agent.errors import BytecodeError, ErrorCode, EvalError, MemoryFault
 from ..agent.interp import evaluate
 from ..agent.verify import Program, verify
 from ..arch import amd64
@@ -26,6 +27,8 @@ from ..rsp.packets import trace as t
 from .builtins import BUILTIN_VARIABLES, BuiltinContext
 from .clock import Tsc
 from .fastregs import RegisterReader
+from .detour import COUNTERS
+from .native import ENGINES, NativeProbe, NativeRun
 from .frames import MemoryBlock, RegisterBlock, TraceFrame, TsvBlock, encode_block
 from .model import Definitions, Tracepoint
 from .probes import INT3, ProbePlacementError, ProbeSite, jump, plan_probe, relocate, relocated_size_bound
@@ -49,7 +52,9 @@ class Installed:
     site: ProbeSite
     condition: Program | None
     actions: list[tuple[t.Action, Program | None]]
-    out_of_line: int
+    out_of_line: int = 0  # interp engine: the relocated copy of the probed instruction
+    native: NativeProbe | None = None  # compiled engines: the detour and its counters
+    want_jump: bool = False
     fired: int = 0
     hits: int = 0
     usage: int = 0
@@ -107,8 +112,13 @@ class HitContext:
 
 
 class Tracer:
-    def __init__(self, machine: Machine) -> None:
+    def __init__(self, machine: Machine, engine: str = "opt") -> None:
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}")
         self.machine = machine
+        self.engine = engine
+        self.native: NativeRun | None = None
+        self._retired: list[tuple[int, int]] = []
         self.definitions = Definitions()
         self.running = False
         self.stop_reason = t.StopReason.NOT_RUN
@@ -133,12 +143,18 @@ class Tracer:
         builtin = BUILTIN_VARIABLES.by_number(number)
         if builtin is not None and builtin.computed and hit is not None:
             return builtin.compute(BuiltinContext(hit.uc, self.machine, self.tsc))
+        if self.native is not None and number < self.native.tsv_slots and self._has_run:
+            return self.native.read_tsv(number)
         if number in self.values:
             return self.values[number]
         variable = self.definitions.variables.get(number)
         if variable is None:
             return None
         return variable.initial if (self.running or self.stop_reason is not t.StopReason.NOT_RUN) else None
+
+    @property
+    def _has_run(self) -> bool:
+        return self.running or self.stop_reason is not t.StopReason.NOT_RUN
 
     def set_variable(self, number: int, value: int) -> None:
         self.values[number] = value - (1 << 64) if value >> 63 else value
@@ -157,6 +173,7 @@ class Tracer:
         self.values = {n: v.initial for n, v in self.definitions.variables.items()}
         self.installed = {}
         self._stopped_installed = {}
+        self._start_native()
         try:
             for item in prepared:
                 self._install(item)
@@ -171,6 +188,18 @@ class Tracer:
         self.stop_time = None
         log.info("tracing started with %d probes", len(self.installed))
 
+    def _start_native(self) -> None:
+        if self.native is not None:
+            self.native.release()
+            self._retired = self.native.retired
+        if self.engine == "interp":
+            self.native = None
+            return
+        assert self.ring is not None
+        slots = max(self.definitions.variables, default=0) + 1
+        self.native = NativeRun(self.machine, self.engine, self.ring.ctl, slots, list(self._retired))
+        self.native.reset(self.values)
+
     def stop(self, reason: t.StopReason, note: str | None = None, tracepoint: int = 0) -> None:
         """End the run (tstop, passcount, error, full buffer, disconnect). Probes go; frames stay."""
         if not self.running:
@@ -183,14 +212,16 @@ class Tracer:
         self.stop_time = _now_us()
         log.info("tracing stopped: %s", reason.name)
 
-    def arm(self, tp: Tracepoint) -> None:
+    def arm(self, tp: Tracepoint) -> None:  # noqa: D401
         """Install one location during a run (InstallInTrace, QTEnable)."""
         if self.running and tp.enabled and tp.key not in self.installed:
             item = self._prepare(tp)
             earlier = self._stopped_installed.pop(tp.key, None)
             if earlier is not None:  # re-enabled in the same run: its counters go on
-                item.hits, item.usage = earlier.hits, earlier.usage
+                item.fired, item.hits, item.usage = earlier.fired, earlier.hits, earlier.usage
             self._install(item)
+            if earlier is not None and item.native is not None:
+                self.machine.write_memory(item.native.counters, COUNTERS.pack(item.fired, item.hits, item.usage, 0))
 
     def disarm(self, key: tuple[int, int]) -> None:
         """Remove one location's probe during a run (QTDisable); its hits and frames stay."""
@@ -215,11 +246,18 @@ class Tracer:
                 except BytecodeError as error:
                     raise TraceError(f"{where}: action rejected: {error}") from None
             actions.append((action, program))
+        want_jump = self.engine != "interp" or tp.fast_insn_length is not None
         try:
-            site = plan_probe(self.machine.image, tp.address, "int3")
+            site = plan_probe(self.machine.image, tp.address, "jump" if want_jump else "int3")
         except ProbePlacementError as error:
-            raise TraceError(f"{where}: {error}") from None
-        return Installed(tp, site, condition, actions, out_of_line=0)
+            if tp.fast_insn_length is not None:  # ftrace: a jump or nothing, as gdbserver's fast tracepoints
+                raise TraceError(f"{where}: fast tracepoint impossible: {error}") from None
+            try:
+                site = plan_probe(self.machine.image, tp.address, "int3")
+            except ProbePlacementError as error2:
+                raise TraceError(f"{where}: {error2}") from None
+            want_jump = False
+        return Installed(tp, site, condition, actions, want_jump=want_jump)
 
     def _allocate_ring(self) -> None:
         size = self.definitions.buffer_size
@@ -234,6 +272,9 @@ class Tracer:
         self.ring.initialize(base, size, self.definitions.circular)
 
     def _install(self, item: Installed) -> None:
+        if self.native is not None:
+            self._install_native(item)
+            return
         site = item.site
         item.out_of_line = self.machine.alloc_code(relocated_size_bound(site.displaced) + 5)
         body = relocate(site.displaced, item.out_of_line)
@@ -243,7 +284,59 @@ class Tracer:
         self.machine.write_memory(site.address, INT3)
         self.installed[item.tracepoint.key] = item
 
+    def _install_native(self, item: Installed) -> None:
+        native = self.native
+        assert native is not None
+        tp = item.tracepoint
+        programs = [p for p in (item.condition, *(p for _, p in item.actions)) if p is not None]
+        slots = builtin_slots(programs)
+        if any(kind not in ("cpu_id", "current_task", "current_task_pid", "rdtsc", "clock") for _, kind in slots):
+            raise TraceError(f"tracepoint {tp.number}: unsupported built-in variable")
+        probe = native.build(
+            item.site, tp.number, item.condition, item.actions, tp.pass_count, slots,
+            self.machine.image.address_of("current"), lambda code: verify(code),
+        )
+        item.native = probe
+        detour = probe.detour
+        self.machine.breakpoints[detour.error_call] = lambda uc, item=item: self._hypercall_error(uc, item)
+        self.machine.breakpoints[detour.full_call] = lambda uc, item=item: self._hypercall_full(uc, item)
+        if detour.pass_call:
+            self.machine.breakpoints[detour.pass_call] = lambda uc, item=item: self._hypercall_pass(uc, item)
+        native.patch(item.site, probe, item.want_jump)
+        self.installed[tp.key] = item
+
+    # hypercalls: int3s inside a detour, reached only on the slow paths
+
+    def _resume_after(self, uc: Uc) -> None:
+        uc.reg_write(UC_X86_REG_RIP, uc.reg_read(UC_X86_REG_RIP) + 1)
+
+    def _hypercall_error(self, uc: Uc, item: Installed) -> None:
+        self._resume_after(uc)
+        native = self.native
+        assert native is not None
+        ctx = AgentCtx.unpack(bytes(uc.mem_read(native.ctx, CTX_SIZE)))
+        uc.mem_write(native.ctx + CTX_ERROR, bytes(16))
+        error = EvalError.make(ErrorCode(ctx.error), ctx.error_pc, b"", ctx.fault_addr or None)
+        self._check(error, item.tracepoint)
+
+    def _hypercall_full(self, uc: Uc, item: Installed) -> None:
+        self._resume_after(uc)
+        if self.ring is not None and self.ring.state().full:
+            self.stop(t.StopReason.BUFFER_FULL)
+
+    def _hypercall_pass(self, uc: Uc, item: Installed) -> None:
+        self._resume_after(uc)
+        self.stop(t.StopReason.PASSCOUNT, tracepoint=item.tracepoint.number)
+
     def _remove_probe(self, item: Installed) -> None:
+        if item.native is not None:
+            assert self.native is not None
+            probe = item.native
+            self.native.unpatch(item.site, probe)
+            for address in (probe.detour.error_call, probe.detour.full_call, probe.detour.pass_call):
+                self.machine.breakpoints.pop(address, None)
+            item.fired, item.hits, item.usage = self.native.counters(probe)
+            return
         self.machine.write_memory(item.site.address, item.site.original)
         self.machine.breakpoints.pop(item.site.address, None)
         self.machine.free_code(item.out_of_line)
@@ -251,6 +344,9 @@ class Tracer:
     def _uninstall_all(self) -> None:
         for item in self.installed.values():
             self._remove_probe(item)
+        if self.native is not None:
+            self.native.retired += self.native.code_regions
+            self.native.code_regions = []
         # the usage counters stay readable for qTP after the run: keep the records, drop the probes
         self._stopped_installed.update(self.installed)
         self.installed = {}
@@ -298,6 +394,12 @@ class Tracer:
             self.stop(t.StopReason.ERROR, note=f"tracepoint {tp.number}: {error}", tracepoint=tp.number)
         return False
 
+    def counters(self, item: Installed) -> tuple[int, int, int]:
+        """(fired, hits, bytes) of a location, live from native memory while it is armed."""
+        if item.native is not None and self.native is not None and item.tracepoint.key in self.installed:
+            return self.native.counters(item.native)
+        return item.fired, item.hits, item.usage
+
     def _collect(self, action: t.Action, hit: HitContext) -> None:
         if isinstance(action, t.CollectRegisters):
             hit.blocks.append(b"R" + amd64.encode_general(hit.regs))
@@ -337,7 +439,8 @@ class Tracer:
         item = self.installed.get((number, address)) or self._stopped_installed.get((number, address))
         if item is None:
             return None if (number, address) not in self.definitions.tracepoints else (0, 0)
-        return item.hits, item.usage
+        _, hits, usage = self.counters(item)
+        return hits, usage
 
     def frames(self) -> list[TraceFrame]:
         return self.ring.entries() if self.ring is not None else []
@@ -350,3 +453,16 @@ def _now_us() -> int:
 
 
 __all__ = ["Tracer", "TraceError", "struct"]
+
+
+_COMPUTED = {b.number: b.name for b in BUILTIN_VARIABLES if b.computed}
+
+
+def builtin_slots(programs: list[Program]) -> tuple[tuple[int, str], ...]:
+    """Computed built-in variables the bytecode reads: the detour refreshes their slots at each hit."""
+    found: dict[int, str] = {}
+    for program in programs:
+        for insn in program.insns:
+            if insn.name in ("getv", "tracev") and insn.operands[0] in _COMPUTED:
+                found[insn.operands[0]] = _COMPUTED[insn.operands[0]]
+    return tuple(sorted(found.items()))

@@ -1,0 +1,251 @@
+"""Native detours: the code a probe jumps to when conditions and actions run compiled (naive or opt engine).
+
+One detour per probe location, in module space:
+
+    pushfq; cli                       the detour runs with interrupts off (one CPU, one shared agent_ctx)
+    save rax..r15 into a `g`-layout block on the stack; rsp, rip, eflags and segments as at the site
+    refresh the computed built-in trace variables the bytecode reads ($current_task, $rdtsc, ...)
+    count the hit; condition (compiled); error -> hypercall
+    reserve a frame in the ring; no room -> hypercall (tfull)
+    actions: register block copy, compiled expressions (memory collections are compiled too)
+    commit the frame; pass count reached -> hypercall
+    restore, popfq, the displaced instructions (relocated), jmp back
+
+A "hypercall" is an int3 at a known address inside the detour: the machine's breakpoint table sends it to Python,
+which records the error or stops the run, then resumes after it. Every other hit never leaves native code.
+Numbers are written in hex: the assembler reads decimal AT&T immediates and displacements as hex.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from keystone import KS_ARCH_X86, KS_MODE_64, KS_OPT_SYNTAX_ATT, Ks
+
+from ..agent import abi
+from ..arch import amd64
+from .probes import decode
+from .ring import reserve_and_commit_asm
+
+#: Bytes of the register block on the detour's stack: the 24 registers GDB's agent numbers, 8-aligned.
+BLOCK_BYTES = (abi.REG_BLOCK_BYTES + 7) & ~7
+#: Per-location counters in data memory: times the probe fired, hits (condition true, as gdbserver counts them
+#: for passcount), frame bytes written, and the start of the frame being written (scratch).
+COUNTERS = struct.Struct("<QQQQ")
+FIRED, HITS, USAGE, FRAME_START = 0x0, 0x8, 0x10, 0x18
+
+_ks = Ks(KS_ARCH_X86, KS_MODE_64)
+_ks.syntax = KS_OPT_SYNTAX_ATT
+_GPR = ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15")
+#: What the compiled code and the ring routines may clobber (SysV caller-saved): restored from the block.
+_CLOBBERED = ("rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11")
+
+
+def assemble(source: str, base: int) -> bytes:
+    code, _ = _ks.asm(source, base)
+    return bytes(code or b"")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Code shared by every detour of a run: the ring routines."""
+
+    reserve: int
+    commit: int
+    code: bytes
+
+    @classmethod
+    def build(cls, base: int, ring_ctl: int) -> Runtime:
+        source = reserve_and_commit_asm(ring_ctl)
+        code = assemble(source, base)
+        commit = base + len(assemble(source.split("ring_commit:")[0], base))
+        return cls(base, commit, code)
+
+
+@dataclass(frozen=True)
+class DetourPlan:
+    """Everything one detour needs to know, all addresses absolute."""
+
+    site: int
+    tracepoint: int
+    ctx: int
+    counters: int
+    runtime: Runtime
+    condition: int | None  # entry of the compiled condition
+    collect_registers: bool
+    actions: tuple[int, ...]  # entries of compiled actions, in order
+    max_frame: int  # bytes of blocks a frame may take
+    pass_count: int
+    builtin_slots: tuple[tuple[int, str], ...]  # (tsv number, how to compute) refreshed at entry
+    current_symbol: int  # address of the kernel's `current` (for $current_task*)
+    reads_segments: bool = False  # some bytecode reads cs..gs (`reg` 18..23)
+
+
+@dataclass(frozen=True)
+class Detour:
+    base: int
+    code: bytes
+    error_call: int  # address of the int3 reached when ctx.error is set
+    full_call: int  # ... when the ring refused a frame
+    pass_call: int  # ... when the pass count is reached
+
+
+def _save_block(site: int, segments: bool) -> list[str]:
+    lines = ["pushfq", "cli", f"sub ${BLOCK_BYTES:#x}, %rsp"]
+    for index, name in enumerate(_GPR):
+        if name != "rsp":
+            lines.append(f"mov %{name}, {amd64.OFFSETS[index]:#x}(%rsp)")
+    eflags = amd64.OFFSETS[amd64.REGISTER_INDEX["eflags"]]
+    cs = amd64.OFFSETS[amd64.REGISTER_INDEX["cs"]]
+    lines += [
+        f"lea {BLOCK_BYTES + 8:#x}(%rsp), %rax",
+        f"mov %rax, {amd64.OFFSETS[amd64.SP_REGNUM]:#x}(%rsp)",
+        f"movabs ${site:#x}, %rax",
+        f"mov %rax, {amd64.OFFSETS[amd64.PC_REGNUM]:#x}(%rsp)",
+        f"mov {BLOCK_BYTES:#x}(%rsp), %rax",
+        f"mov %eax, {eflags:#x}(%rsp)",
+    ]
+    if segments:  # only when something reads them: a register collection or `reg` 18..23
+        for index, name in enumerate(("cs", "ss", "ds", "es", "fs", "gs")):
+            lines += [f"mov %{name}, %eax", f"mov %eax, {cs + 4 * index:#x}(%rsp)"]
+    return lines
+
+
+def _restore_block() -> list[str]:
+    lines = []
+    for name in _CLOBBERED:
+        lines.append(f"mov {amd64.OFFSETS[amd64.REGISTER_INDEX[name]]:#x}(%rsp), %{name}")
+    lines += [f"add ${BLOCK_BYTES:#x}, %rsp", "popfq"]
+    return lines
+
+
+def _builtins(plan: DetourPlan) -> list[str]:
+    lines = []
+    for number, kind in plan.builtin_slots:
+        slot = f"{8 * number:#x}(%rsi)"
+        if kind == "cpu_id":
+            lines.append(f"movq $0x0, {slot}")
+        elif kind in ("current_task", "current_task_pid"):
+            lines += [f"movabs ${plan.current_symbol:#x}, %rax", "mov (%rax), %rax"]
+            if kind == "current_task_pid":
+                lines.append("movslq (%rax), %rax")  # task_struct.pid: first member
+            lines.append(f"mov %rax, {slot}")
+        elif kind in ("rdtsc", "clock"):
+            lines += ["rdtsc", "shl $0x20, %rdx", "or %rdx, %rax", f"mov %rax, {slot}"]
+    if lines:
+        lines = ["mov (%rsi), %rsi"] + lines + [f"movabs ${plan.ctx:#x}, %rsi"]
+    return lines
+
+
+def build(plan: DetourPlan, base: int) -> Detour:
+    """Assemble the detour at `base` (without its displaced-code tail, which the caller appends)."""
+    ctx = plan.ctx
+    lines = ["detour:"] + _save_block(plan.site, plan.collect_registers or plan.reads_segments)
+    lines += [f"movabs ${ctx:#x}, %rsi", f"movabs ${plan.counters:#x}, %rax", f"incq {FIRED:#x}(%rax)"]
+    lines += _builtins(plan)
+    if plan.condition is not None:
+        lines += [
+            "mov %rsp, %rdi",
+            f"movabs ${plan.condition:#x}, %rax",
+            "call *%rax",
+            f"movabs ${ctx:#x}, %rsi",
+            f"cmpq $0x0, {abi.CTX_ERROR:#x}(%rsi)",
+            "jne error_call",
+            "test %rax, %rax",
+            "je done",
+        ]
+    lines += [
+        f"movabs ${plan.counters:#x}, %rax",
+        f"incq {HITS:#x}(%rax)",
+        f"mov ${plan.tracepoint:#x}, %edi",
+        f"mov ${plan.max_frame:#x}, %esi",
+        f"movabs ${plan.runtime.reserve:#x}, %rax",
+        "call *%rax",
+        "test %rax, %rax",
+        "je full_call",
+        f"movabs ${plan.counters:#x}, %rcx",
+        f"mov %rax, {FRAME_START:#x}(%rcx)",
+        f"movabs ${ctx:#x}, %rsi",
+        f"mov %rax, {abi.CTX_TRACE_PTR:#x}(%rsi)",
+        f"mov %rdx, {abi.CTX_TRACE_LIMIT:#x}(%rsi)",
+    ]
+    if plan.collect_registers:
+        # 'R' + the 24 registers + zeros up to the `g` packet's length (x87 state: not collected)
+        zero_bytes = amd64.G_PACKET_SIZE - abi.REG_BLOCK_BYTES
+        assert zero_bytes % 8 == 0 and BLOCK_BYTES - abi.REG_BLOCK_BYTES == 4
+        lines += [
+            "mov %rax, %rdi",
+            "movb $0x52, (%rdi)",
+            "inc %rdi",
+            "mov %rsp, %rsi",
+            f"mov ${BLOCK_BYTES // 8:#x}, %ecx",  # qwords: the block's 4 bytes of padding are zeroed next
+            "rep movsq",
+            "sub $0x4, %rdi",
+            "xor %eax, %eax",
+            f"mov ${zero_bytes // 8:#x}, %ecx",
+            "rep stosq",
+            f"movabs ${ctx:#x}, %rsi",
+            f"mov %rdi, {abi.CTX_TRACE_PTR:#x}(%rsi)",
+        ]
+    for entry in plan.actions:
+        lines += [
+            "mov %rsp, %rdi",
+            f"movabs ${entry:#x}, %rax",
+            "call *%rax",
+            f"movabs ${ctx:#x}, %rsi",
+            f"cmpq $0x0, {abi.CTX_ERROR:#x}(%rsi)",
+            "jne error_call",
+        ]
+    lines += [
+        f"mov {abi.CTX_TRACE_PTR:#x}(%rsi), %rdi",
+        f"movabs ${plan.counters:#x}, %rcx",
+        "mov %rdi, %rdx",
+        f"sub {FRAME_START:#x}(%rcx), %rdx",
+        "add $0x6, %rdx",  # + the frame header, as qTP's usage counts it
+        f"add %rdx, {USAGE:#x}(%rcx)",
+        f"movabs ${plan.runtime.commit:#x}, %rax",
+        "call *%rax",
+    ]
+    if plan.pass_count:
+        lines += [
+            f"movabs ${plan.counters:#x}, %rax",
+            f"cmpq ${plan.pass_count:#x}, {HITS:#x}(%rax)",
+            "jb done",
+            "pass_call:",
+            "int3",
+            "jmp done",
+        ]
+    lines += [
+        "jmp done",
+        "error_call:",
+        "int3",
+        "jmp done",
+        "full_call:",
+        "int3",
+        "done:",
+    ] + _restore_block()
+    code = assemble("\n".join(lines), base)
+    # The hypercall int3s, in source order: [pass_call,] error_call, full_call (decoded, so an 0xcc inside an
+    # immediate is never mistaken for one).
+    calls = [insn.address for insn in decode(code, base) if insn.mnemonic == "int3"]
+    if plan.pass_count:
+        pass_call, error_call, full_call = calls
+    else:
+        (error_call, full_call), pass_call = calls, 0
+    return Detour(base, code, error_call, full_call, pass_call)
+
+
+def collect_memory_bytecode(basereg: int, offset: int, length: int) -> bytes:
+    """An `M` action as agent bytecode (`trace` of a fixed range), so the compilers handle it like any other."""
+    code = bytearray()
+    if basereg >= 0:
+        code += bytes((0x26,)) + basereg.to_bytes(2, "big")  # reg N
+        code += b"\x25" + (offset & (2**64 - 1)).to_bytes(8, "big")  # const64
+        code += b"\x02"  # add
+    else:
+        code += b"\x25" + (offset & (2**64 - 1)).to_bytes(8, "big")
+    code += b"\x23" + min(length, 0xFFFF).to_bytes(2, "big")  # const16
+    code += b"\x0c"  # trace
+    code += b"\x27"  # end
+    return bytes(code)

@@ -1,0 +1,215 @@
+"""Installing compiled probes: code placement, the jump patch and its safety check, hypercalls, fault fixups.
+
+Patching a 5-byte jump over several instructions is only safe when no task can resume inside them. The kernel is
+preemptive, so a task may sit interrupted anywhere: before patching, with the CPU stopped between two
+instructions, we check the current RIP and scan the kernel's writable memory (where every task stack and saved
+register frame lives) for a return address inside the window. If one is found the site gets an int3 into the
+same detour instead, which is always safe. Detour memory is likewise never reused while a stack may still point
+into it (`retire`).
+"""
+
+from __future__ import annotations
+
+import array
+import logging
+import struct
+from dataclasses import dataclass, field
+
+from unicorn import Uc
+from unicorn.x86_const import UC_X86_REG_RIP
+
+from ..agent import abi
+from ..agent.compile_naive import compile_naive
+from ..agent.compile_opt import compile_opt
+from ..agent.compiled import CompiledExpr, fault_fixup
+from ..agent.verify import Program
+from ..arch import amd64
+from ..machine import Machine
+from ..rsp.packets import trace as t
+from . import detour as d
+from .probes import INT3, JUMP_SIZE, ProbeSite, jump, relocate, relocated_size_bound
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("interp", "naive", "opt")
+#: Bytes an expression action may append to a frame when its size cannot be known before the hit.
+EXPRESSION_BUDGET = 0x1000
+
+
+@dataclass
+class NativeProbe:
+    """What one compiled location put into the machine."""
+
+    kind: str  # "jump" or "int3"
+    detour: d.Detour
+    counters: int
+    compiled: list[CompiledExpr]
+    regions: list[int] = field(default_factory=list)  # code allocations, retired when removed
+
+
+@dataclass
+class NativeRun:
+    """Per-run shared state in emulated memory: ring routines, the agent context and the TSV array."""
+
+    machine: Machine
+    engine: str
+    ring_ctl: int
+    tsv_slots: int
+    retired: list[tuple[int, int]] = field(default_factory=list)  # (start, end) of code no longer in use
+
+    def __post_init__(self) -> None:
+        machine = self.machine
+        size = len(d.Runtime.build(0xFFFFFFFFA0000000, self.ring_ctl).code)
+        base = machine.alloc_code(size)
+        self.runtime = d.Runtime.build(base, self.ring_ctl)
+        machine.write_memory(base, self.runtime.code)
+        self.ctx = machine.alloc_data(abi.CTX_SIZE + 8 * self.tsv_slots)
+        self.tsv_array = self.ctx + abi.CTX_SIZE
+        self.code_regions = [(base, base + size)]
+
+    def reset(self, initial: dict[int, int]) -> None:
+        context = abi.AgentCtx(tsv_base=self.tsv_array, loop_budget=0x10000)
+        values = [initial.get(n, 0) & (2**64 - 1) for n in range(self.tsv_slots)]
+        self.machine.write_memory(self.ctx, context.pack() + struct.pack(f"<{self.tsv_slots}Q", *values))
+
+    def read_tsv(self, number: int) -> int:
+        raw = self.machine.read_memory(self.tsv_array + 8 * number, 8)
+        return struct.unpack("<q", raw)[0]
+
+    def counters(self, probe: NativeProbe) -> tuple[int, int, int]:
+        fired, hits, usage, _ = d.COUNTERS.unpack(self.machine.read_memory(probe.counters, d.COUNTERS.size))
+        return fired, hits, usage
+
+    # ---- building ---------------------------------------------------------------------------------------
+
+    def _compile(self, program: Program) -> CompiledExpr:
+        compiler = compile_opt if self.engine == "opt" else compile_naive
+        trial = compiler(program, 0xFFFFFFFFA0000000)
+        base = self.machine.alloc_code(len(trial.code) + 16)
+        compiled = compiler(program, base)
+        assert len(compiled.code) <= len(trial.code) + 16
+        self.machine.write_memory(base, compiled.code)
+        self.machine.fault_fixups.add(
+            compiled.base, compiled.end,
+            lambda uc, address, compiled=compiled: fault_fixup(uc, compiled, self.ctx, address),
+        )
+        return compiled
+
+    def build(
+        self,
+        site: ProbeSite,
+        number: int,
+        condition: Program | None,
+        actions: list[tuple[t.Action, Program | None]],
+        pass_count: int,
+        builtin_slots: tuple[tuple[int, str], ...],
+        current_symbol: int,
+        verify,
+    ) -> NativeProbe:
+        compiled: list[CompiledExpr] = []
+        cond_entry = None
+        if condition is not None:
+            compiled.append(self._compile(condition))
+            cond_entry = compiled[-1].entry
+        collect_registers = False
+        entries: list[int] = []
+        max_frame = 0
+        for action, program in actions:
+            if isinstance(action, t.CollectRegisters):
+                collect_registers = True
+                max_frame += 1 + amd64.G_PACKET_SIZE
+                continue
+            if isinstance(action, t.CollectMemory):
+                program = verify(d.collect_memory_bytecode(action.basereg, action.offset, action.length))
+                max_frame += 11 + min(action.length, 0xFFFF)
+            elif isinstance(action, t.EvalExpression):
+                max_frame += EXPRESSION_BUDGET
+            else:
+                continue  # $_sdata belongs to static tracepoints
+            compiled.append(self._compile(program))
+            entries.append(compiled[-1].entry)
+        counters = self.machine.alloc_data(d.COUNTERS.size)
+        self.machine.write_memory(counters, bytes(d.COUNTERS.size))
+        plan = d.DetourPlan(
+            site.address, number, self.ctx, counters, self.runtime, cond_entry, collect_registers,
+            tuple(entries), max(max_frame, 8), pass_count, builtin_slots, current_symbol,
+            reads_segments=any(
+                insn.name == "reg" and insn.operands[0] >= amd64.REGISTER_INDEX["cs"]
+                for program in ([condition] if condition else []) + [p for _, p in actions if p]
+                for insn in program.insns
+            ),
+        )
+        trial = d.build(plan, 0xFFFFFFFFA0000000)
+        tail_bound = relocated_size_bound(site.displaced) + JUMP_SIZE
+        base = self.machine.alloc_code(len(trial.code) + 16 + tail_bound)
+        built = d.build(plan, base)
+        tail_at = base + len(built.code)
+        tail = relocate(site.displaced, tail_at)
+        tail += jump(tail_at + len(tail), site.resume_address)
+        self.machine.write_memory(base, built.code + tail)
+        regions = [c.base for c in compiled] + [base]
+        self.code_regions += [(c.base, c.end) for c in compiled] + [(base, tail_at + len(tail))]
+        return NativeProbe("int3", built, counters, compiled, regions)
+
+    # ---- patching -----------------------------------------------------------------------------------------
+
+    def patch(self, site: ProbeSite, probe: NativeProbe, want_jump: bool) -> str:
+        """Send the site to the detour: a jump when safe right now, else an int3. Returns the kind used."""
+
+        def apply(uc: Uc) -> str:
+            if want_jump and site.kind == "jump" and self._window_is_free(uc, site):
+                patch = jump(site.address, probe.detour.base).ljust(site.length, b"\x90")
+                uc.mem_write(site.address, patch)
+                uc.ctl_remove_cache(site.address, site.address + site.length)
+                return "jump"
+            self.machine.breakpoints[site.address] = lambda uc, to=probe.detour.base: uc.reg_write(UC_X86_REG_RIP, to)
+            uc.mem_write(site.address, INT3)
+            uc.ctl_remove_cache(site.address, site.address + 1)
+            return "int3"
+
+        probe.kind = self.machine.run_on_cpu(apply)
+        return probe.kind
+
+    def unpatch(self, site: ProbeSite, probe: NativeProbe) -> None:
+        def restore(uc: Uc) -> None:
+            original = self.machine.image.read_code(site.address, site.length if probe.kind == "jump" else 1)
+            uc.mem_write(site.address, original)
+            uc.ctl_remove_cache(site.address, site.address + len(original))
+            self.machine.breakpoints.pop(site.address, None)
+
+        self.machine.run_on_cpu(restore)
+        for compiled in probe.compiled:
+            self.machine.fault_fixups.remove(compiled.base)
+
+    def _window_is_free(self, uc: Uc, site: ProbeSite) -> bool:
+        low, high = site.address + 1, site.address + site.length
+        rip = uc.reg_read(UC_X86_REG_RIP)
+        if low <= rip < high:
+            return False
+        return not self._referenced(uc, low, high)
+
+    def _referenced(self, uc: Uc, low: int, high: int) -> bool:
+        """Does any 8-byte word of the kernel's writable memory (stacks, saved frames) point into [low, high)?"""
+        for segment in self.machine.image.segments:
+            if not segment.writable:
+                continue
+            words = array.array("Q", bytes(uc.mem_read(segment.vaddr, segment.memsz & ~7)))
+            if any(low <= word < high for word in words):
+                return True
+        return False
+
+    def in_use(self, uc: Uc, low: int, high: int) -> bool:
+        rip = uc.reg_read(UC_X86_REG_RIP)
+        return low <= rip < high or self._referenced(uc, low, high)
+
+    def release(self) -> None:
+        """Free retired code no task can return into any more (called between runs)."""
+
+        def sweep(uc: Uc) -> list[tuple[int, int]]:
+            return [(lo, hi) for lo, hi in self.retired if self.in_use(uc, lo, hi)]
+
+        still = self.machine.run_on_cpu(sweep)
+        for lo, hi in self.retired:
+            if (lo, hi) not in still:
+                self.machine.free_code(lo)
+        self.retired = still

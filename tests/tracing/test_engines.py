@@ -1,0 +1,92 @@
+"""The three engines collect the same frames from the same workload (a differential test at the probe level)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kgtp_sim.agent.opcodes import assemble
+from kgtp_sim.arch import amd64
+from kgtp_sim.machine import KernelImage, Machine
+from kgtp_sim.rsp.packets import trace as t
+from kgtp_sim.tracing.engine import Tracer, TraceError
+
+from ..conftest import VMLINUX
+
+IMAGE = KernelImage.load(VMLINUX)
+SITE = IMAGE.address_of("kgtp_test_function")
+# 2*counter1 + 3*counter2 on the argument registers (rdi, rsi), as GDB compiles register variables
+EXPR = assemble("const8 2; reg 5; ext 32; mul; const8 3; reg 4; ext 32; mul; add; ext 32; end")
+COND_TRUE_ODD = assemble("reg 5; const8 1; bit_and; end")  # counter1 odd
+DIV_ZERO = assemble("reg 5; const8 0; div_signed; end")
+
+
+def run(engine: str, actions: bytes, condition: bytes | None = None, calls: int = 40, passcount: int = 0):
+    machine = Machine(IMAGE)
+    machine.call("kgtp_bench_loop", 0)  # place call()'s stack before the engine allocates: same rsp for all
+    tracer = Tracer(machine, engine)
+    cond = b":X%x,%s" % (len(condition), condition.hex().encode()) if condition else b""
+    tracer.definitions.define(t.DefineTracepoint.parse(b"1:%x:E:0:%x%s-" % (SITE, passcount, cond)))
+    tracer.definitions.add_actions(t.TracepointActions.parse(b"1:%x:%s" % (SITE, actions)))
+    tracer.start()
+    machine.call("kgtp_bench_loop", calls)
+    frames = tracer.frames()
+    status = tracer.status()
+    location = tracer.location_status(1, SITE)
+    tracer.stop(t.StopReason.STOP_COMMAND)
+    assert machine.read_memory(SITE, 8) == IMAGE.read_code(SITE, 8)  # removal restores the exact bytes
+    return frames, status, location
+
+
+def comparable(frames):
+    return [(f.tracepoint, f.blocks) for f in frames]
+
+
+ACTIONS = [
+    b"R01ffff",  # $regs
+    b"X%08x,%s" % (len(EXPR), EXPR.hex().encode()),  # an expression (evaluated, not collected)
+    b"M-1,%x,8" % IMAGE.address_of("kgtp_counter"),  # a global
+    b"M7,8,10",  # stack memory relative to rsp (above it: below rsp is dead memory a detour may use)
+]
+
+
+@pytest.mark.parametrize("actions", ACTIONS, ids=["regs", "expr", "global", "stack"])
+def test_engines_collect_identical_frames(actions):
+    results = {engine: run(engine, actions, COND_TRUE_ODD) for engine in ("interp", "naive", "opt")}
+    reference = comparable(results["interp"][0])
+    assert len(reference) == 20  # the condition let every other call through
+    for engine in ("naive", "opt"):
+        assert comparable(results[engine][0]) == reference, engine
+        assert results[engine][2] == results["interp"][2]  # qTP hits and bytes agree
+
+
+def test_register_block_is_the_site_state():
+    frames, _, _ = run("opt", b"R01ffff", calls=3)
+    regs = frames[0].registers
+    assert regs["rip"] == SITE and regs["rdi"] == 1 and regs["eflags"] & 0x2
+    # rsp at the site points at the return address into kgtp_bench_loop
+    loop = IMAGE.function_bounds(IMAGE.address_of("kgtp_bench_loop"))
+    frames2, _, _ = run("opt", b"M7,0,8", calls=1)
+    (block,) = frames2[0].blocks
+    assert block.address == regs["rsp"] and loop[1] <= int.from_bytes(block.data, "little") < loop[2]
+
+
+@pytest.mark.parametrize("engine", ["interp", "naive", "opt"])
+def test_condition_error_stops_the_run_with_terror(engine):
+    frames, status, _ = run(engine, b"R01ffff", DIV_ZERO, calls=5)
+    assert frames == [] and status.stop_reason is t.StopReason.ERROR and "division by zero" in status.stop_note
+
+
+@pytest.mark.parametrize("engine", ["interp", "naive", "opt"])
+def test_passcount(engine):
+    frames, status, location = run(engine, b"R01ffff", calls=20, passcount=7)
+    assert len(frames) == 7 and status.stop_reason is t.StopReason.PASSCOUNT and location[0] == 7
+
+
+def test_fast_tracepoint_refused_where_a_jump_cannot_go():
+    machine = Machine(IMAGE)
+    tracer = Tracer(machine, "opt")
+    ret = SITE + 12  # kgtp_test_function's last byte: `ret`, a jump would cross the function's end
+    assert IMAGE.read_code(ret, 1) == b"\xc3"
+    tracer.definitions.define(t.DefineTracepoint.parse(b"1:%x:E:0:0:F1" % ret))
+    with pytest.raises(TraceError, match="fast tracepoint impossible"):
+        tracer.start()
