@@ -158,3 +158,34 @@ def test_enable_disable_and_install_during_a_run(gdb, fresh_stub):
     assert len(counts) == 3 and 0 < counts[0] <= counts[1] <= counts[0] + 2, out  # nothing while disabled
     hits = [int(n) for n in re.findall(r"tracepoint already hit (\d+) times?", out)]
     assert len(hits) == 2 and hits[0] > counts[1] and hits[1] > 0, out  # re-enabled, and the new one fired
+
+
+@pytest.mark.parametrize("engine", ["interp", "naive", "opt"])
+def test_each_engine_through_gdb(gdb, engine):
+    from ..conftest import start_stub
+
+    server = start_stub("--engine", engine)
+    try:
+        out = run_gdb(gdb, server, f"trace kgtp_test_function if {COND}", "actions", f"collect {EXPR}",
+                      "collect $regs", "end", "tstart", "shell sleep 0.2", "tstop", "tstatus",
+                      "tfind 2", "tdump", "monitor probes", "monitor engine")
+    finally:
+        server.stop()
+    assert _frames_collected(out) > 3, out
+    expr = int(re.search(rf"^{re.escape(EXPR)} = (-?\d+)$", out, re.M).group(1))
+    rdi = int(re.search(r"^rdi\s+0x[0-9a-f]+\s+(\d+)$", out, re.M).group(1))
+    rsi = int(re.search(r"^rsi\s+0x[0-9a-f]+\s+(\d+)$", out, re.M).group(1))
+    assert expr == 2 * rdi + 3 * rsi, out
+    assert f"engine {engine}" in out
+    kind = re.search(r"0x[0-9a-f]+\s+(jump|int3)\s+removed", out)
+    assert kind and kind.group(1) == ("int3" if engine == "interp" else "jump"), out
+
+
+def test_ftrace_uses_a_jump_and_gdb_refuses_short_instructions(gdb, fresh_stub):
+    # qTMinFTPILen says 5: GDB itself refuses a fast tracepoint on the 1-byte `ret`
+    out = run_gdb(gdb, fresh_stub, "ftrace *(kgtp_test_function + 12)")
+    assert "need at least 5 bytes for the jump" in out, out
+    out = run_gdb(gdb, fresh_stub, "ftrace kgtp_test_function", "actions", "collect $regs", "end",
+                  "tstart", "shell sleep 0.1", "tstop", "tstatus", "monitor probes")
+    assert re.search(r"0x[0-9a-f]+\s+jump\s+removed\s+fired \d+", out), out
+    assert _frames_collected(out) > 0, out
