@@ -99,8 +99,10 @@ def test_continue_then_ctrl_c_gives_a_stop_reply(stub):
 def test_writes_work_only_when_enabled(gdb):
     server = start_stub("--allow-writes")
     try:
-        out = run_gdb(gdb, server, "print kgtp_counter = 123456", "print kgtp_counter")
-        assert re.search(r"^\$2 = 12345\d$", out, re.M), out  # written value, maybe incremented since
+        # pace 0: the workload stops calling kgtp_test_function, so the value read back is exactly ours
+        out = run_gdb(gdb, server, "monitor pace 0", "shell sleep 0.05", "print kgtp_counter = 123456",
+                      "print kgtp_counter")
+        assert re.search(r"^\$2 = 123456$", out, re.M), out
     finally:
         server.stop()
 
