@@ -169,7 +169,10 @@ class Tracer:
         if self.running:
             self.stop(t.StopReason.STOP_COMMAND)
         prepared = [self._prepare(tp) for tp in self.definitions.tracepoints.values() if tp.enabled]
-        self._allocate_ring()
+        try:
+            self._allocate_ring()
+        except MemoryError as error:
+            raise TraceError(f"cannot allocate a {self.definitions.buffer_size:#x}-byte trace buffer: {error}") from None
         self.values = {n: v.initial for n, v in self.definitions.variables.items()}
         self.installed = {}
         self._stopped_installed = {}
