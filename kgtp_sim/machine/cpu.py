@@ -272,6 +272,8 @@ class Cpu:
         self._tlb_flush_pending = False
 
         self.breakpoints: dict[int, BreakpointHandler] = {}
+        #: called as listener(vector, interrupted_rip, interrupted_rsp) after each delivery through the IDT
+        self.delivery_listeners: list[Callable[[int, int, int], None]] = []
         self.fault_fixups = FaultFixups()
         self.delivered: Counter[int] = Counter()  # vector -> times delivered through the IDT
         self.breakpoint_hits = 0
@@ -399,6 +401,8 @@ class Cpu:
         regs.write(X.UC_X86_REG_EFLAGS, rflags)
         regs.write(X.UC_X86_REG_RIP, low | middle << 16 | high << 32)
         self.delivered[vector] += 1
+        for listener in self.delivery_listeners:  # e.g. single-stepping, which must not step into handlers
+            listener(vector, rip, rsp)
 
     # ---- hooks (run on the CPU thread, inside emu_start) ---------------------------------------------------
 

@@ -13,8 +13,8 @@ import struct
 import time
 from dataclasses import dataclass, field
 
-from unicorn import Uc, UcError
-from unicorn.x86_const import UC_X86_REG_RIP
+from unicorn import UC_HOOK_CODE, Uc, UcError
+from unicorn.x86_const import UC_X86_REG_RIP, UC_X86_REG_RSP
 
 from ..agent.abi import CTX_ERROR, CTX_SIZE, AgentCtx
 from ..agent.errors import BytecodeError, ErrorCode, EvalError, MemoryFault
@@ -55,6 +55,7 @@ class Installed:
     out_of_line: int = 0  # interp engine: the relocated copy of the probed instruction
     native: NativeProbe | None = None  # compiled engines: the detour and its counters
     want_jump: bool = False
+    stepping: list[tuple[t.Action, Program | None]] = field(default_factory=list)
     fired: int = 0
     hits: int = 0
     usage: int = 0
@@ -129,6 +130,7 @@ class Tracer:
         self.values: dict[int, int] = {}
         self.installed: dict[tuple[int, int], Installed] = {}
         self._stopped_installed: dict[tuple[int, int], Installed] = {}
+        self._stepper: int | None = None  # code hook while a hit is being single-stepped
         self.ring: Ring | None = None
         self._ring_memory: tuple[int, int] | None = None
         self.printed: list[str] = []
@@ -249,7 +251,18 @@ class Tracer:
                 except BytecodeError as error:
                     raise TraceError(f"{where}: action rejected: {error}") from None
             actions.append((action, program))
-        want_jump = self.engine != "interp" or tp.fast_insn_length is not None
+        stepping: list[tuple[t.Action, Program | None]] = []
+        for action in tp.stepping_actions:
+            program = None
+            if isinstance(action, t.EvalExpression):
+                try:
+                    program = verify(action.bytecode, tsv_slots=tsv_slots)
+                except BytecodeError as error:
+                    raise TraceError(f"{where}: while-stepping action rejected: {error}") from None
+            stepping.append((action, program))
+        if tp.step_count and tp.fast_insn_length is not None:
+            raise TraceError(f"{where}: while-stepping needs single-stepping; use trace, not ftrace")
+        want_jump = (self.engine != "interp" or tp.fast_insn_length is not None) and not tp.step_count
         try:
             site = plan_probe(self.machine.image, tp.address, "jump" if want_jump else "int3")
         except ProbePlacementError as error:
@@ -260,7 +273,7 @@ class Tracer:
             except ProbePlacementError as error2:
                 raise TraceError(f"{where}: {error2}") from None
             want_jump = False
-        return Installed(tp, site, condition, actions, want_jump=want_jump)
+        return Installed(tp, site, condition, actions, want_jump=want_jump, stepping=stepping)
 
     def _allocate_ring(self) -> None:
         size = self.definitions.buffer_size
@@ -275,7 +288,7 @@ class Tracer:
         self.ring.initialize(base, size, self.definitions.circular)
 
     def _install(self, item: Installed) -> None:
-        if self.native is not None:
+        if self.native is not None and not item.tracepoint.step_count:
             self._install_native(item)
             return
         site = item.site
@@ -389,6 +402,85 @@ class Tracer:
         item.usage += len(blocks) + 6
         if tp.pass_count and item.hits >= tp.pass_count:
             self.stop(t.StopReason.PASSCOUNT, tracepoint=tp.number)
+        elif tp.step_count and self.running and self._stepper is None:
+            self._start_stepping(uc, item)
+
+    # ---- while-stepping (CPU thread) ------------------------------------------------------------------------
+
+    def _start_stepping(self, uc: Uc, item: Installed) -> None:
+        """Run the probed instruction in place and collect before each of the next `step_count` instructions.
+
+        The int3 is lifted so the original instruction executes where it is; a code hook over kernel text (in
+        Python, only while stepping) sees every next instruction; the int3 returns when the steps are done.
+        """
+        site = item.site
+        uc.mem_write(site.address, site.original)
+        low, high = self.machine.image.text_range
+        uc.ctl_remove_cache(low, high)  # blocks translated before the hook existed would not call it
+        state = {"remaining": item.tracepoint.step_count, "started": False}
+        interrupted: list[tuple[int, int]] = []  # where the stepped task resumes after its interrupt handlers
+        current = self.machine.image.address_of("current")
+        task = uc.mem_read(current, 8)  # stepping follows this task, as TF lives in its saved flags
+
+        def on_interrupt(vector: int, rip: int, rsp: int) -> None:
+            # A CPU clears TF on interrupt entry and iretq restores it: handlers are never single-stepped.
+            if uc.mem_read(current, 8) == task:
+                interrupted.append((rip, rsp))
+
+        def step(uc: Uc, address: int, size: int, _data: object) -> None:
+            if uc.mem_read(current, 8) != task:
+                return  # another task runs (the stepped one was preempted)
+            if interrupted:
+                rip, rsp = interrupted[-1]
+                if address != rip or uc.reg_read(UC_X86_REG_RSP) != rsp:
+                    return
+                interrupted.pop()
+            if not state["started"]:
+                state["started"] = True  # the instruction at the tracepoint itself is about to run
+                return
+            self._collect_step(uc, item, address)
+            state["remaining"] -= 1
+            if state["remaining"] <= 0 or not self.running:
+                self._end_stepping(uc, item)
+
+        self._step_listener = on_interrupt
+        self.machine.cpu.delivery_listeners.append(on_interrupt)
+        self._stepper = uc.hook_add(UC_HOOK_CODE, step, begin=low, end=high - 1)
+        uc.reg_write(UC_X86_REG_RIP, site.address)
+
+    def _end_stepping(self, uc: Uc, item: Installed) -> None:
+        if self._stepper is not None:
+            uc.hook_del(self._stepper)
+            self._stepper = None
+            self.machine.cpu.delivery_listeners.remove(self._step_listener)
+        if self.running and item.tracepoint.key in self.installed:
+            uc.mem_write(item.site.address, INT3)
+        low, high = self.machine.image.text_range
+        uc.ctl_remove_cache(low, high)
+        uc.reg_write(UC_X86_REG_RIP, uc.reg_read(UC_X86_REG_RIP))  # re-translate the current block too
+
+    def _collect_step(self, uc: Uc, item: Installed, address: int) -> None:
+        regs = self._registers.read(uc)
+        regs[amd64.PC_REGNUM] = address
+        regs[amd64.REGISTER_INDEX["eflags"]] &= 0xFFFFFFFF
+        hit = HitContext(uc, regs, self)
+        has_registers = False
+        for action, program in item.stepping:
+            if program is not None:
+                result = evaluate(program, hit)
+                if not self._check(result.error, item.tracepoint):
+                    return
+            else:
+                has_registers |= isinstance(action, t.CollectRegisters)
+                self._collect(action, hit)
+        if not has_registers:  # GDB tells a stepping frame from the hit by its PC: always record it
+            hit.blocks.insert(0, b"R" + amd64.encode_general(regs))
+        blocks = b"".join(hit.blocks)
+        assert self.ring is not None
+        if self.ring.append(item.tracepoint.number, blocks, self.tsc.now()):
+            item.usage += len(blocks) + 6
+        elif not self.definitions.circular:
+            self.stop(t.StopReason.BUFFER_FULL)
 
     def _check(self, error: EvalError | None, tp: Tracepoint) -> bool:
         if error is None:

@@ -189,3 +189,16 @@ def test_ftrace_uses_a_jump_and_gdb_refuses_short_instructions(gdb, fresh_stub):
                   "tstart", "shell sleep 0.1", "tstop", "tstatus", "monitor probes")
     assert re.search(r"0x[0-9a-f]+\s+jump\s+removed\s+fired \d+", out), out
     assert _frames_collected(out) > 0, out
+
+
+def test_while_stepping_collects_at_each_next_instruction(gdb, fresh_stub):
+    out = run_gdb(gdb, fresh_stub, "monitor pace 5", "trace kgtp_test_function", "passcount 2", "actions",
+                  "collect counter1", "while-stepping 2", "collect $regs", "end", "end",
+                  "tstart", "shell sleep 0.3", "tstatus", "tfind 0", "print $pc", "tfind 1", "print $pc",
+                  "tdump", "tfind 2", "print $pc", "tfind 3", "print $pc")
+    assert "Collected 4 trace frames" in out, out  # hit, 2 steps, hit (the pass count ends the run there)
+    pcs = re.findall(r"^\$\d+ = \(void \(\*\)\([^)]*\)\) (0x[0-9a-f]+) <(\w+)(?:\+(\d+))?>", out, re.M)
+    assert [(name, int(offset or 0)) for _, name, offset in pcs][:3] == [
+        ("kgtp_test_function", 0), ("kgtp_test_function", 7), ("kgtp_test_function", 12)], out
+    assert pcs[3][1] == "kgtp_test_function" and not pcs[3][2], out  # the second hit
+    assert re.search(r"^rip\s+0x[0-9a-f]+\s+0x[0-9a-f]+ <kgtp_test_function\+7>", out, re.M), out  # tdump

@@ -207,7 +207,7 @@ def test_breakpoint_table_sees_int3_before_the_idt(image):
 def test_fault_fixups_resolve_faults_in_stub_code(image):
     machine = Machine(image)
     code = machine.alloc_code(64)
-    snippet = assemble("mov rax, qword ptr [rdi]; ret; mov rax, -14; ret", code)
+    snippet = assemble("mov rax, qword ptr [rdi]; ret; mov rax, -0xe; ret", code)
     machine.write_memory(code, snippet)
     fault_exit = code + 4  # after `mov rax, [rdi]` (3 bytes) and `ret`
     faults = []
@@ -233,7 +233,7 @@ def test_absent_demand_pages_fault_again_after_unmap(image):
     """Present pages need no mapping call; absent ones fault with the exact address, also after an unmap."""
     machine = Machine(image)
     code = machine.alloc_code(32)
-    snippet = assemble("mov rax, qword ptr [rdi + 0x8]; ret; mov rax, -14; ret", code)
+    snippet = assemble("mov rax, qword ptr [rdi + 0x8]; ret; mov rax, -0xe; ret", code)
     machine.write_memory(code, snippet)
     faults = []
 
