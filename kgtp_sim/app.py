@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 
 from .machine import Machine
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 class StubConfig:
     allow_writes: bool = False
     engine: str = "opt"
+    save_dir: Path | None = None  # where `tsave -r` may write; None refuses it
 
 
 @dataclass
@@ -42,7 +44,7 @@ class Stub:
         self.core = CoreHandlers(self.views, self.config.allow_writes, live.write_memory)
         self.tracer = Tracer(self.machine, self.config.engine)
         register_trace_commands(self.monitor, self.tracer)
-        self.trace = TraceHandlers(self.tracer, self.views)
+        self.trace = TraceHandlers(self.tracer, self.views, self.config.save_dir)
         self.dispatcher = Dispatcher((self.core, self.trace, self.monitor))
 
     def make_session(self) -> Session:

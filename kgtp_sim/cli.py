@@ -29,6 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--pace", type=int, default=None, help="kgtp_test_function calls per tick")
     serve.add_argument("--engine", choices=("interp", "naive", "opt"), default="opt",
                        help="how conditions and actions run: interpreted, naive native or optimized native (default)")
+    serve.add_argument("--save-dir", type=Path, default=None,
+                       help="directory where `tsave -r` may write trace files (default: target-side saving refused)")
     serve.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeat for packet traces)")
     return parser
 
@@ -66,7 +68,7 @@ def serve(args: argparse.Namespace) -> int:
         print("kgtp-sim: --hz must be between 1 and 10000", file=sys.stderr)
         return 2
     machine = Machine(image, hz=args.hz, **({"pace": args.pace} if args.pace is not None else {}))
-    stub = Stub(machine, StubConfig(allow_writes=args.allow_writes, engine=args.engine))
+    stub = Stub(machine, StubConfig(allow_writes=args.allow_writes, engine=args.engine, save_dir=args.save_dir))
     server = stub.server(args.host, args.port)
     try:
         host, port = server.bind()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from dataclasses import dataclass, field
 
 from ..rsp.dispatch import E_TRACE, Binary, Reply, RspError, handles
 from ..rsp.packets import trace as t
 from ..tracing.engine import TraceError, Tracer
+from ..arch import amd64
 from ..tracing.frames import FrameView, TraceFrame
+from ..tracing.tfile import SavePathError, resolve_save_path, write_tfile
 from ..tracing.model import MAX_BUFFER_SIZE, MIN_BUFFER_SIZE, DEFAULT_BUFFER_SIZE
 from .core import ViewHolder
 
@@ -22,6 +25,7 @@ MIN_FAST_TRACEPOINT_LENGTH = 5
 class TraceHandlers:
     tracer: Tracer
     views: ViewHolder
+    save_dir: Path | None = None
     _upload: list[bytes] = field(default_factory=list)
     _variables: list[bytes] = field(default_factory=list)
     _frames: list[TraceFrame] | None = None
@@ -275,6 +279,33 @@ class TraceHandlers:
         return t.encode_trace_buffer(data[packet.offset : packet.offset + packet.length])
 
     _raw: bytes = b""
+
+    @handles(t.SaveTrace)
+    def save_trace(self, packet: t.SaveTrace) -> Reply:
+        """`tsave -r FILE`: the target writes the trace file, only under the directory chosen at start-up."""
+        try:
+            path = resolve_save_path(self.save_dir, packet.filename)
+        except SavePathError as error:
+            raise RspError(E_TRACE, str(error), text=True) from None
+        tracer = self.tracer
+        usage = []
+        for (number, address) in tracer.definitions.tracepoints:
+            found = tracer.location_status(number, address) or (0, 0)
+            usage.append((number, address, *found))
+        try:
+            write_tfile(
+                path,
+                regblock_size=amd64.G_PACKET_SIZE,
+                status_reply=t.encode_trace_status(tracer.status()),
+                variables=tracer.definitions.upload_variables(),
+                tracepoints=tracer.definitions.upload_pieces(),
+                usage=usage,
+                tdesc=amd64.target_xml(),
+                frames=b"".join(frame.to_gdb() for frame in tracer.frames()),
+            )
+        except OSError as error:
+            raise RspError(E_TRACE, f"cannot write {path}: {error.strerror}", text=True) from None
+        return b"OK"
 
 
 def register_trace_commands(monitor, tracer: Tracer) -> None:

@@ -202,3 +202,30 @@ def test_while_stepping_collects_at_each_next_instruction(gdb, fresh_stub):
         ("kgtp_test_function", 0), ("kgtp_test_function", 7), ("kgtp_test_function", 12)], out
     assert pcs[3][1] == "kgtp_test_function" and not pcs[3][2], out  # the second hit
     assert re.search(r"^rip\s+0x[0-9a-f]+\s+0x[0-9a-f]+ <kgtp_test_function\+7>", out, re.M), out  # tdump
+
+
+def test_tsave_r_writes_on_the_target_inside_the_save_dir_only(gdb, tmp_path):
+    from ..conftest import start_stub
+
+    save_dir = tmp_path / "saves"
+    save_dir.mkdir()
+    server = start_stub("--save-dir", str(save_dir))
+    try:
+        out = run_gdb(gdb, server, f"trace kgtp_test_function if {COND}", "actions", f"collect {EXPR}",
+                      "collect $regs", "end", "tstart", "shell sleep 0.2", "tstop", "tfind 2", "tdump",
+                      "tsave -r run.tf", f"tsave -r {save_dir}/abs.tf", "tsave -r ../escape.tf")
+        assert "escape.tf' is outside the save directory" in out, out  # the escaping path is refused
+        assert not (tmp_path / "escape.tf").exists()
+        offline = run_gdb(gdb, None, f"target tfile {save_dir / 'run.tf'}", "tstatus", "tfind 2", "tdump",
+                          attach=False)
+    finally:
+        server.stop()
+    assert (save_dir / "abs.tf").exists()
+    dump = lambda text: re.findall(r"^(\(2\*counter1.*|r[a-z0-9]+ +0x\S+.*)$", text, re.M)  # noqa: E731
+    assert dump(out) and dump(out) == dump(offline), offline
+    assert "Trace stopped by a tstop command" in offline
+
+
+def test_tsave_r_refused_without_save_dir(gdb, fresh_stub):
+    out = run_gdb(gdb, fresh_stub, "trace kgtp_test_function", "tstart", "tstop", "tsave -r /tmp/x.tf")
+    assert "--save-dir" in out, out
