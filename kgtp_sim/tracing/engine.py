@@ -251,6 +251,11 @@ class Tracer:
                 except BytecodeError as error:
                     raise TraceError(f"{where}: action rejected: {error}") from None
             actions.append((action, program))
+        bt = BUILTIN_VARIABLES.by_name("bt").number
+        if any(p is not None and any(i.name == "tracev" and i.operands[0] == bt for i in p.insns) for _, p in actions):
+            # KGTP's `collect $bt`: also record $bt bytes of stack from rsp, so GDB can unwind the frame
+            stack = bytes((0x26, 0x00, 0x07, 0x2C)) + bt.to_bytes(2, "big") + bytes((0x0C, 0x27))
+            actions.append((t.EvalExpression(stack), verify(stack, tsv_slots=tsv_slots)))
         stepping: list[tuple[t.Action, Program | None]] = []
         for action in tp.stepping_actions:
             program = None

@@ -229,3 +229,36 @@ def test_tsave_r_writes_on_the_target_inside_the_save_dir_only(gdb, tmp_path):
 def test_tsave_r_refused_without_save_dir(gdb, fresh_stub):
     out = run_gdb(gdb, fresh_stub, "trace kgtp_test_function", "tstart", "tstop", "tsave -r /tmp/x.tf")
     assert "--save-dir" in out, out
+
+
+def _kernel_module_catalog() -> set[str]:
+    from ..conftest import ROOT
+
+    source = (ROOT / "fixtures" / "kernel" / "module.c").read_text()
+    return set(re.findall(r'\{ "(\w+)", (?:0x)?[0-9a-f]+ \}', source))
+
+
+def test_args_locals_strings_struct_members_and_bt(gdb, fresh_stub, tmp_path):
+    catalog = _kernel_module_catalog()
+    assert len(catalog) > 3
+    out = run_gdb(
+        gdb, fresh_stub, "trace load_module", "actions", "collect $args", "collect/s name",
+        "collect current->comm", "collect current->pid", "collect $bt", "collect $regs", "end",
+        "tstart", "shell sleep 0.5", "tstop", "tfind 0", "tdump", "print name", "print current->comm",
+        "print current->pid", "bt 2",
+    )
+    name = re.search(r'^\$1 = 0x[0-9a-f]+ "(\w+)"$', out, re.M)
+    assert name and name.group(1) in catalog, out  # the string the kernel passed, collected with collect/s
+    assert re.search(r"^taints = \d+$", out, re.M), out  # $args
+    comm = re.search(r'^\$2 = "(\w+)', out, re.M)
+    assert comm and comm.group(1) == "kmodload", out  # the task that loads modules
+    assert re.search(r"^#1\s+0x[0-9a-f]+ in kmodload_thread", out, re.M), out  # $bt let GDB unwind
+
+
+def test_tsave_ctf(gdb, fresh_stub, tmp_path):
+    out = run_gdb(gdb, fresh_stub, "trace load_module", "actions", "collect $regs", "collect/s name", "end",
+                  "tstart", "shell sleep 0.3", "tstop", f"tsave -ctf {tmp_path / 'ctf'}")
+    if "unknown option `-ctf'" in out:
+        pytest.skip(f"GDB {gdb.version} was built without CTF (libbabeltrace) support")
+    metadata = (tmp_path / "ctf" / "metadata").read_text()
+    assert "register" in metadata and (tmp_path / "ctf" / "datastream").stat().st_size > 0, out
