@@ -23,7 +23,8 @@ def _numbers(text: str) -> list[int]:
 
 
 CHECKS: list[tuple[str, Callable[[str], bool]]] = [
-    ("attached with symbols", lambda out: re.search(r"^\w+ \(.*\) at \S+\.[cS]:\d+$", out, re.M) is not None),
+    ("attached with symbols",
+     lambda out: re.search(r"^(0x[0-9a-f]+ in )?\w+ \(.*\) at \S+\.[cS]:\d+$", out, re.M) is not None),
     ("jiffies grows while attached", lambda out: len(_numbers(out)) >= 2 and _numbers(out)[1] > _numbers(out)[0]),
     ("rip is in kernel text", lambda out: re.search(r"^rip\s+0xffffffff8", out, re.M) is not None),
     ("a task has a name", lambda out: re.search(r'^\$\d+ = "\w', out, re.M) is not None),
