@@ -321,6 +321,25 @@ def register_trace_commands(monitor, tracer: Tracer) -> None:
             tracer.engine = args[0]
         return f"engine {tracer.engine}" + (" (takes effect at the next tstart)" if tracer.running else "")
 
+    @monitor.register("frames", "frames [FIRST [COUNT]]",
+                      "trace frames with what GDB's format has no room for: time since tstart, CPU, sequence")
+    def frames(args: list[str]) -> str:
+        from .monitor import parse_int
+
+        first = parse_int(args[0], "FIRST", low=0, high=1 << 32) if args else 0
+        count = parse_int(args[1], "COUNT", low=1, high=10000) if len(args) > 1 else 20
+        listed = tracer.frames()
+        if not listed:
+            return "no trace frames"
+        origin = listed[0].timestamp
+        rows = [f"{len(listed)} frames; times are from the first listed frame, converted from the TSC"]
+        for frame in listed[first : first + count]:
+            microseconds = tracer.tsc.to_ns(frame.timestamp - origin) / 1000
+            kinds = "".join(type(b).__name__[0] for b in frame.blocks)
+            rows.append(f"frame {frame.number:>5}  tp {frame.tracepoint:>3}  +{microseconds:12.3f} us  "
+                        f"cpu {frame.cpu}  seq {frame.sequence}  blocks {kinds or '-'}")
+        return "\n".join(rows)
+
     @monitor.register("probes", "probes", "armed tracepoint locations: probe kind, engine, fired/hit counts")
     def probes(args: list[str]) -> str:
         rows = []

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from keystone import KS_ARCH_X86, KS_MODE_64, KS_OPT_SYNTAX_ATT, Ks
 
 from ..agent import abi
+from ..agent.errors import ErrorCode
 from ..arch import amd64
 from .probes import decode
 from .ring import reserve_and_commit_asm
@@ -74,7 +75,7 @@ class DetourPlan:
     runtime: Runtime
     condition: int | None  # entry of the compiled condition
     collect_registers: bool
-    actions: tuple[int, ...]  # entries of compiled actions, in order
+    actions: tuple[tuple[int, bool], ...]  # (entry, memory faults tolerated) of compiled actions, in order
     max_frame: int  # bytes of blocks a frame may take
     pass_count: int
     builtin_slots: tuple[tuple[int, str], ...]  # (tsv number, how to compute) refreshed at entry
@@ -188,15 +189,25 @@ def build(plan: DetourPlan, base: int) -> Detour:
             f"movabs ${ctx:#x}, %rsi",
             f"mov %rdi, {abi.CTX_TRACE_PTR:#x}(%rsi)",
         ]
-    for entry in plan.actions:
+    for index, (entry, fault_tolerant) in enumerate(plan.actions):
         lines += [
             "mov %rsp, %rdi",
             f"movabs ${entry:#x}, %rax",
             "call *%rax",
             f"movabs ${ctx:#x}, %rsi",
             f"cmpq $0x0, {abi.CTX_ERROR:#x}(%rsi)",
-            "jne error_call",
         ]
+        if fault_tolerant:
+            # a memory range that cannot be read is left out of the frame (GDB shows it <unavailable>)
+            lines += [
+                f"je action{index}_done",
+                f"cmpq ${int(ErrorCode.MEMORY_FAULT):#x}, {abi.CTX_ERROR:#x}(%rsi)",
+                "jne error_call",
+                f"movq $0x0, {abi.CTX_ERROR:#x}(%rsi)",
+                f"action{index}_done:",
+            ]
+        else:
+            lines.append("jne error_call")
     lines += [
         f"mov {abi.CTX_TRACE_PTR:#x}(%rsi), %rdi",
         f"movabs ${plan.counters:#x}, %rcx",

@@ -28,7 +28,7 @@ from .builtins import BUILTIN_VARIABLES, BuiltinContext
 from .clock import Tsc
 from .fastregs import RegisterReader
 from .detour import COUNTERS
-from .native import ENGINES, NativeProbe, NativeRun
+from .native import ENGINES, NativeProbe, NativeRun, faults_lose_a_block
 from .frames import MemoryBlock, RegisterBlock, TraceFrame, TsvBlock, encode_block
 from .model import Definitions, Tracepoint
 from .probes import INT3, ProbePlacementError, ProbeSite, jump, plan_probe, relocate, relocated_size_bound
@@ -337,7 +337,10 @@ class Tracer:
         assert native is not None
         ctx = AgentCtx.unpack(bytes(uc.mem_read(native.ctx, CTX_SIZE)))
         uc.mem_write(native.ctx + CTX_ERROR, bytes(16))
-        error = EvalError.make(ErrorCode(ctx.error), ctx.error_pc, b"", ctx.fault_addr or None)
+        code = ErrorCode(ctx.error)
+        programs = [p for p in (item.condition, *(p for _, p in item.actions)) if p is not None]
+        program = next((p for p in programs if _fails_that_way(p, ctx.error_pc, code)), None)
+        error = EvalError.make(code, ctx.error_pc, program.code if program else b"", ctx.fault_addr or None)
         self._check(error, item.tracepoint)
 
     def _hypercall_full(self, uc: Uc, item: Installed) -> None:
@@ -394,6 +397,8 @@ class Tracer:
         for action, program in item.actions:
             if program is not None:
                 result = evaluate(program, hit)
+                if self._lost_block(result.error, program):
+                    continue
                 if not self._check(result.error, tp):
                     return
             else:
@@ -487,6 +492,10 @@ class Tracer:
         elif not self.definitions.circular:
             self.stop(t.StopReason.BUFFER_FULL)
 
+    @staticmethod
+    def _lost_block(error: EvalError | None, program: Program) -> bool:
+        return error is not None and error.code is ErrorCode.MEMORY_FAULT and faults_lose_a_block(program)
+
     def _check(self, error: EvalError | None, tp: Tracepoint) -> bool:
         if error is None:
             return True
@@ -566,3 +575,19 @@ def builtin_slots(programs: list[Program]) -> tuple[tuple[int, str], ...]:
             if insn.name in ("getv", "tracev") and insn.operands[0] in _COMPUTED:
                 found[insn.operands[0]] = _COMPUTED[insn.operands[0]]
     return tuple(sorted(found.items()))
+
+
+_FAILING_OPS = {
+    ErrorCode.DIVIDE_BY_ZERO: {"div_signed", "div_unsigned", "rem_signed", "rem_unsigned"},
+    ErrorCode.DIVIDE_OVERFLOW: {"div_signed", "rem_signed"},
+    ErrorCode.MEMORY_FAULT: {"ref8", "ref16", "ref32", "ref64", "trace", "trace_quick", "trace16", "tracenz"},
+}
+
+
+def _fails_that_way(program: Program, offset: int, code: ErrorCode) -> bool:
+    """Could `program`'s op at `offset` raise `code`? (Tells which of a location's programs a native error
+    came from, so the message names the op like the interpreter's does.)"""
+    if offset not in program.index:
+        return False
+    names = _FAILING_OPS.get(code)
+    return names is None or program.at(offset).name in names

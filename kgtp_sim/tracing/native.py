@@ -22,6 +22,7 @@ from ..agent import abi
 from ..agent.compile_naive import compile_naive
 from ..agent.compile_opt import compile_opt
 from ..agent.compiled import CompiledExpr, fault_fixup
+from ..agent.opcodes import OpClass
 from ..agent.verify import Program
 from ..arch import amd64
 from ..machine import Machine
@@ -30,6 +31,13 @@ from . import detour as d
 from .probes import INT3, JUMP_SIZE, ProbeSite, jump, relocate, relocated_size_bound
 
 log = logging.getLogger(__name__)
+
+
+def faults_lose_a_block(program: Program) -> bool:
+    """An action that only *traces* memory (no `ref`) cannot need what it failed to read: a memory fault then
+    loses that block (GDB shows <unavailable>, like a DProbes fault token) instead of stopping the run. Any
+    `ref` makes a fault an error: the value the expression needed does not exist. Same rule in every engine."""
+    return not any(insn.op.cls is OpClass.MEMORY for insn in program.insns)
 
 ENGINES = ("interp", "naive", "opt")
 #: Bytes an expression action may append to a frame when its size cannot be known before the hit.
@@ -112,7 +120,7 @@ class NativeRun:
             compiled.append(self._compile(condition))
             cond_entry = compiled[-1].entry
         collect_registers = False
-        entries: list[int] = []
+        entries: list[tuple[int, bool]] = []
         max_frame = 0
         for action, program in actions:
             if isinstance(action, t.CollectRegisters):
@@ -127,7 +135,7 @@ class NativeRun:
             else:
                 continue  # $_sdata belongs to static tracepoints
             compiled.append(self._compile(program))
-            entries.append(compiled[-1].entry)
+            entries.append((compiled[-1].entry, isinstance(action, t.CollectMemory) or faults_lose_a_block(program)))
         counters = self.machine.alloc_data(d.COUNTERS.size)
         self.machine.write_memory(counters, bytes(d.COUNTERS.size))
         plan = d.DetourPlan(

@@ -262,3 +262,36 @@ def test_tsave_ctf(gdb, fresh_stub, tmp_path):
         pytest.skip(f"GDB {gdb.version} was built without CTF (libbabeltrace) support")
     metadata = (tmp_path / "ctf" / "metadata").read_text()
     assert "register" in metadata and (tmp_path / "ctf" / "datastream").stat().st_size > 0, out
+
+
+def test_frames_carry_timestamps_and_cpu_shown_by_monitor(gdb, fresh_stub):
+    out = run_gdb(gdb, fresh_stub, "trace kgtp_test_function", "actions", "collect counter1", "end", "tstart",
+                  "shell sleep 0.2", "tstop", "monitor frames 0 5")
+    rows = re.findall(r"^frame\s+(\d+)\s+tp\s+1\s+\+\s*([\d.]+) us\s+cpu (\d+)\s+seq (\d+)", out, re.M)
+    assert len(rows) == 5, out
+    times = [float(r[1]) for r in rows]
+    assert times == sorted(times) and times[0] == 0.0 and times[-1] > 0, out  # monotonic, per frame
+    assert [int(r[3]) for r in rows] == list(range(5)) and {r[2] for r in rows} == {"0"}
+
+
+def test_frame_serves_read_only_memory_live_and_faults_become_unavailable(gdb, fresh_stub):
+    out = run_gdb(gdb, fresh_stub, "trace kgtp_test_function", "actions", "collect *(long *)0x10",
+                  "collect kgtp_counter", "end", "tstart", "shell sleep 0.1", "tstop", "tstatus",
+                  "tfind 0", "x/2i $pc", "print *(long *)0x10", "print kgtp_counter", "print jiffies")
+    assert "Trace stopped by a tstop command" in out, out  # a faulting collection does not stop the run
+    assert re.search(r"^=> 0x[0-9a-f]+ <kgtp_test_function>:\s+add", out, re.M), out  # .text via QTro
+    assert re.search(r"^\$1 = <unavailable>|Cannot access memory at address 0x10", out, re.M), out
+    assert re.search(r"^\$2 = \d+$", out, re.M), out
+    assert re.search(r"^\$3 = <unavailable>$", out, re.M), out  # not collected, not read-only
+
+
+def test_condition_reading_bad_memory_records_terror(gdb, fresh_stub):
+    out = run_gdb(gdb, fresh_stub, "trace kgtp_test_function if *(int *)0x10 > 0", "tstart",
+                  "shell sleep 0.1", "tstatus")
+    assert re.search(r"Trace stopped by an error \(tracepoint 1: memory fault", out), out
+
+
+def test_locals(gdb, fresh_stub):
+    out = run_gdb(gdb, fresh_stub, "trace module.c:57", "actions", "collect $locals", "end", "tstart",
+                  "shell sleep 0.5", "tstop", "tfind 0", "tdump")
+    assert re.search(r"^mod = 0x[0-9a-f]+ <modules(\+\d+)?>$", out, re.M), out
