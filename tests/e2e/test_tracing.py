@@ -55,7 +55,7 @@ def test_false_condition_collects_nothing(gdb, fresh_stub):
 
 def test_passcount_stops_the_run(gdb, fresh_stub):
     out = run_gdb(gdb, fresh_stub, "trace kgtp_test_function", "passcount 5", "actions", "collect counter1", "end",
-                  "tstart", "shell sleep 0.3", "tstatus")
+                  "tstart", "shell sleep 0.8", "tstatus")
     assert "Trace stopped by tracepoint 1." in out, out
     assert _frames_collected(out) == 5, out
 
