@@ -295,3 +295,11 @@ def test_locals(gdb, fresh_stub):
     out = run_gdb(gdb, fresh_stub, "trace module.c:57", "actions", "collect $locals", "end", "tstart",
                   "shell sleep 0.5", "tstop", "tfind 0", "tdump")
     assert re.search(r"^mod = 0x[0-9a-f]+ <modules(\+\d+)?>$", out, re.M), out
+
+
+def test_tfind_line(gdb, fresh_stub):
+    out = run_gdb(gdb, fresh_stub, "monitor pace 5", "trace kgtp_test_function", "trace load_module",
+                  "tstart", "shell sleep 0.8", "tstop", "tfind line module.c:53", "print $pc", "tfind none",
+                  "tfind line kgtp_test_function", "print $pc")
+    pcs = re.findall(r"^\$\d+ = \(void \(\*\)\([^)]*\)\) 0x[0-9a-f]+ <(\w+)>", out, re.M)
+    assert pcs == ["load_module", "kgtp_test_function"], out
