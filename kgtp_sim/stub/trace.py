@@ -30,6 +30,8 @@ class TraceHandlers:
     _variables: list[bytes] = field(default_factory=list)
     _frames: list[TraceFrame] | None = None
     _selected: int | None = None
+    _downloading: bool = False  # between QTinit and QTStart: qTSTMat names markers only then (see below)
+    _markers: list[bytes] = field(default_factory=list)
 
     # ---- definitions ----------------------------------------------------------------------------------------
 
@@ -39,6 +41,7 @@ class TraceHandlers:
             self.tracer.stop(t.StopReason.STOP_COMMAND)
         self.tracer.definitions.clear_tracepoints()
         self._select(None)
+        self._downloading = True
         return b"OK"
 
     @handles(t.DefineTracepoint)
@@ -141,6 +144,7 @@ class TraceHandlers:
     @handles(t.TraceStart)
     def trace_start(self, packet: t.TraceStart) -> Reply:
         self._select(None)
+        self._downloading = False
         try:
             self.tracer.start()
         except TraceError as error:
@@ -274,11 +278,55 @@ class TraceHandlers:
 
     @handles(t.ReadTraceBuffer)
     def trace_buffer(self, packet: t.ReadTraceBuffer) -> Reply:
-        data = b"".join(frame.to_gdb() for frame in self.tracer.frames()) if packet.offset == 0 else self._raw
+        data = b"".join(map(self.tracer.gdb_frame, self.tracer.frames())) if packet.offset == 0 else self._raw
         self._raw = data
         return t.encode_trace_buffer(data[packet.offset : packet.offset + packet.length])
 
     _raw: bytes = b""
+
+    # ---- static tracepoint markers -------------------------------------------------------------------------
+
+    def _static_marker(self, marker) -> t.StaticMarker:
+        return t.StaticMarker(marker.site, marker.id, marker.format)
+
+    @handles(t.FirstStaticMarkers)
+    def first_markers(self, packet: t.FirstStaticMarkers) -> Reply:
+        """One marker per reply: every marker record of the kernel image, nothing hard-coded."""
+        self._markers = [t.encode_static_markers([self._static_marker(m)]) for m in self.tracer.machine.image.markers]
+        return self._next_piece(self._markers)
+
+    @handles(t.NextStaticMarkers)
+    def next_markers(self, packet: t.NextStaticMarkers) -> Reply:
+        return self._next_piece(self._markers)
+
+    @handles(t.StaticMarkerAt)
+    def marker_at(self, packet: t.StaticMarkerAt) -> Reply:
+        """Name the marker only while GDB downloads tracepoints (between QTinit and QTStart).
+
+        GDB 13 to 18 have undefined behaviour when this reply names a marker while `strace` creates the
+        tracepoint (they write a std::string member before it is constructed: segfault or abort depending on
+        the heap). Answering `l` then makes GDB warn and still create the static tracepoint at that address;
+        at download time GDB needs the `m` reply or refuses to send it as static.
+        """
+        marker = self.tracer.marker_at(packet.address)
+        if marker is None or not self._downloading:
+            return t.END_OF_LIST
+        return t.encode_static_markers([self._static_marker(marker)])
+
+    @handles(t.ReadStaticTraceData)
+    def static_trace_data(self, packet: t.ReadStaticTraceData) -> Reply:
+        """`$_sdata` of the selected frame: the recorded entry rendered by its TP_printk format."""
+        if self._selected is None or self._frames is None:
+            raise RspError(E_TRACE, "no trace frame selected")
+        frame = self._frames[self._selected]
+        marker = self.tracer.marker_of_frame(frame)
+        data = frame.static_data()
+        if marker is None or data is None:
+            raise RspError(E_TRACE, "no static tracepoint data in this frame")
+        from ..tracing.sdata import render
+
+        document = render(marker, data).encode()
+        return Binary(t.encode_qxfer_chunk(document, packet.offset, packet.length))
 
     @handles(t.SaveTrace)
     def save_trace(self, packet: t.SaveTrace) -> Reply:
@@ -301,7 +349,7 @@ class TraceHandlers:
                 tracepoints=tracer.definitions.upload_pieces(),
                 usage=usage,
                 tdesc=amd64.target_xml(),
-                frames=b"".join(frame.to_gdb() for frame in tracer.frames()),
+                frames=b"".join(map(tracer.gdb_frame, tracer.frames())),
             )
         except OSError as error:
             raise RspError(E_TRACE, f"cannot write {path}: {error.strerror}", text=True) from None

@@ -75,7 +75,7 @@ class DetourPlan:
     runtime: Runtime
     condition: int | None  # entry of the compiled condition
     collect_registers: bool
-    actions: tuple[tuple[int, bool], ...]  # (entry, memory faults tolerated) of compiled actions, in order
+    actions: tuple[tuple[int | None, bool], ...]  # (entry, memory faults tolerated); None = $_sdata hypercall
     max_frame: int  # bytes of blocks a frame may take
     pass_count: int
     builtin_slots: tuple[tuple[int, str], ...]  # (tsv number, how to compute) refreshed at entry
@@ -90,6 +90,7 @@ class Detour:
     error_call: int  # address of the int3 reached when ctx.error is set
     full_call: int  # ... when the ring refused a frame
     pass_call: int  # ... when the pass count is reached
+    sdata_calls: tuple[int, ...] = ()  # ... where `collect $_sdata` builds the entry
 
 
 def _save_block(site: int, segments: bool) -> list[str]:
@@ -190,6 +191,9 @@ def build(plan: DetourPlan, base: int) -> Detour:
             f"mov %rdi, {abi.CTX_TRACE_PTR:#x}(%rsi)",
         ]
     for index, (entry, fault_tolerant) in enumerate(plan.actions):
+        if entry is None:  # $_sdata: a hypercall writes the entry at ctx.trace_ptr
+            lines += ["int3", f"movabs ${ctx:#x}, %rsi"]
+            continue
         lines += [
             "mov %rsp, %rdi",
             f"movabs ${entry:#x}, %rax",
@@ -240,11 +244,13 @@ def build(plan: DetourPlan, base: int) -> Detour:
     # The hypercall int3s, in source order: [pass_call,] error_call, full_call (decoded, so an 0xcc inside an
     # immediate is never mistaken for one).
     calls = [insn.address for insn in decode(code, base) if insn.mnemonic == "int3"]
+    sdata = sum(1 for entry, _ in plan.actions if entry is None)
+    sdata_calls, calls = tuple(calls[:sdata]), calls[sdata:]
     if plan.pass_count:
         pass_call, error_call, full_call = calls
     else:
         (error_call, full_call), pass_call = calls, 0
-    return Detour(base, code, error_call, full_call, pass_call)
+    return Detour(base, code, error_call, full_call, pass_call, sdata_calls)
 
 
 def collect_memory_bytecode(basereg: int, offset: int, length: int) -> bytes:

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from unicorn import UC_HOOK_CODE, Uc, UcError
 from unicorn.x86_const import UC_X86_REG_RIP, UC_X86_REG_RSP
 
-from ..agent.abi import CTX_ERROR, CTX_SIZE, AgentCtx
+from ..agent.abi import CTX_ERROR, CTX_SIZE, CTX_TRACE_PTR, AgentCtx
 from ..agent.errors import BytecodeError, ErrorCode, EvalError, MemoryFault
 from ..agent.interp import evaluate
 from ..agent.verify import Program, verify
 from ..arch import amd64
-from ..machine import Machine
+from ..machine import Machine, Marker
 from ..machine import MemoryFault as MachineMemoryFault
 from ..rsp.packets import trace as t
 from .builtins import BUILTIN_VARIABLES, BuiltinContext
@@ -29,7 +29,8 @@ from .clock import Tsc
 from .fastregs import RegisterReader
 from .detour import COUNTERS
 from .native import ENGINES, NativeProbe, NativeRun, faults_lose_a_block
-from .frames import MemoryBlock, RegisterBlock, TraceFrame, TsvBlock, encode_block
+from .frames import MemoryBlock, RegisterBlock, StaticBlock, TraceFrame, TsvBlock, encode_block, encode_frame
+from .sdata import build_entry, render
 from .model import Definitions, Tracepoint
 from .probes import INT3, ProbePlacementError, ProbeSite, jump, plan_probe, relocate, relocated_size_bound
 from .ring import CTL_BYTES, Ring
@@ -56,6 +57,7 @@ class Installed:
     native: NativeProbe | None = None  # compiled engines: the detour and its counters
     want_jump: bool = False
     stepping: list[tuple[t.Action, Program | None]] = field(default_factory=list)
+    marker: Marker | None = None  # static tracepoints: the TRACE_EVENT site they enable
     fired: int = 0
     hits: int = 0
     usage: int = 0
@@ -84,6 +86,13 @@ class HitContext:
     tracer: Tracer
     blocks: list[bytes] = field(default_factory=list)
     room: int = MAX_COLLECT * 4
+    marker: Marker | None = None
+
+    def try_read(self, addr: int, n: int) -> bytes | None:
+        try:
+            return self.read_memory(addr, n)
+        except MemoryFault:
+            return None
 
     def read_memory(self, addr: int, n: int) -> bytes:
         # Through the machine, not uc.mem_read: absent demand pages read as zeros from unicorn but must fault.
@@ -217,6 +226,26 @@ class Tracer:
         self.stop_time = _now_us()
         log.info("tracing stopped: %s", reason.name)
 
+    def marker_at(self, address: int) -> Marker | None:
+        return next((m for m in self.machine.image.markers if m.site == address), None)
+
+    def marker_of_frame(self, frame: TraceFrame) -> Marker | None:
+        """The marker a frame's tracepoint enabled (None for dynamic tracepoints)."""
+        for (number, address), tp in self.definitions.tracepoints.items():
+            if number == frame.tracepoint and tp.static:
+                return self.marker_at(address)
+        return None
+
+    def gdb_frame(self, frame: TraceFrame) -> bytes:
+        """The frame as GDB reads it (qTBuffer, tsave -r): static data rendered by its TP_printk format."""
+        marker = self.marker_of_frame(frame)
+        if marker is None or frame.static_data() is None:
+            return frame.to_gdb()
+        blocks = tuple(
+            StaticBlock(render(marker, b.data).encode()) if isinstance(b, StaticBlock) else b for b in frame.blocks
+        )
+        return encode_frame(frame.tracepoint, blocks)
+
     def arm(self, tp: Tracepoint) -> None:  # noqa: D401
         """Install one location during a run (InstallInTrace, QTEnable)."""
         if self.running and tp.enabled and tp.key not in self.installed:
@@ -267,6 +296,13 @@ class Tracer:
             stepping.append((action, program))
         if tp.step_count and tp.fast_insn_length is not None:
             raise TraceError(f"{where}: while-stepping needs single-stepping; use trace, not ftrace")
+        marker = None
+        if tp.static:
+            marker = self.marker_at(tp.address)
+            if marker is None:
+                raise TraceError(f"{where}: no static tracepoint marker at this address")
+        elif any(isinstance(a, t.CollectStaticData) for a in tp.actions):
+            raise TraceError(f"{where}: $_sdata exists only at static tracepoints (strace)")
         want_jump = (self.engine != "interp" or tp.fast_insn_length is not None) and not tp.step_count
         try:
             site = plan_probe(self.machine.image, tp.address, "jump" if want_jump else "int3")
@@ -278,7 +314,7 @@ class Tracer:
             except ProbePlacementError as error2:
                 raise TraceError(f"{where}: {error2}") from None
             want_jump = False
-        return Installed(tp, site, condition, actions, want_jump=want_jump, stepping=stepping)
+        return Installed(tp, site, condition, actions, want_jump=want_jump, stepping=stepping, marker=marker)
 
     def _allocate_ring(self) -> None:
         size = self.definitions.buffer_size
@@ -315,7 +351,7 @@ class Tracer:
             raise TraceError(f"tracepoint {tp.number}: unsupported built-in variable")
         probe = native.build(
             item.site, tp.number, item.condition, item.actions, tp.pass_count, slots,
-            self.machine.image.address_of("current"), lambda code: verify(code),
+            self.machine.image.address_of("current"), lambda code: verify(code), marker=item.marker,
         )
         item.native = probe
         detour = probe.detour
@@ -323,6 +359,8 @@ class Tracer:
         self.machine.breakpoints[detour.full_call] = lambda uc, item=item: self._hypercall_full(uc, item)
         if detour.pass_call:
             self.machine.breakpoints[detour.pass_call] = lambda uc, item=item: self._hypercall_pass(uc, item)
+        for address in detour.sdata_calls:
+            self.machine.breakpoints[address] = lambda uc, item=item: self._hypercall_sdata(uc, item)
         native.patch(item.site, probe, item.want_jump)
         self.installed[tp.key] = item
 
@@ -343,6 +381,20 @@ class Tracer:
         error = EvalError.make(code, ctx.error_pc, program.code if program else b"", ctx.fault_addr or None)
         self._check(error, item.tracepoint)
 
+    def _hypercall_sdata(self, uc: Uc, item: Installed) -> None:
+        """`collect $_sdata` in a native detour: build the entry from the saved block (at %rsp) into the frame."""
+        self._resume_after(uc)
+        native = self.native
+        assert native is not None and item.marker is not None
+        block = amd64.decode_registers(bytes(uc.mem_read(uc.reg_read(UC_X86_REG_RSP), amd64.G_PACKET_SIZE)))
+        regs = [block[r.name] for r in amd64.GENERAL_REGISTERS]
+        hit = HitContext(uc, regs, self, marker=item.marker)
+        data = encode_block(StaticBlock(build_entry(item.marker, regs, hit.try_read)))
+        ptr, limit = struct.unpack("<QQ", bytes(uc.mem_read(native.ctx + CTX_TRACE_PTR, 16)))
+        if ptr + len(data) <= limit:
+            uc.mem_write(ptr, data)
+            uc.mem_write(native.ctx + CTX_TRACE_PTR, struct.pack("<Q", ptr + len(data)))
+
     def _hypercall_full(self, uc: Uc, item: Installed) -> None:
         self._resume_after(uc)
         if self.ring is not None and self.ring.state().full:
@@ -357,7 +409,8 @@ class Tracer:
             assert self.native is not None
             probe = item.native
             self.native.unpatch(item.site, probe)
-            for address in (probe.detour.error_call, probe.detour.full_call, probe.detour.pass_call):
+            for address in (probe.detour.error_call, probe.detour.full_call, probe.detour.pass_call,
+                            *probe.detour.sdata_calls):
                 self.machine.breakpoints.pop(address, None)
             item.fired, item.hits, item.usage = self.native.counters(probe)
             return
@@ -385,7 +438,7 @@ class Tracer:
         regs = self._registers.read(uc)
         regs[amd64.PC_REGNUM] = item.site.address
         regs[amd64.REGISTER_INDEX["eflags"]] &= 0xFFFFFFFF
-        hit = HitContext(uc, regs, self)
+        hit = HitContext(uc, regs, self, marker=item.marker)
         tp = item.tracepoint
         if item.condition is not None:
             result = evaluate(item.condition, hit)
@@ -521,7 +574,9 @@ class Tracer:
             except MemoryFault:
                 return  # not collected: GDB shows <unavailable>, like a DProbes fault token
             hit.blocks.append(encode_block(MemoryBlock(address, data)))
-        # CollectStaticData belongs to static tracepoints (markers)
+        elif isinstance(action, t.CollectStaticData) and hit.marker is not None:
+            entry = build_entry(hit.marker, hit.regs, hit.try_read)
+            hit.blocks.append(encode_block(StaticBlock(entry)))
 
     # ---- what GDB asks about the run ----------------------------------------------------------------------
 

@@ -113,6 +113,7 @@ class NativeRun:
         builtin_slots: tuple[tuple[int, str], ...],
         current_symbol: int,
         verify,
+        marker=None,
     ) -> NativeProbe:
         compiled: list[CompiledExpr] = []
         cond_entry = None
@@ -120,7 +121,7 @@ class NativeRun:
             compiled.append(self._compile(condition))
             cond_entry = compiled[-1].entry
         collect_registers = False
-        entries: list[tuple[int, bool]] = []
+        entries: list[tuple[int | None, bool]] = []
         max_frame = 0
         for action, program in actions:
             if isinstance(action, t.CollectRegisters):
@@ -132,8 +133,12 @@ class NativeRun:
                 max_frame += 11 + min(action.length, 0xFFFF)
             elif isinstance(action, t.EvalExpression):
                 max_frame += EXPRESSION_BUDGET
+            elif isinstance(action, t.CollectStaticData) and marker is not None:
+                entries.append((None, False))  # a hypercall builds the entry (Python), in action order
+                max_frame += 3 + marker.entry_size
+                continue
             else:
-                continue  # $_sdata belongs to static tracepoints
+                continue
             compiled.append(self._compile(program))
             entries.append((compiled[-1].entry, isinstance(action, t.CollectMemory) or faults_lose_a_block(program)))
         counters = self.machine.alloc_data(d.COUNTERS.size)
