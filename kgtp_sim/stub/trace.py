@@ -278,7 +278,7 @@ class TraceHandlers:
 
     @handles(t.ReadTraceBuffer)
     def trace_buffer(self, packet: t.ReadTraceBuffer) -> Reply:
-        data = b"".join(map(self.tracer.gdb_frame, self.tracer.frames())) if packet.offset == 0 else self._raw
+        data = b"".join(map(self.tracer.saved_frame, self.tracer.frames())) if packet.offset == 0 else self._raw
         self._raw = data
         return t.encode_trace_buffer(data[packet.offset : packet.offset + packet.length])
 
@@ -318,15 +318,10 @@ class TraceHandlers:
         """`$_sdata` of the selected frame: the recorded entry rendered by its TP_printk format."""
         if self._selected is None or self._frames is None:
             raise RspError(E_TRACE, "no trace frame selected")
-        frame = self._frames[self._selected]
-        marker = self.tracer.marker_of_frame(frame)
-        data = frame.static_data()
-        if marker is None or data is None:
+        text = self.tracer.rendered_sdata(self._frames[self._selected])
+        if text is None:
             raise RspError(E_TRACE, "no static tracepoint data in this frame")
-        from ..tracing.sdata import render
-
-        document = render(marker, data).encode()
-        return Binary(t.encode_qxfer_chunk(document, packet.offset, packet.length))
+        return Binary(t.encode_qxfer_chunk(text.encode(), packet.offset, packet.length))
 
     @handles(t.SaveTrace)
     def save_trace(self, packet: t.SaveTrace) -> Reply:
@@ -349,7 +344,7 @@ class TraceHandlers:
                 tracepoints=tracer.definitions.upload_pieces(),
                 usage=usage,
                 tdesc=amd64.target_xml(),
-                frames=b"".join(map(tracer.gdb_frame, tracer.frames())),
+                frames=b"".join(map(tracer.saved_frame, tracer.frames())),
             )
         except OSError as error:
             raise RspError(E_TRACE, f"cannot write {path}: {error.strerror}", text=True) from None
@@ -387,6 +382,19 @@ def register_trace_commands(monitor, tracer: Tracer) -> None:
             rows.append(f"frame {frame.number:>5}  tp {frame.tracepoint:>3}  +{microseconds:12.3f} us  "
                         f"cpu {frame.cpu}  seq {frame.sequence}  blocks {kinds or '-'}")
         return "\n".join(rows)
+
+    @monitor.register("sdata", "sdata [FIRST [COUNT]]", "$_sdata of trace frames, rendered by their TP_printk format")
+    def sdata(args: list[str]) -> str:
+        from .monitor import parse_int
+
+        first = parse_int(args[0], "FIRST", low=0, high=1 << 32) if args else 0
+        count = parse_int(args[1], "COUNT", low=1, high=10000) if len(args) > 1 else 20
+        rows = []
+        for frame in tracer.frames()[first : first + count]:
+            text = tracer.rendered_sdata(frame)
+            if text is not None:
+                rows.append(f"frame {frame.number:>5}  tp {frame.tracepoint:>3}  {text}")
+        return "\n".join(rows) if rows else "no static tracepoint data in those frames"
 
     @monitor.register("probes", "probes", "armed tracepoint locations: probe kind, engine, fired/hit counts")
     def probes(args: list[str]) -> str:

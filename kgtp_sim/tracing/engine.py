@@ -140,6 +140,7 @@ class Tracer:
         self.installed: dict[tuple[int, int], Installed] = {}
         self._stopped_installed: dict[tuple[int, int], Installed] = {}
         self._stepper: int | None = None  # code hook while a hit is being single-stepped
+        self._frames_cache: tuple[tuple[int, int, int, int], list[TraceFrame]] | None = None
         self.ring: Ring | None = None
         self._ring_memory: tuple[int, int] | None = None
         self.printed: list[str] = []
@@ -236,15 +237,22 @@ class Tracer:
                 return self.marker_at(address)
         return None
 
-    def gdb_frame(self, frame: TraceFrame) -> bytes:
-        """The frame as GDB reads it (qTBuffer, tsave -r): static data rendered by its TP_printk format."""
-        marker = self.marker_of_frame(frame)
-        if marker is None or frame.static_data() is None:
+    def saved_frame(self, frame: TraceFrame) -> bytes:
+        """The frame as `tsave` gets it (qTBuffer, tsave -r): without its static-data block.
+
+        GDB's trace-file reader knows no `S` block (traceframe_walk_blocks errors on it, in 13.1 and 18.1 alike),
+        and one such block makes every register and memory read of that frame fail after `target tfile`. So
+        saved files carry the frame's registers, memory and variables; `$_sdata` is read live (qXfer) or through
+        `monitor sdata`, rendered the same way.
+        """
+        if frame.static_data() is None:
             return frame.to_gdb()
-        blocks = tuple(
-            StaticBlock(render(marker, b.data).encode()) if isinstance(b, StaticBlock) else b for b in frame.blocks
-        )
-        return encode_frame(frame.tracepoint, blocks)
+        return encode_frame(frame.tracepoint, tuple(b for b in frame.blocks if not isinstance(b, StaticBlock)))
+
+    def rendered_sdata(self, frame: TraceFrame) -> str | None:
+        marker = self.marker_of_frame(frame)
+        data = frame.static_data()
+        return None if marker is None or data is None else render(marker, data)
 
     def arm(self, tp: Tracepoint) -> None:  # noqa: D401
         """Install one location during a run (InstallInTrace, QTEnable)."""
@@ -607,7 +615,14 @@ class Tracer:
         return hits, usage
 
     def frames(self) -> list[TraceFrame]:
-        return self.ring.entries() if self.ring is not None else []
+        """The ring's frames, parsed once per change of the ring (tfind asks again and again)."""
+        if self.ring is None:
+            return []
+        state = self.ring.state()
+        key = (state.base, state.head, state.tail, state.created)
+        if self._frames_cache is None or self._frames_cache[0] != key:
+            self._frames_cache = (key, self.ring.entries())
+        return self._frames_cache[1]
 
 
 

@@ -201,18 +201,25 @@ class Ring:
         self.memory.write(self.ctl + CTL_CIRCULAR, struct.pack("<Q", int(circular)))
 
     def entries(self) -> list[TraceFrame]:
-        """Every frame in the ring, oldest first, numbered by its position (what GDB calls the frame number)."""
+        """Every frame in the ring, oldest first, numbered by its position (what GDB calls the frame number).
+
+        The ring is read in one piece (one trip to the CPU thread), then parsed: frame-by-frame reads would cost
+        a machine round trip each, and a full buffer holds tens of thousands of frames.
+        """
         state = self.state()
+        if state.head == state.tail:
+            return []
+        ring = self.memory.read(state.base, state.size)
         frames: list[TraceFrame] = []
         pos = state.tail
         while pos < state.head:
-            phys = state.base + pos % state.size
-            length, cpu, timestamp, sequence = ENTRY_HEADER.unpack(self.memory.read(phys, ENTRY_HEADER.size))
+            phys = pos % state.size
+            length, cpu, timestamp, sequence = ENTRY_HEADER.unpack_from(ring, phys)
             if length < ENTRY_HEADER.size or length % 8:
                 raise ValueError(f"corrupt trace buffer entry at logical {pos:#x} (length {length})")
             if cpu != PAD_CPU:
-                tracepoint, size = FRAME_HEADER.unpack(self.memory.read(phys + FRAME_AT, FRAME_HEADER.size))
-                body = self.memory.read(phys + BLOCKS_AT, size)
+                tracepoint, size = FRAME_HEADER.unpack_from(ring, phys + FRAME_AT)
+                body = ring[phys + BLOCKS_AT : phys + BLOCKS_AT + size]
                 frames.append(TraceFrame(len(frames), tracepoint, parse_blocks(body), timestamp, cpu, sequence))
             pos += length
         return frames
