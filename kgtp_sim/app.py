@@ -26,6 +26,7 @@ class StubConfig:
     allow_writes: bool = False
     engine: str = "opt"
     save_dir: Path | None = None  # where `tsave -r` may write; None refuses it
+    name_markers_always: bool = False  # diagnostic: answer qTSTMat at strace time too (crashes GDB 13-18)
 
 
 @dataclass
@@ -44,7 +45,7 @@ class Stub:
         self.core = CoreHandlers(self.views, self.config.allow_writes, live.write_memory)
         self.tracer = Tracer(self.machine, self.config.engine)
         register_trace_commands(self.monitor, self.tracer)
-        self.trace = TraceHandlers(self.tracer, self.views, self.config.save_dir)
+        self.trace = TraceHandlers(self.tracer, self.views, self.config.save_dir, self.config.name_markers_always)
         self.dispatcher = Dispatcher((self.core, self.trace, self.monitor))
 
     def make_session(self) -> Session:

@@ -31,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="how conditions and actions run: interpreted, naive native or optimized native (default)")
     serve.add_argument("--save-dir", type=Path, default=None,
                        help="directory where `tsave -r` may write trace files (default: target-side saving refused)")
+    serve.add_argument("--name-markers-at-strace", action="store_true",
+                       help="diagnostic: name the marker when `strace` asks (triggers GDB 13-18's crash; see README)")
     serve.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeat for packet traces)")
     return parser
 
@@ -68,7 +70,8 @@ def serve(args: argparse.Namespace) -> int:
         print("kgtp-sim: --hz must be between 1 and 10000", file=sys.stderr)
         return 2
     machine = Machine(image, hz=args.hz, **({"pace": args.pace} if args.pace is not None else {}))
-    stub = Stub(machine, StubConfig(allow_writes=args.allow_writes, engine=args.engine, save_dir=args.save_dir))
+    stub = Stub(machine, StubConfig(allow_writes=args.allow_writes, engine=args.engine, save_dir=args.save_dir,
+                                           name_markers_always=args.name_markers_at_strace))
     server = stub.server(args.host, args.port)
     try:
         host, port = server.bind()

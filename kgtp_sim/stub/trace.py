@@ -26,6 +26,7 @@ class TraceHandlers:
     tracer: Tracer
     views: ViewHolder
     save_dir: Path | None = None
+    name_markers_always: bool = False  # diagnostic only: reproduces the GDB client crash (see marker_at)
     _upload: list[bytes] = field(default_factory=list)
     _variables: list[bytes] = field(default_factory=list)
     _frames: list[TraceFrame] | None = None
@@ -309,7 +310,7 @@ class TraceHandlers:
         at download time GDB needs the `m` reply or refuses to send it as static.
         """
         marker = self.tracer.marker_at(packet.address)
-        if marker is None or not self._downloading:
+        if marker is None or not (self._downloading or self.name_markers_always):
             return t.END_OF_LIST
         return t.encode_static_markers([self._static_marker(marker)])
 
