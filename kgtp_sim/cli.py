@@ -17,6 +17,9 @@ BUNDLED_KERNEL = Path(__file__).resolve().parent.parent / "fixtures" / "vmlinux"
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kgtp-sim", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    from .bench import cli as bench_cli
+
+    bench_cli.add_parser(commands)
     serve = commands.add_parser("serve", help="start the simulated kernel and the GDB stub")
     serve.add_argument("--kernel", type=Path, default=BUNDLED_KERNEL, help="static x86_64 kernel ELF (default: bundled)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
@@ -45,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command == "serve":
         return serve(args)
+    if args.command == "bench":
+        from .bench import cli as bench_cli
+
+        return bench_cli.run(args)
     return 2
 
 

@@ -65,13 +65,27 @@ class Runtime:
 
 
 @dataclass(frozen=True)
+class FastPath:
+    """A false condition decided before the full save: only what the compiled condition reads or clobbers is
+    stored, flags are kept only if they are live at the site. Used for pure conditions (no side effects), so
+    the full path may evaluate the condition again when it is true."""
+
+    stores: tuple[str, ...]  # registers written into their block slots (read by `reg` ops, or clobbered)
+    restores: tuple[str, ...]  # registers the condition (or the call setup) clobbers
+    needs_ctx: bool  # the compiled code reads %rsi (TSVs, errors)
+    can_fail: bool  # the condition may set ctx.error (then the full path reports it)
+    flags_live: bool  # the displaced code reads flags before writing them
+    save_flags: bool  # keep the site's flags for the full path (a register collection records them)
+    tail: bytes  # the displaced instructions relocated to follow the fast path, and the jump back
+
+
+@dataclass(frozen=True)
 class DetourPlan:
     """Everything one detour needs to know, all addresses absolute."""
 
     site: int
     tracepoint: int
     ctx: int
-    counters: int
     runtime: Runtime
     condition: int | None  # entry of the compiled condition
     collect_registers: bool
@@ -81,16 +95,19 @@ class DetourPlan:
     builtin_slots: tuple[tuple[int, str], ...]  # (tsv number, how to compute) refreshed at entry
     current_symbol: int  # address of the kernel's `current` (for $current_task*)
     reads_segments: bool = False  # some bytecode reads cs..gs (`reg` 18..23)
+    fast: FastPath | None = None
+    fast_tail_address: int = 0  # where FastPath.tail sits (the full path ends there too)
 
 
 @dataclass(frozen=True)
 class Detour:
-    base: int
+    base: int  # the entry (the probe jumps here)
     code: bytes
     error_call: int  # address of the int3 reached when ctx.error is set
     full_call: int  # ... when the ring refused a frame
     pass_call: int  # ... when the pass count is reached
     sdata_calls: tuple[int, ...] = ()  # ... where `collect $_sdata` builds the entry
+    counters: int = 0  # the location's COUNTERS (fired, hits, bytes, scratch), just before the entry
 
 
 def _save_block(site: int, segments: bool) -> list[str]:
@@ -140,11 +157,54 @@ def _builtins(plan: DetourPlan) -> list[str]:
     return lines
 
 
+def _fast_path(plan: DetourPlan) -> list[str]:
+    fast = plan.fast
+    assert fast is not None and plan.condition is not None
+    keep = fast.flags_live or fast.save_flags
+    lines = ["pushfq"] if keep else []
+    lines.append(f"incq counters+{FIRED:#x}(%rip)")
+    lines.append(f"sub ${BLOCK_BYTES:#x}, %rsp")
+    for name in fast.stores:
+        lines.append(f"mov %{name}, {amd64.OFFSETS[amd64.REGISTER_INDEX[name]]:#x}(%rsp)")
+    lines.append("mov %rsp, %rdi")
+    if fast.needs_ctx:
+        lines.append(f"movabs ${plan.ctx:#x}, %rsi")
+    lines.append(f"call {plan.condition:#x}")
+    if fast.can_fail:
+        lines += [f"cmpq $0x0, {abi.CTX_ERROR:#x}(%rsi)", "jne fast_slow"]
+    lines += ["test %rax, %rax", "jne fast_slow"]
+    restore = [f"mov {amd64.OFFSETS[amd64.REGISTER_INDEX[name]]:#x}(%rsp), %{name}" for name in fast.restores]
+    if fast.flags_live:
+        lines += restore + [f"add ${BLOCK_BYTES:#x}, %rsp", "popfq"]
+    else:  # dead flags: drop the saved copy, if any, with the block
+        lines += restore + [f"add ${BLOCK_BYTES + (8 if keep else 0):#x}, %rsp"]
+    lines.append(".byte " + ",".join(f"{b:#x}" for b in fast.tail))  # displaced code + jmp back
+    # true (or failed): undo the partial save and give the full path the site's flags to record
+    lines += ["fast_slow:"] + restore + [f"add ${BLOCK_BYTES:#x}, %rsp"] + (["popfq"] if keep else [])
+    return lines
+
+
+def fast_path_prefix_size(plan: DetourPlan, base: int) -> int:
+    """Bytes from `base` to where the fast path's tail goes (its short forward jump has the same size with the
+    label right after, as long as restores + tail stay under 128 bytes)."""
+    lines = ["counters:", ".quad 0x0, 0x0, 0x0, 0x0", "detour:"] + _fast_path(plan)
+    prefix = lines[: next(i for i, line in enumerate(lines) if line.startswith(".byte"))] + ["fast_slow:"]
+    return len(assemble("\n".join(prefix), base))
+
+
 def build(plan: DetourPlan, base: int) -> Detour:
-    """Assemble the detour at `base` (without its displaced-code tail, which the caller appends)."""
+    """Assemble the detour at `base`. Without a fast path the caller appends the displaced-code tail; with one,
+    the tail sits right after the fast path (see FastPath) and the full path ends by jumping to it."""
     ctx = plan.ctx
-    lines = ["detour:"] + _save_block(plan.site, plan.collect_registers or plan.reads_segments)
-    lines += [f"movabs ${ctx:#x}, %rsi", f"movabs ${plan.counters:#x}, %rax", f"incq {FIRED:#x}(%rax)"]
+    # The location's counters open the allocation (never executed); the detour's entry follows them, so any
+    # path can count with one RIP-relative instruction.
+    lines = ["counters:", ".quad 0x0, 0x0, 0x0, 0x0", "detour:"]
+    if plan.fast is not None:
+        lines += _fast_path(plan)
+    lines += _save_block(plan.site, plan.collect_registers or plan.reads_segments)
+    lines += [f"movabs ${ctx:#x}, %rsi"]
+    if plan.fast is None:  # with a fast path, it counted the hit already
+        lines.append(f"incq counters+{FIRED:#x}(%rip)")
     lines += _builtins(plan)
     if plan.condition is not None:
         lines += [
@@ -158,16 +218,14 @@ def build(plan: DetourPlan, base: int) -> Detour:
             "je done",
         ]
     lines += [
-        f"movabs ${plan.counters:#x}, %rax",
-        f"incq {HITS:#x}(%rax)",
+        f"incq counters+{HITS:#x}(%rip)",
         f"mov ${plan.tracepoint:#x}, %edi",
         f"mov ${plan.max_frame:#x}, %esi",
         f"movabs ${plan.runtime.reserve:#x}, %rax",
         "call *%rax",
         "test %rax, %rax",
         "je full_call",
-        f"movabs ${plan.counters:#x}, %rcx",
-        f"mov %rax, {FRAME_START:#x}(%rcx)",
+        f"mov %rax, counters+{FRAME_START:#x}(%rip)",
         f"movabs ${ctx:#x}, %rsi",
         f"mov %rax, {abi.CTX_TRACE_PTR:#x}(%rsi)",
         f"mov %rdx, {abi.CTX_TRACE_LIMIT:#x}(%rsi)",
@@ -214,18 +272,16 @@ def build(plan: DetourPlan, base: int) -> Detour:
             lines.append("jne error_call")
     lines += [
         f"mov {abi.CTX_TRACE_PTR:#x}(%rsi), %rdi",
-        f"movabs ${plan.counters:#x}, %rcx",
         "mov %rdi, %rdx",
-        f"sub {FRAME_START:#x}(%rcx), %rdx",
+        f"sub counters+{FRAME_START:#x}(%rip), %rdx",
         "add $0x6, %rdx",  # + the frame header, as qTP's usage counts it
-        f"add %rdx, {USAGE:#x}(%rcx)",
+        f"add %rdx, counters+{USAGE:#x}(%rip)",
         f"movabs ${plan.runtime.commit:#x}, %rax",
         "call *%rax",
     ]
     if plan.pass_count:
         lines += [
-            f"movabs ${plan.counters:#x}, %rax",
-            f"cmpq ${plan.pass_count:#x}, {HITS:#x}(%rax)",
+            f"cmpq ${plan.pass_count:#x}, counters+{HITS:#x}(%rip)",
             "jb done",
             "pass_call:",
             "int3",
@@ -240,17 +296,20 @@ def build(plan: DetourPlan, base: int) -> Detour:
         "int3",
         "done:",
     ] + _restore_block()
+    if plan.fast is not None:
+        lines.append(f"jmp {plan.fast_tail_address:#x}")
     code = assemble("\n".join(lines), base)
+    entry = base + COUNTERS.size
     # The hypercall int3s, in source order: [pass_call,] error_call, full_call (decoded, so an 0xcc inside an
     # immediate is never mistaken for one).
-    calls = [insn.address for insn in decode(code, base) if insn.mnemonic == "int3"]
+    calls = [insn.address for insn in decode(code[COUNTERS.size :], entry) if insn.mnemonic == "int3"]
     sdata = sum(1 for entry, _ in plan.actions if entry is None)
     sdata_calls, calls = tuple(calls[:sdata]), calls[sdata:]
     if plan.pass_count:
         pass_call, error_call, full_call = calls
     else:
         (error_call, full_call), pass_call = calls, 0
-    return Detour(base, code, error_call, full_call, pass_call, sdata_calls)
+    return Detour(entry, code, error_call, full_call, pass_call, sdata_calls, counters=base)
 
 
 def collect_memory_bytecode(basereg: int, offset: int, length: int) -> bytes:

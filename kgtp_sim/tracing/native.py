@@ -13,7 +13,7 @@ from __future__ import annotations
 import array
 import logging
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from unicorn import Uc
 from unicorn.x86_const import UC_X86_REG_RIP
@@ -28,6 +28,8 @@ from ..arch import amd64
 from ..machine import Machine
 from ..rsp.packets import trace as t
 from . import detour as d
+from . import fastpath
+from .builtins import BUILTIN_VARIABLES
 from .probes import INT3, JUMP_SIZE, ProbeSite, jump, relocate, relocated_size_bound
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,7 @@ def faults_lose_a_block(program: Program) -> bool:
     return not any(insn.op.cls is OpClass.MEMORY for insn in program.insns)
 
 ENGINES = ("interp", "naive", "opt")
+COMPUTED_BUILTINS = {b.number for b in BUILTIN_VARIABLES if b.computed}
 #: Bytes an expression action may append to a frame when its size cannot be known before the hit.
 EXPRESSION_BUDGET = 0x1000
 
@@ -141,10 +144,8 @@ class NativeRun:
                 continue
             compiled.append(self._compile(program))
             entries.append((compiled[-1].entry, isinstance(action, t.CollectMemory) or faults_lose_a_block(program)))
-        counters = self.machine.alloc_data(d.COUNTERS.size)
-        self.machine.write_memory(counters, bytes(d.COUNTERS.size))
         plan = d.DetourPlan(
-            site.address, number, self.ctx, counters, self.runtime, cond_entry, collect_registers,
+            site.address, number, self.ctx, self.runtime, cond_entry, collect_registers,
             tuple(entries), max(max_frame, 8), pass_count, builtin_slots, current_symbol,
             reads_segments=any(
                 insn.name == "reg" and insn.operands[0] >= amd64.REGISTER_INDEX["cs"]
@@ -152,17 +153,55 @@ class NativeRun:
                 for insn in program.insns
             ),
         )
-        trial = d.build(plan, 0xFFFFFFFFA0000000)
+        fast = self._fast_path(condition, compiled[0] if condition is not None else None, site, builtin_slots,
+                               flags_recorded=collect_registers or plan.reads_segments or any(
+                                   insn.name == "reg" and insn.operands[0] == amd64.REGISTER_INDEX["eflags"]
+                                   for program in [p for _, p in actions if p] for insn in program.insns))
         tail_bound = relocated_size_bound(site.displaced) + JUMP_SIZE
-        base = self.machine.alloc_code(len(trial.code) + 16 + tail_bound)
-        built = d.build(plan, base)
-        tail_at = base + len(built.code)
-        tail = relocate(site.displaced, tail_at)
-        tail += jump(tail_at + len(tail), site.resume_address)
-        self.machine.write_memory(base, built.code + tail)
+        if fast is not None:
+            plan = replace(plan, fast=fast)
+            trial = d.build(replace(plan, fast=replace(fast, tail=bytes(tail_bound))), 0xFFFFFFFFA0000000)
+            base = self.machine.alloc_code(len(trial.code) + 16)
+            prefix = d.fast_path_prefix_size(plan, base)
+            tail_at = base + prefix
+            tail = relocate(site.displaced, tail_at)
+            tail += jump(tail_at + len(tail), site.resume_address)
+            built = d.build(replace(plan, fast=replace(fast, tail=tail), fast_tail_address=tail_at), base)
+            code = built.code
+            end = base + len(code)
+        else:
+            trial = d.build(plan, 0xFFFFFFFFA0000000)
+            base = self.machine.alloc_code(len(trial.code) + 16 + tail_bound)
+            built = d.build(plan, base)
+            tail_at = base + len(built.code)
+            tail = relocate(site.displaced, tail_at)
+            tail += jump(tail_at + len(tail), site.resume_address)
+            code = built.code + tail
+            end = tail_at + len(tail)
+        self.machine.write_memory(base, code)
         regions = [c.base for c in compiled] + [base]
-        self.code_regions += [(c.base, c.end) for c in compiled] + [(base, tail_at + len(tail))]
-        return NativeProbe("int3", built, counters, compiled, regions)
+        self.code_regions += [(c.base, c.end) for c in compiled] + [(base, end)]
+        return NativeProbe("int3", built, built.counters, compiled, regions)
+
+    def _fast_path(self, condition, compiled, site, builtin_slots, flags_recorded: bool) -> d.FastPath | None:
+        """The false-condition fast path, for the optimizing engine and pure conditions (fastpath.py)."""
+        if self.engine != "opt" or condition is None or compiled is None:
+            return None
+        if not fastpath.eligible(condition, {number for number, _ in builtin_slots} | COMPUTED_BUILTINS):
+            return None
+        written, reads_rsi = fastpath.code_registers(compiled)
+        clobbered = written | {"rdi"} | ({"rsi"} if reads_rsi else set())
+        stores = fastpath.registers_read(condition) | clobbered
+        order = [r.name for r in amd64.GENERAL_REGISTERS[:16]]
+        return d.FastPath(
+            stores=tuple(n for n in order if n in stores),
+            restores=tuple(n for n in order if n in clobbered),
+            needs_ctx=reads_rsi,
+            can_fail=fastpath.can_fail(condition),
+            flags_live=fastpath.flags_live_at(site.displaced),
+            save_flags=flags_recorded,
+            tail=b"",
+        )
 
     # ---- patching -----------------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ def _frames_collected(out: str) -> int:
 
 def test_condition_and_collections_match_the_kernel(gdb, fresh_stub):
     out = run_gdb(
-        gdb, fresh_stub,
+        gdb, fresh_stub, "monitor pace 20",  # native collection is fast: keep 0.3 s of frames under 1 MiB
         f"trace kgtp_test_function if {COND}", "actions", f"collect {EXPR}", "collect $regs", "collect kgtp_counter",
         "end", "tstart", "shell sleep 0.3", "tstop", "tstatus",
         "tfind start", "tdump", "print $rdi", "print $rsi", "print kgtp_counter",

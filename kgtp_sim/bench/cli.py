@@ -1,0 +1,71 @@
+"""`kgtp-sim bench`: the thesis benchmark (issue 6). Wire with `add_parser(subparsers)` and `run(args)`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+FULL = (10_000, 5)
+QUICK = (1_000, 5)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    bench = subparsers.add_parser("bench", help="thesis benchmark: cost per hit of dynamic and static tracepoints")
+    configure(bench)
+    return bench
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK[0]} calls, fewer rows of the scaling workload")
+    parser.add_argument("--calls", type=int, default=None, help=f"calls of kgtp_test_function (default {FULL[0]})")
+    parser.add_argument("--repetitions", type=int, default=None, help=f"timed runs per row (default {FULL[1]}, >= 5)")
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the rows as JSON")
+    parser.add_argument("--chart", type=Path, default=None, metavar="FILE.png", help="write a bar chart (PNG)")
+    parser.add_argument("--scaling", action="store_true",
+                        help="also: cost per hit with 1..1000 tracepoints and 64 KiB..64 MiB buffers")
+    parser.add_argument("--scaling-json", type=Path, default=None, metavar="FILE", help="scaling rows as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .report import chart, markdown, write_json
+    from .runner import Bench, expected_frames
+
+    calls, reps = QUICK if args.quick else FULL
+    calls = args.calls or calls
+    reps = args.repetitions or reps
+    started = time.monotonic()
+    bench = Bench(calls=calls, repetitions=reps)
+    rows = bench.rows(progress=lambda r: print(
+        f"  {r['probe']:>15} {r['case']:>9} {r['engine']:>6}: {r['insns_per_hit']} insns/hit", file=sys.stderr))
+    bad = [r for r in rows if r["frames"] != expected_frames(r, calls)]
+    print(markdown(rows, calls, reps))
+    if args.json:
+        write_json(rows, args.json)
+    if args.chart:
+        chart(rows, args.chart)
+    if args.scaling or args.scaling_json:
+        from .scaling import markdown as scaling_markdown, scaling_rows
+
+        srows = scaling_rows(quick=args.quick, calls=min(calls, 2000), repetitions=reps)
+        print(scaling_markdown(srows))
+        if args.scaling_json:
+            import json
+
+            args.scaling_json.write_text(json.dumps(srows, indent=2) + "\n")
+    print(f"({time.monotonic() - started:.0f} s)", file=sys.stderr)
+    for r in bad:
+        print(f"kgtp-sim bench: {r['probe']} {r['case']} {r['engine']}: {r['frames']} frames, expected "
+              f"{expected_frames(r, calls)}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kgtp-sim bench", description=__doc__)
+    configure(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

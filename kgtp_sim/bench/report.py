@@ -1,0 +1,71 @@
+"""Markdown table, JSON rows and chart of the thesis benchmark."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .runner import FIELDS, thesis_of
+
+
+def _num(value, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:,.{max(digits, 1)}f}" if abs(value) < 100 else f"{value:,.0f}"
+    return f"{value:,.0f}"
+
+
+def markdown(rows: list[dict], calls: int, repetitions: int) -> str:
+    lines = [
+        f"Thesis workload: kgtp_bench_loop({calls}) calling kgtp_test_function, {repetitions} repetitions each.",
+        "insns/hit: emulated instructions per call minus the untraced run (exact). ns/hit: host nanoseconds per "
+        "call minus the untraced median (median, min..max). The `none` row is the untraced loop itself, absolute; "
+        "`disabled-marker` is the marker site's one 5-byte NOP (part of every untraced run, no separate time).",
+        "Thesis columns are CPU cycles on a 2 GHz Xeon E5405 (KGTP / SystemTap), a different unit: for orientation "
+        "only. Static thesis `cond+expr` is condition + $_sdata.",
+        "",
+        "| probe | case | engine | insns/hit | ns/hit median | ns/hit min..max | frames | thesis KGTP (cycles) "
+        "| thesis SystemTap (cycles) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        kgtp, stap = thesis_of(row)
+        spread = "-" if row["ns_per_hit_min"] is None else f"{_num(row['ns_per_hit_min'])}..{_num(row['ns_per_hit_max'])}"
+        lines.append(
+            f"| {row['probe']} | {row['case']} | {row['engine']} | {_num(row['insns_per_hit'], 3)} "
+            f"| {_num(row['ns_per_hit_median'])} | {spread} | {row['frames']:,} | {_num(kgtp)} | {_num(stap)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_json(rows: list[dict], path: Path) -> None:
+    path.write_text(json.dumps([{k: row[k] for k in FIELDS} for row in rows], indent=2) + "\n")
+
+
+def chart(rows: list[dict], path: Path, title: str = "kgtp-sim: cost per hit (thesis workload)") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    traced = [r for r in rows if r["probe"] not in ("none", "disabled-marker")]
+    labels = [f"{r['probe']}\n{r['case']}\n{r['engine']}" for r in traced]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(10, len(traced) * 0.55), 9), sharex=True)
+    xs = range(len(traced))
+    colors = {"interp": "tab:red", "naive": "tab:orange", "opt": "tab:green"}
+    ax1.bar(xs, [r["insns_per_hit"] for r in traced], color=[colors.get(r["engine"], "gray") for r in traced])
+    ax1.set_ylabel("emulated instructions / hit")
+    ax1.set_title(title)
+    med = [r["ns_per_hit_median"] for r in traced]
+    err = [[m - r["ns_per_hit_min"] for m, r in zip(med, traced)], [r["ns_per_hit_max"] - m for m, r in zip(med, traced)]]
+    ax2.bar(xs, med, yerr=err, capsize=2, color=[colors.get(r["engine"], "gray") for r in traced])
+    ax2.set_ylabel("host ns / hit (median, min..max)")
+    ax2.set_yscale("log")
+    ax2.set_xticks(list(xs))
+    ax2.set_xticklabels(labels, fontsize=6)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    ax1.legend(handles, list(colors), loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
