@@ -64,8 +64,8 @@ def configurations() -> list[Config]:
     rows = [Config("none", "none", "none"), Config("disabled-marker", "none", "none")]
     dyn = ("false-cond", "expr", "cond+expr")
     rows += [Config("dynamic-jump", c, e) for c in dyn for e in ("interp", "naive", "opt")]
-    # int3 probes: the interpreter's kind (kprobes without optimization); native engines always place a jump here
-    rows += [Config("dynamic-int3", c, "interp") for c in dyn]
+    # int3 probes (kprobes without optimization): the compiled engines trap into the same detour
+    rows += [Config("dynamic-int3", c, e) for c in dyn for e in ("interp", "naive", "opt")]
     rows += [Config("static", c, e) for c in (*dyn, "sdata") for e in ("interp", "naive", "opt")]
     return rows
 
@@ -161,7 +161,7 @@ class Bench:
 
     def traced(self, config: Config, machine: Machine | None = None, tracer_setup=None) -> Measurement:
         machine = machine or self.machine()
-        tracer = Tracer(machine, config.engine)
+        tracer = Tracer(machine, config.engine, probe="int3" if config.probe == "dynamic-int3" else "auto")
         tracer.definitions.buffer_size = BUFFER_SIZE
         definition, actions = packets(config, self.image, self.fixture)
         tracer.definitions.define(t.DefineTracepoint.parse(definition))

@@ -122,11 +122,16 @@ class HitContext:
 
 
 class Tracer:
-    def __init__(self, machine: Machine, engine: str = "opt") -> None:
+    def __init__(self, machine: Machine, engine: str = "opt", probe: str = "auto") -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}")
+        if probe not in ("auto", "int3"):
+            raise ValueError("probe must be 'auto' (a jump where safe) or 'int3'")
         self.machine = machine
         self.engine = engine
+        #: "auto": compiled engines jump to their detour where it is safe (optimized kprobes); "int3": always
+        #: trap into it (plain kprobes), e.g. to measure the difference. ftrace always needs the jump.
+        self.probe = probe
         self.native: NativeRun | None = None
         self._retired: list[tuple[int, int]] = []
         self.definitions = Definitions()
@@ -311,7 +316,9 @@ class Tracer:
                 raise TraceError(f"{where}: no static tracepoint marker at this address")
         elif any(isinstance(a, t.CollectStaticData) for a in tp.actions):
             raise TraceError(f"{where}: $_sdata exists only at static tracepoints (strace)")
-        want_jump = (self.engine != "interp" or tp.fast_insn_length is not None) and not tp.step_count
+        want_jump = (
+            (self.engine != "interp" and self.probe == "auto") or tp.fast_insn_length is not None
+        ) and not tp.step_count
         try:
             site = plan_probe(self.machine.image, tp.address, "jump" if want_jump else "int3")
         except ProbePlacementError as error:
