@@ -58,6 +58,7 @@ class Installed:
     want_jump: bool = False
     stepping: list[tuple[t.Action, Program | None]] = field(default_factory=list)
     marker: Marker | None = None  # static tracepoints: the TRACE_EVENT site they enable
+    shared: bool = False  # another tracepoint has the same address: both run from one int3, in Python
     fired: int = 0
     hits: int = 0
     usage: int = 0
@@ -145,6 +146,7 @@ class Tracer:
         self.installed: dict[tuple[int, int], Installed] = {}
         self._stopped_installed: dict[tuple[int, int], Installed] = {}
         self._stepper: int | None = None  # code hook while a hit is being single-stepped
+        self._int3_sites: dict[int, tuple[int, list[Installed]]] = {}  # address -> (out-of-line copy, its tracepoints)
         self._frames_cache: tuple[tuple[int, int, int, int], list[TraceFrame]] | None = None
         self.ring: Ring | None = None
         self._ring_memory: tuple[int, int] | None = None
@@ -186,6 +188,7 @@ class Tracer:
         if self.running:
             self.stop(t.StopReason.STOP_COMMAND)
         prepared = [self._prepare(tp) for tp in self.definitions.tracepoints.values() if tp.enabled]
+        self._resolve_overlaps(prepared, [])
         try:
             self._allocate_ring()
         except MemoryError as error:
@@ -263,6 +266,7 @@ class Tracer:
         """Install one location during a run (InstallInTrace, QTEnable)."""
         if self.running and tp.enabled and tp.key not in self.installed:
             item = self._prepare(tp)
+            self._resolve_overlaps([item], list(self.installed.values()))
             earlier = self._stopped_installed.pop(tp.key, None)
             if earlier is not None:  # re-enabled in the same run: its counters go on
                 item.fired, item.hits, item.usage = earlier.fired, earlier.hits, earlier.usage
@@ -276,6 +280,41 @@ class Tracer:
         if item is not None:
             self._remove_probe(item)
             self._stopped_installed[key] = item
+
+    def _resolve_overlaps(self, new: list[Installed], armed: list[Installed]) -> None:
+        """Probes must not patch over each other (as kprobes refuses to optimize over another probe).
+
+        A jump whose window covers another probe's address becomes an int3 (re-planned: its detour then runs
+        only the one instruction); a probe inside an armed jump's window, or a second tracepoint at an address
+        that already has one, is refused with a message.
+        """
+        armed_at = {item.site.address: item for item in armed}
+        addresses = [item.site.address for item in new] + list(armed_at)
+        for item in new:
+            where = f"tracepoint {item.tracepoint.number} at {item.site.address:#x}"
+            if addresses.count(item.site.address) > 1:
+                # several tracepoints at one address (GDB allows it): one int3 runs them all, in Python
+                other = armed_at.get(item.site.address)
+                if other is not None and other.native is not None:
+                    raise TraceError(f"{where}: tracepoint {other.tracepoint.number} already has a compiled "
+                                     "probe here; define both before tstart")
+                if item.tracepoint.fast_insn_length is not None:
+                    raise TraceError(f"{where}: fast tracepoint impossible: another tracepoint at this address")
+                item.shared = True
+                item.site = plan_probe(self.machine.image, item.site.address, "int3")
+                item.want_jump = False
+                continue
+            for other in armed:
+                if other.native is not None and other.native.kind == "jump" and \
+                        other.site.address < item.site.address < other.site.address + other.site.length:
+                    raise TraceError(f"{where}: inside the 5-byte jump of tracepoint {other.tracepoint.number}")
+            if item.site.kind == "jump":
+                window = range(item.site.address + 1, item.site.address + item.site.length)
+                if any(address in window for address in addresses):
+                    if item.tracepoint.fast_insn_length is not None:
+                        raise TraceError(f"{where}: fast tracepoint impossible: another probe inside its window")
+                    item.site = plan_probe(self.machine.image, item.site.address, "int3")
+                    item.want_jump = False
 
     def _prepare(self, tp: Tracepoint) -> Installed:
         where = f"tracepoint {tp.number} at {tp.address:#x}"
@@ -344,17 +383,26 @@ class Tracer:
         self.ring.initialize(base, size, self.definitions.circular)
 
     def _install(self, item: Installed) -> None:
-        if self.native is not None and not item.tracepoint.step_count:
+        if self.native is not None and not item.tracepoint.step_count and not item.shared:
             self._install_native(item)
             return
         site = item.site
-        item.out_of_line = self.machine.alloc_code(relocated_size_bound(site.displaced) + 5)
-        body = relocate(site.displaced, item.out_of_line)
-        body += jump(item.out_of_line + len(body), site.resume_address)
-        self.machine.write_memory(item.out_of_line, body)
-        self.machine.breakpoints[site.address] = lambda uc, item=item: self._hit(uc, item)
-        self.machine.write_memory(site.address, INT3)
+        group = self._int3_sites.get(site.address)
+        if group is None:  # the first tracepoint here: one int3 and one out-of-line copy for all of them
+            out_of_line = self.machine.alloc_code(relocated_size_bound(site.displaced) + 5)
+            body = relocate(site.displaced, out_of_line)
+            body += jump(out_of_line + len(body), site.resume_address)
+            self.machine.write_memory(out_of_line, body)
+            group = self._int3_sites[site.address] = (out_of_line, [])
+            self.machine.breakpoints[site.address] = lambda uc, items=group[1]: self._hit_all(uc, items)
+            self.machine.write_memory(site.address, INT3)
+        item.out_of_line = group[0]
+        group[1].append(item)
         self.installed[item.tracepoint.key] = item
+
+    def _hit_all(self, uc: Uc, items: list[Installed]) -> None:
+        for item in list(items):
+            self._hit(uc, item)
 
     def _install_native(self, item: Installed) -> None:
         native = self.native
@@ -429,6 +477,12 @@ class Tracer:
                 self.machine.breakpoints.pop(address, None)
             item.fired, item.hits, item.usage = self.native.counters(probe)
             return
+        group = self._int3_sites.get(item.site.address)
+        if group is not None and item in group[1]:
+            group[1].remove(item)
+            if group[1]:
+                return  # other tracepoints still use this int3
+            del self._int3_sites[item.site.address]
         self.machine.write_memory(item.site.address, item.site.original)
         self.machine.breakpoints.pop(item.site.address, None)
         self.machine.free_code(item.out_of_line)

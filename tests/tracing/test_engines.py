@@ -90,3 +90,47 @@ def test_fast_tracepoint_refused_where_a_jump_cannot_go():
     tracer.definitions.define(t.DefineTracepoint.parse(b"1:%x:E:0:0:F1" % ret))
     with pytest.raises(TraceError, match="fast tracepoint impossible"):
         tracer.start()
+
+
+def test_neighbouring_probes_never_patch_over_each_other():
+    """Probes on consecutive instructions: jumps that would cover a neighbour become int3s, and the kernel
+    computes exactly what it computes untraced."""
+    machine = Machine(IMAGE)
+    machine.call("kgtp_bench_loop", 0)
+    tracer = Tracer(machine, "opt")
+    loop = IMAGE.address_of("kgtp_bench_loop")
+    _, start, end = IMAGE.function_bounds(loop)
+    from kgtp_sim.tracing.probes import decode
+
+    sites = [i.address for i in decode(IMAGE.read_code(start, end - start), start)][:6]
+    for number, address in enumerate(sites, start=1):
+        tracer.definitions.define(t.DefineTracepoint.parse(b"%d:%x:E:0:0-" % (number, address)))
+        tracer.definitions.add_actions(t.TracepointActions.parse(b"%d:%x:R01ffff" % (number, address)))
+    before = machine.read_symbol("kgtp_counter")
+    tracer.start()
+    kinds = {item.site.address: item.native.kind for item in tracer.installed.values()}
+    machine.call("kgtp_bench_loop", 25)
+    tracer.stop(t.StopReason.STOP_COMMAND)
+    assert machine.read_symbol("kgtp_counter") == before + 25
+    assert "int3" in kinds.values()  # neighbours forced some probes to trap instead of jump
+    assert all(machine.read_memory(a, 1) == IMAGE.read_code(a, 1) for a in sites)
+    assert {f.tracepoint for f in tracer.frames()} == set(range(1, len(sites) + 1))  # every probe fired
+
+
+@pytest.mark.parametrize("engine", ["interp", "opt"])
+def test_two_tracepoints_at_one_address_both_collect(engine):
+    """GDB allows it (a reconnecting GDB uploads the target's tracepoint, the user adds another there)."""
+    machine = Machine(IMAGE)
+    machine.call("kgtp_bench_loop", 0)
+    tracer = Tracer(machine, engine)
+    odd = b":X%x,%s" % (len(COND_TRUE_ODD), COND_TRUE_ODD.hex().encode())
+    tracer.definitions.define(t.DefineTracepoint.parse(b"1:%x:E:0:0%s-" % (SITE, odd)))
+    tracer.definitions.add_actions(t.TracepointActions.parse(b"1:%x:R01ffff" % SITE))
+    tracer.definitions.define(t.DefineTracepoint.parse(b"2:%x:E:0:0-" % SITE))
+    tracer.definitions.add_actions(t.TracepointActions.parse(b"2:%x:M-1,%x,8" % (SITE, IMAGE.address_of("kgtp_counter"))))
+    tracer.start()
+    machine.call("kgtp_bench_loop", 10)
+    frames = tracer.frames()
+    tracer.stop(t.StopReason.STOP_COMMAND)
+    assert [f.tracepoint for f in frames].count(1) == 5 and [f.tracepoint for f in frames].count(2) == 10
+    assert machine.read_memory(SITE, 8) == IMAGE.read_code(SITE, 8)
