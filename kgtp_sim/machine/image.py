@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import io
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,6 +79,8 @@ class KernelImage:
         self._functions = [s for s in self._sized if s.type == "FUNC"]
         self._function_starts = [s.address for s in self._functions]
         self.markers: tuple[Marker, ...] = ()
+        #: (faulting instruction, fixup) pairs of the kernel's __ex_table: instructions that may fault by design
+        self.exception_table: tuple[tuple[int, int], ...] = ()
 
     # ---- loading ---------------------------------------------------------------------------------------------
 
@@ -149,6 +152,10 @@ class KernelImage:
             text_lo, text_hi = min(s.vaddr for s in executable), max(s.end for s in executable)
 
         image = cls(path, elf["e_entry"], tuple(segments), symbols, (text_lo, text_hi), sections)
+        if "__ex_table" in sections:
+            address, size = sections["__ex_table"]
+            raw_table = image.read(address, size - size % 16)
+            image.exception_table = tuple(struct.iter_unpack("<QQ", raw_table))
         if MARKER_SECTION in sections:
             address, size = sections[MARKER_SECTION]
             image.markers = parse_markers(image.read(address, size), image.read, image.read_string, address)

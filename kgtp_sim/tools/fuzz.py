@@ -511,6 +511,14 @@ class Harness:
             raise FuzzFailure(f"QTFrame:ffffffff answered {replies!r}")
         return self.read_jiffies()
 
+    def recover(self) -> None:
+        """After a failure: a new session, and the trace definitions cleared (a failure may be sticky)."""
+        self.reconnect()
+        try:
+            self.request(b"QTinit")
+        except FuzzFailure:
+            pass
+
     def _tidy(self) -> None:
         """Keep a long run fast: undo settings that only slow the kernel down, forget piles of tracepoints."""
         if self.session.closing:
@@ -583,47 +591,68 @@ def build_stub(engine: str = "opt"):
 # ---- the campaign ----------------------------------------------------------------------------------------------
 
 
-def campaign(seconds: float, seed: int, report: Callable[[str], None] = print) -> tuple[Figures, float, list[str]]:
+def signature(failure: str) -> str:
+    """A failure's kind, with the numbers that vary between occurrences taken out."""
+    return re.sub(r"0x[0-9a-f]+|\d+", "N", failure.split(" answering ")[0])[:160]
+
+
+@dataclass
+class Failure:
+    message: str
+    history: list[tuple[str, bytes]]  # the inputs that led to it, oldest first (state carries over)
+    count: int = 1
+
+
+def campaign(seconds: float, seed: int, report: Callable[[str], None] = print) -> tuple[Figures, float, list[Failure]]:
     stub = build_stub()
     harness = Harness(stub)
     generator = Generator(reachable_packet_classes(stub.dispatcher), seed_packets(),
                           Vocabulary.from_image(stub.machine.image))
     rng = random.Random(seed)
-    failures: list[str] = []
+    failures: dict[str, Failure] = {}
+    history: list[tuple[str, bytes]] = []
     started = time.monotonic()
     next_report = started + 10
+
+    def failed(message: str) -> None:
+        harness.figures.crashes += 1
+        key = signature(message)
+        if key in failures:
+            failures[key].count += 1
+        else:
+            failures[key] = Failure(message, list(history))
+            report(f"FAILURE: {message}")
+
     try:
         while time.monotonic() - started < seconds:
-            case_seed = rng.getrandbits(64)
-            case = random.Random(case_seed)
+            source, payload = generator.packet(rng)
             try:
-                if case.random() < 0.85:
-                    source, payload = generator.packet(case)
+                if rng.random() < 0.85:
+                    history.append((source, payload))
                     harness.packet(payload, source)
                 else:
-                    source, payload = generator.packet(case)
-                    harness.raw(damaged_frame(case, payload) if case.random() < 0.9 else oversized(case, 1 << 16))
+                    wire = damaged_frame(rng, payload) if rng.random() < 0.9 else oversized(rng, 1 << 16)
+                    history.append(("wire", wire))
+                    harness.raw(wire)
             except FuzzFailure as failure:
-                harness.figures.crashes += 1
-                failures.append(f"case seed {case_seed:#x}: {failure}")
-                report(f"FAILURE (case seed {case_seed:#x}): {failure}")
-                harness.reconnect()
+                failed(str(failure))
+                harness.recover()
+            del history[:-40]
             if time.monotonic() >= next_report:
                 next_report += 10
                 f = harness.figures
                 report(f"  {time.monotonic() - started:6.0f}s  packets {f.packets}  errors {f.answered_error}  "
-                       f"crashes {f.crashes}")
+                       f"crashes {f.crashes} ({len(failures)} kinds)")
         try:
             final_jiffies = harness.kernel_alive()
         except FuzzFailure as failure:
-            harness.figures.crashes += 1
-            failures.append(str(failure))
+            failed(str(failure))
             final_jiffies = -1
         harness.figures.by_source["jiffies advanced"] = final_jiffies - harness.first_jiffies
     finally:
         harness.close()
         stub.machine.shutdown()
-    return harness.figures, time.monotonic() - started, failures
+    return harness.figures, time.monotonic() - started, list(failures.values())
 
 
 def format_figures(figures: Figures, elapsed: float, seed: int) -> str:
@@ -648,14 +677,17 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/fuzz", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=180, help="how long to run (default: 180)")
     parser.add_argument("--seed", type=int, default=None, help="campaign seed (default: random, printed)")
+    parser.add_argument("--history", type=int, default=12, help="inputs shown before each failure (default: 12)")
     args = parser.parse_args(list(argv) if argv is not None else None)
     seed = args.seed if args.seed is not None else random.SystemRandom().getrandbits(32)
-    logging.basicConfig(level=logging.CRITICAL)  # the stub logs every refusal at INFO; failures are caught above
+    logging.getLogger().addHandler(logging.NullHandler())  # failures are caught and reported by the harness
     print(f"fuzz: {args.seconds:.0f} s against an in-process stub with a running kernel (seed {seed})", flush=True)
     figures, elapsed, failures = campaign(args.seconds, seed)
     print(format_figures(figures, elapsed, seed))
-    for failure in failures[:20]:
-        print("  " + failure)
+    for failure in failures:
+        print(f"\n{failure.count} x {failure.message}\n  the last inputs before it (oldest first):")
+        for source, payload in failure.history[-args.history:]:
+            print(f"    {source:12} {payload[:160]!r}")
     return 1 if failures else 0
 
 

@@ -89,12 +89,14 @@ class DetourPlan:
     runtime: Runtime
     condition: int | None  # entry of the compiled condition
     collect_registers: bool
-    actions: tuple[tuple[int | None, bool], ...]  # (entry, memory faults tolerated); None = $_sdata hypercall
+    actions: tuple[tuple[int | None, bool, bool], ...]  # (entry, faults lose a block, loops); None = $_sdata
     max_frame: int  # bytes of blocks a frame may take
     pass_count: int
     builtin_slots: tuple[tuple[int, str], ...]  # (tsv number, how to compute) refreshed at entry
     current_symbol: int  # address of the kernel's `current` (for $current_task*)
     reads_segments: bool = False  # some bytecode reads cs..gs (`reg` 18..23)
+    condition_loops: bool = False  # the condition has backward jumps: its loop budget is reset per evaluation
+    loop_budget: int = 10000
     fast: FastPath | None = None
     fast_tail_address: int = 0  # where FastPath.tail sits (the full path ends there too)
 
@@ -167,8 +169,10 @@ def _fast_path(plan: DetourPlan) -> list[str]:
     for name in fast.stores:
         lines.append(f"mov %{name}, {amd64.OFFSETS[amd64.REGISTER_INDEX[name]]:#x}(%rsp)")
     lines.append("mov %rsp, %rdi")
-    if fast.needs_ctx:
+    if fast.needs_ctx or plan.condition_loops:
         lines.append(f"movabs ${plan.ctx:#x}, %rsi")
+    if plan.condition_loops:
+        lines.append(f"movq ${plan.loop_budget:#x}, {abi.CTX_LOOP_BUDGET:#x}(%rsi)")
     lines.append(f"call {plan.condition:#x}")
     if fast.can_fail:
         lines += [f"cmpq $0x0, {abi.CTX_ERROR:#x}(%rsi)", "jne fast_slow"]
@@ -207,6 +211,8 @@ def build(plan: DetourPlan, base: int) -> Detour:
         lines.append(f"incq counters+{FIRED:#x}(%rip)")
     lines += _builtins(plan)
     if plan.condition is not None:
+        if plan.condition_loops:
+            lines.append(f"movq ${plan.loop_budget:#x}, {abi.CTX_LOOP_BUDGET:#x}(%rsi)")
         lines += [
             "mov %rsp, %rdi",
             f"movabs ${plan.condition:#x}, %rax",
@@ -248,10 +254,12 @@ def build(plan: DetourPlan, base: int) -> Detour:
             f"movabs ${ctx:#x}, %rsi",
             f"mov %rdi, {abi.CTX_TRACE_PTR:#x}(%rsi)",
         ]
-    for index, (entry, fault_tolerant) in enumerate(plan.actions):
+    for index, (entry, fault_tolerant, loops) in enumerate(plan.actions):
         if entry is None:  # $_sdata: a hypercall writes the entry at ctx.trace_ptr
             lines += ["int3", f"movabs ${ctx:#x}, %rsi"]
             continue
+        if loops:
+            lines.append(f"movq ${plan.loop_budget:#x}, {abi.CTX_LOOP_BUDGET:#x}(%rsi)")
         lines += [
             "mov %rsp, %rdi",
             f"movabs ${entry:#x}, %rax",
@@ -303,7 +311,7 @@ def build(plan: DetourPlan, base: int) -> Detour:
     # The hypercall int3s, in source order: [pass_call,] error_call, full_call (decoded, so an 0xcc inside an
     # immediate is never mistaken for one).
     calls = [insn.address for insn in decode(code[COUNTERS.size :], entry) if insn.mnemonic == "int3"]
-    sdata = sum(1 for entry, _ in plan.actions if entry is None)
+    sdata = sum(1 for entry, *_ in plan.actions if entry is None)
     sdata_calls, calls = tuple(calls[:sdata]), calls[sdata:]
     if plan.pass_count:
         pass_call, error_call, full_call = calls

@@ -33,7 +33,7 @@ from .frames import MemoryBlock, RegisterBlock, StaticBlock, TraceFrame, TsvBloc
 from .sdata import build_entry, render
 from .model import Definitions, Tracepoint
 from .probes import INT3, ProbePlacementError, ProbeSite, jump, plan_probe, relocate, relocated_size_bound
-from .ring import CTL_BYTES, Ring
+from .ring import BLOCKS_AT, CTL_BYTES, Ring
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +146,7 @@ class Tracer:
         self.installed: dict[tuple[int, int], Installed] = {}
         self._stopped_installed: dict[tuple[int, int], Installed] = {}
         self._stepper: int | None = None  # code hook while a hit is being single-stepped
+        self._room = 4 * MAX_COLLECT
         self._int3_sites: dict[int, tuple[int, list[Installed]]] = {}  # address -> (out-of-line copy, its tracepoints)
         self._frames_cache: tuple[tuple[int, int, int, int], list[TraceFrame]] | None = None
         self.ring: Ring | None = None
@@ -196,6 +197,7 @@ class Tracer:
         self.values = {n: v.initial for n, v in self.definitions.variables.items()}
         self.installed = {}
         self._stopped_installed = {}
+        self._room = self.frame_room()
         self._start_native()
         try:
             for item in prepared:
@@ -234,6 +236,12 @@ class Tracer:
         self.stopping_tracepoint = tracepoint
         self.stop_time = _now_us()
         log.info("tracing stopped: %s", reason.name)
+
+    def frame_room(self) -> int:
+        """Bytes of blocks one frame may hold, in every engine: four full-size collections, at most half the
+        ring (the most one entry may take)."""
+        size = self.ring.state().size if self.ring is not None else self.definitions.buffer_size
+        return min(4 * MAX_COLLECT, size // 2 - BLOCKS_AT - 8)
 
     def marker_at(self, address: int) -> Marker | None:
         return next((m for m in self.machine.image.markers if m.site == address), None)
@@ -415,6 +423,7 @@ class Tracer:
         probe = native.build(
             item.site, tp.number, item.condition, item.actions, tp.pass_count, slots,
             self.machine.image.address_of("current"), lambda code: verify(code), marker=item.marker,
+            frame_room=self.frame_room(),
         )
         item.native = probe
         detour = probe.detour
@@ -507,7 +516,7 @@ class Tracer:
         regs = self._registers.read(uc)
         regs[amd64.PC_REGNUM] = item.site.address
         regs[amd64.REGISTER_INDEX["eflags"]] &= 0xFFFFFFFF
-        hit = HitContext(uc, regs, self, marker=item.marker)
+        hit = HitContext(uc, regs, self, room=self._room, marker=item.marker)
         tp = item.tracepoint
         if item.condition is not None:
             result = evaluate(item.condition, hit)
@@ -595,7 +604,7 @@ class Tracer:
         regs = self._registers.read(uc)
         regs[amd64.PC_REGNUM] = address
         regs[amd64.REGISTER_INDEX["eflags"]] &= 0xFFFFFFFF
-        hit = HitContext(uc, regs, self)
+        hit = HitContext(uc, regs, self, room=self._room)
         has_registers = False
         for action, program in item.stepping:
             if program is not None:

@@ -22,6 +22,7 @@ from ..agent import abi
 from ..agent.compile_naive import compile_naive
 from ..agent.compile_opt import compile_opt
 from ..agent.compiled import CompiledExpr, fault_fixup
+from ..agent.interp import DEFAULT_LOOP_BUDGET
 from ..agent.opcodes import OpClass
 from ..agent.verify import Program
 from ..arch import amd64
@@ -43,8 +44,6 @@ def faults_lose_a_block(program: Program) -> bool:
 
 ENGINES = ("interp", "naive", "opt")
 COMPUTED_BUILTINS = {b.number for b in BUILTIN_VARIABLES if b.computed}
-#: Bytes an expression action may append to a frame when its size cannot be known before the hit.
-EXPRESSION_BUDGET = 0x1000
 
 
 @dataclass
@@ -79,7 +78,7 @@ class NativeRun:
         self.code_regions = [(base, base + size)]
 
     def reset(self, initial: dict[int, int]) -> None:
-        context = abi.AgentCtx(tsv_base=self.tsv_array, loop_budget=0x10000)
+        context = abi.AgentCtx(tsv_base=self.tsv_array, loop_budget=DEFAULT_LOOP_BUDGET)
         values = [initial.get(n, 0) & (2**64 - 1) for n in range(self.tsv_slots)]
         self.machine.write_memory(self.ctx, context.pack() + struct.pack(f"<{self.tsv_slots}Q", *values))
 
@@ -117,6 +116,7 @@ class NativeRun:
         current_symbol: int,
         verify,
         marker=None,
+        frame_room: int = 0x1000,
     ) -> NativeProbe:
         compiled: list[CompiledExpr] = []
         cond_entry = None
@@ -124,7 +124,7 @@ class NativeRun:
             compiled.append(self._compile(condition))
             cond_entry = compiled[-1].entry
         collect_registers = False
-        entries: list[tuple[int | None, bool]] = []
+        entries: list[tuple[int | None, bool, bool]] = []
         max_frame = 0
         for action, program in actions:
             if isinstance(action, t.CollectRegisters):
@@ -135,18 +135,21 @@ class NativeRun:
                 program = verify(d.collect_memory_bytecode(action.basereg, action.offset, action.length))
                 max_frame += 11 + min(action.length, 0xFFFF)
             elif isinstance(action, t.EvalExpression):
-                max_frame += EXPRESSION_BUDGET
+                max_frame += frame_room  # what the interpreter allows a frame, so both engines record the same
             elif isinstance(action, t.CollectStaticData) and marker is not None:
-                entries.append((None, False))  # a hypercall builds the entry (Python), in action order
+                entries.append((None, False, False))  # a hypercall builds the entry (Python), in action order
                 max_frame += 3 + marker.entry_size
                 continue
             else:
                 continue
             compiled.append(self._compile(program))
-            entries.append((compiled[-1].entry, isinstance(action, t.CollectMemory) or faults_lose_a_block(program)))
+            entries.append((compiled[-1].entry, isinstance(action, t.CollectMemory) or faults_lose_a_block(program),
+                            bool(program.backward_jumps)))
         plan = d.DetourPlan(
             site.address, number, self.ctx, self.runtime, cond_entry, collect_registers,
-            tuple(entries), max(max_frame, 8), pass_count, builtin_slots, current_symbol,
+            tuple(entries), max(min(max_frame, frame_room), 8), pass_count, builtin_slots, current_symbol,
+            condition_loops=condition is not None and bool(condition.backward_jumps),
+            loop_budget=DEFAULT_LOOP_BUDGET,
             reads_segments=any(
                 insn.name == "reg" and insn.operands[0] >= amd64.REGISTER_INDEX["cs"]
                 for program in ([condition] if condition else []) + [p for _, p in actions if p]
@@ -197,7 +200,7 @@ class NativeRun:
             stores=tuple(n for n in order if n in stores),
             restores=tuple(n for n in order if n in clobbered),
             needs_ctx=reads_rsi,
-            can_fail=fastpath.can_fail(condition),
+            can_fail=fastpath.can_fail(condition) or bool(condition.backward_jumps),
             flags_live=fastpath.flags_live_at(site.displaced),
             save_flags=flags_recorded,
             tail=b"",

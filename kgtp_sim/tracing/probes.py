@@ -8,7 +8,9 @@ back. That is only correct when nothing can land inside the covered bytes, so a 
 - the five bytes would run past the end of the function;
 - another instruction of the function branches into the covered bytes (after the first);
 - the function has an indirect jump (a jump table could target the covered bytes: we cannot know);
-- a call or software interrupt sits inside the window but not last (its return address would point inside).
+- a call or software interrupt sits inside the window but not last (its return address would point inside);
+- an instruction of the window is in the kernel's exception table, or a fixup target lies inside the window
+  (any probe: such an instruction faults by design and its fixup is found by its own address).
 
 An int3 probe covers one instruction and only needs the first rule. Relocation rewrites RIP-relative operands
 and relative branches for the new address; calls become `push return; jmp target` so the return address on the
@@ -137,9 +139,12 @@ def plan_probe(source: CodeSource, address: int, kind: str) -> ProbeSite:
     """Check `address` for a probe of `kind` ("jump" or "int3") and return what it displaces."""
     name, _start, end, instructions = _function_instructions(source, address)
     index = next(i for i, insn in enumerate(instructions) if insn.address == address)
+    table = getattr(source, "exception_table", ())
+    faulting = {insn for insn, _ in table}
     if kind == "int3":
         displaced = (instructions[index],)
         _check_relocatable(displaced, name)
+        _check_not_faulting(displaced, faulting, name)
         return ProbeSite(address, name, "int3", displaced, displaced[0].code[:1])
     if kind != "jump":
         raise ValueError(kind)
@@ -154,6 +159,10 @@ def plan_probe(source: CodeSource, address: int, kind: str) -> ProbeSite:
     if covered < JUMP_SIZE or address + covered > end:
         raise ProbePlacementError(f"a 5-byte jump at {address:#x} would cross the end of {name}")
     inside = {insn.address for insn in window[1:]}
+    _check_not_faulting(tuple(window), faulting, name)
+    fixups = {fixup for _, fixup in table}
+    if inside & fixups:
+        raise ProbePlacementError(f"a 5-byte jump at {address:#x} would cover an exception fixup target")
     for insn in instructions:
         if insn.indirect_jump:
             raise ProbePlacementError(f"{name} has an indirect jump ({insn}); a jump probe there is unsafe")
@@ -169,6 +178,15 @@ def plan_probe(source: CodeSource, address: int, kind: str) -> ProbeSite:
     _check_relocatable(tuple(window), name)
     original = source.read_code(address, covered)
     return ProbeSite(address, name, "jump", tuple(window), original)
+
+
+def _check_not_faulting(instructions: tuple[Instruction, ...], faulting: set[int], function: str) -> None:
+    """An instruction in the kernel's exception table faults on purpose and is fixed up by its address: run
+    out of line it would fault at the copy's address, no fixup would match, and the kernel would die."""
+    for insn in instructions:
+        if insn.address in faulting:
+            raise ProbePlacementError(f"{insn} in {function} is in the kernel's exception table (it may fault "
+                                      "by design); it cannot run out of line")
 
 
 def _check_relocatable(instructions: tuple[Instruction, ...], function: str) -> None:
