@@ -331,29 +331,13 @@ class Tracer:
             condition = verify(tp.condition, tsv_slots=tsv_slots, require_value=True) if tp.condition else None
         except BytecodeError as error:
             raise TraceError(f"{where}: condition rejected: {error}") from None
-        actions: list[tuple[t.Action, Program | None]] = []
-        for action in tp.actions:
-            program = None
-            if isinstance(action, t.EvalExpression):
-                try:
-                    program = verify(action.bytecode, tsv_slots=tsv_slots)
-                except BytecodeError as error:
-                    raise TraceError(f"{where}: action rejected: {error}") from None
-            actions.append((action, program))
+        actions = _verified(tp.actions, tsv_slots, f"{where}: action")
         bt = BUILTIN_VARIABLES.by_name("bt").number
         if any(p is not None and any(i.name == "tracev" and i.operands[0] == bt for i in p.insns) for _, p in actions):
             # KGTP's `collect $bt`: also record $bt bytes of stack from rsp, so GDB can unwind the frame
             stack = bytes((0x26, 0x00, 0x07, 0x2C)) + bt.to_bytes(2, "big") + bytes((0x0C, 0x27))
             actions.append((t.EvalExpression(stack), verify(stack, tsv_slots=tsv_slots)))
-        stepping: list[tuple[t.Action, Program | None]] = []
-        for action in tp.stepping_actions:
-            program = None
-            if isinstance(action, t.EvalExpression):
-                try:
-                    program = verify(action.bytecode, tsv_slots=tsv_slots)
-                except BytecodeError as error:
-                    raise TraceError(f"{where}: while-stepping action rejected: {error}") from None
-            stepping.append((action, program))
+        stepping = _verified(tp.stepping_actions, tsv_slots, f"{where}: while-stepping action")
         if tp.step_count and tp.fast_insn_length is not None:
             raise TraceError(f"{where}: while-stepping needs single-stepping; use trace, not ftrace")
         marker = None
@@ -705,6 +689,20 @@ __all__ = ["Tracer", "TraceError", "struct"]
 
 
 _COMPUTED = {b.number: b.name for b in BUILTIN_VARIABLES if b.computed}
+
+
+def _verified(actions: list[t.Action], tsv_slots: int, what: str) -> list[tuple[t.Action, Program | None]]:
+    """Each action with its verified program (expressions only); bad bytecode fails tstart with a message."""
+    out: list[tuple[t.Action, Program | None]] = []
+    for action in actions:
+        program = None
+        if isinstance(action, t.EvalExpression):
+            try:
+                program = verify(action.bytecode, tsv_slots=tsv_slots)
+            except BytecodeError as error:
+                raise TraceError(f"{what} rejected: {error}") from None
+        out.append((action, program))
+    return out
 
 
 def builtin_slots(programs: list[Program]) -> tuple[tuple[int, str], ...]:
