@@ -40,6 +40,7 @@ from unicorn import (
     UC_ARCH_X86,
     UC_CTL_IO_WRITE,
     UC_CTL_TLB_FLUSH,
+    UC_HOOK_BLOCK,
     UC_HOOK_CODE,
     UC_HOOK_INSN,
     UC_HOOK_INSN_INVALID,
@@ -210,6 +211,26 @@ class FastRegisters:
             raise MachineError(f"cannot write register {reg}")
 
 
+def _native_hook(uc: Uc, kind: int, code: bytes, user_data: ctypes.c_void_p) -> tuple[object, mmap.mmap] | None:
+    """Add a hook whose callback is machine code (no Python per call): `code` is placed in an executable page
+    and called with the callback's C arguments, user_data in rcx. None where W+X mappings are refused."""
+    try:
+        from unicorn.unicorn_py3.arch.types import uc_hook_h
+        from unicorn.unicorn_py3.unicorn import HOOK_CODE_CFUNC, uclib
+
+        page = mmap.mmap(-1, PAGE_SIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        page.write(code)
+        address = ctypes.addressof(ctypes.c_char.from_buffer(page))
+        handle = uc_hook_h()
+        status = uclib.uc_hook_add(
+            uc._uch, ctypes.byref(handle), kind, ctypes.cast(address, HOOK_CODE_CFUNC), user_data,
+            ctypes.c_uint64(1), ctypes.c_uint64(0),
+        )
+    except (OSError, ValueError, ImportError, AttributeError):
+        return None
+    return (handle, page) if status == 0 else None
+
+
 class InstructionCounter:
     """Counts every executed instruction with a native UC_HOOK_CODE callback: `inc qword [rcx]; ret`.
 
@@ -221,34 +242,51 @@ class InstructionCounter:
 
     def __init__(self, uc: Uc) -> None:
         self.value_cell = ctypes.c_uint64(0)
-        self.available = False
-        self._handle = None
-        try:
-            from unicorn.unicorn_py3.arch.types import uc_hook_h
-            from unicorn.unicorn_py3.unicorn import HOOK_CODE_CFUNC, uclib
-
-            self._page = mmap.mmap(-1, PAGE_SIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
-            self._page.write(self.CODE)
-            address = ctypes.addressof(ctypes.c_char.from_buffer(self._page))
-            handle = uc_hook_h()
-            status = uclib.uc_hook_add(
-                uc._uch,
-                ctypes.byref(handle),
-                UC_HOOK_CODE,
-                ctypes.cast(address, HOOK_CODE_CFUNC),
-                ctypes.cast(ctypes.byref(self.value_cell), ctypes.c_void_p),
-                ctypes.c_uint64(1),
-                ctypes.c_uint64(0),
-            )
-            if status == 0:
-                self._handle = handle
-                self.available = True
-        except (OSError, ValueError, ImportError, AttributeError):
-            self.available = False
+        self._hook = _native_hook(uc, UC_HOOK_CODE, self.CODE, ctypes.cast(ctypes.byref(self.value_cell), ctypes.c_void_p))
+        self.available = self._hook is not None
 
     @property
     def value(self) -> int:
         return self.value_cell.value
+
+
+class _StopCell(ctypes.Structure):
+    _fields_ = [("requested", ctypes.c_uint64), ("emu_stop", ctypes.c_void_p)]
+
+
+class BlockStopper:
+    """Ends emulation at the next block boundary on behalf of other threads.
+
+    `uc.emu_stop()` called from another thread is not safe: it can end a translation block in the middle
+    while QEMU resumes from the block's first instruction, so the instructions already run execute twice (an
+    `inc` counted twice, a `push` doubled; measured with two counters in one block). A stop requested from
+    inside a hook on the CPU thread is exact. So other threads only raise a flag; a native UC_HOOK_BLOCK
+    callback (`cmp [rcx], 0; jne; ret; jmp *uc_emu_stop`) sees it at the next block's start, before any of
+    its instructions ran, and calls uc_emu_stop from the CPU thread. Without W+X pages, a Python block hook
+    does the same, slower.
+    """
+
+    CODE = bytes.fromhex("488339007501c3ff6108")
+
+    def __init__(self, uc: Uc) -> None:
+        from unicorn.unicorn_py3.unicorn import uclib
+
+        self._cell = _StopCell(0, ctypes.cast(uclib.uc_emu_stop, ctypes.c_void_p).value)
+        self._hook = _native_hook(uc, UC_HOOK_BLOCK, self.CODE, ctypes.cast(ctypes.byref(self._cell), ctypes.c_void_p))
+        if self._hook is None:
+            uc.hook_add(UC_HOOK_BLOCK, self._python_check)
+
+    def request(self) -> None:
+        """From any thread: end emulation at the next block boundary (kept until `clear`)."""
+        self._cell.requested = 1
+
+    def clear(self) -> None:
+        """On the CPU thread, before emulation starts: forget requests already served."""
+        self._cell.requested = 0
+
+    def _python_check(self, uc: Uc, _address: int, _size: int, _data: object) -> None:
+        if self._cell.requested:
+            uc.emu_stop()
 
 
 class Cpu:
@@ -289,6 +327,7 @@ class Cpu:
         uc.hook_add(UC_HOOK_INSN, self._on_out, None, 1, 0, X.UC_X86_INS_OUT)
         uc.hook_add(UC_HOOK_INSN, self._on_in, None, 1, 0, X.UC_X86_INS_IN)
         self.counter = InstructionCounter(uc)
+        self.stopper = BlockStopper(uc)
         self.regs = FastRegisters(uc)
         self._reset(image.entry)
 
@@ -368,6 +407,11 @@ class Cpu:
     @property
     def rip(self) -> int:
         return self.regs.read(X.UC_X86_REG_RIP)
+
+    @property
+    def in_emulation(self) -> bool:
+        """Inside emu_start (a hook is running): the CPU cannot be stepped from here."""
+        return self._in_emulation
 
     # ---- interrupt delivery ------------------------------------------------------------------------------
 
@@ -503,9 +547,16 @@ class Cpu:
 
     # ---- running -----------------------------------------------------------------------------------------
 
-    def run(self, until: int = NO_EXIT, count: int = 0) -> Stop:
-        """Run from RIP until hlt, a stop request, `until`, `count` instructions, or a memory fault (handled)."""
+    def run(self, until: int = NO_EXIT, count: int = 0, keep_stop_request: bool = False) -> Stop:
+        """Run from RIP until hlt, a stop request, `until`, `count` instructions, or a memory fault (handled).
+
+        A stop requested before the run began is forgotten: it was for whoever called run (a run nested in a
+        posted request would otherwise end at once, forever). The machine's loop, which clears it under its
+        lock so no request is lost, passes keep_stop_request.
+        """
         uc = self.uc
+        if not keep_stop_request:
+            self.stopper.clear()
         self._fault = None
         self._error = None
         begin = self.regs.read(X.UC_X86_REG_RIP)

@@ -1,10 +1,12 @@
 """The machine: the CPU on its own thread, a timer, idle sleeping, and coherent access for the debugger.
 
 Threading model. Only the CPU thread touches unicorn while the machine runs. Everyone else posts a function
-with `run_on_cpu(fn)`: the poster sets a flag and calls `uc.emu_stop()`; emulation ends at the next block
-boundary, the CPU thread runs the posted functions (so a read never sees half an instruction's effects) and
-resumes. A ticker thread does the same for timer ticks. `emu_stop()` is lost when it lands just before
-`emu_start()` begins, so posters repeat it until served (every 2 ms); it is never lost for long.
+with `run_on_cpu(fn)`: the poster queues it and asks the CPU's BlockStopper for a stop, which ends emulation at
+the next block boundary (never `uc.emu_stop()` from another thread: that can replay half a block, see
+cpu.BlockStopper); the CPU thread runs the posted functions (so a read never sees half an instruction's
+effects) and resumes. A ticker thread does the same for timer ticks. The request is a flag that stays set
+until the CPU thread clears it on entering emulation, so it cannot be lost; posters still repeat it while
+they wait (every 2 ms), which costs nothing.
 
 Idle. `hlt` ends `emu_start`; the CPU thread then sleeps on a condition variable until a tick or a request,
 so an idle kernel costs no host CPU beyond its ticks.
@@ -151,7 +153,7 @@ class Machine:
         self._ticker_wake.set()
         if self._thread is not None:
             while self._thread.is_alive():
-                self.uc.emu_stop()
+                self.cpu.stopper.request()
                 self._thread.join(0.05)
         if self._ticker is not None:
             self._ticker.join()
@@ -201,8 +203,9 @@ class Machine:
                 if self._requests or self._stopping or self._kicked:
                     continue
                 self._in_emu = True
+                cpu.stopper.clear()  # every stop asked so far was served; a later kick sets it again
             try:
-                stop = cpu.run()
+                stop = cpu.run(keep_stop_request=True)
             except (MachineError, Exception) as error:  # noqa: BLE001 - a crashed kernel stays inspectable
                 stop = None
                 self._crashed(error)
@@ -220,13 +223,12 @@ class Machine:
         log.error("machine stopped: %s", self._crash)
 
     def _kick(self) -> None:
-        """Make the CPU thread come round its loop soon (see the module docstring about lost stops)."""
+        """Make the CPU thread come round its loop soon: a stop at the next block boundary if it is emulating."""
         with self._cond:
             self._kicked = True
-            in_emu = self._in_emu
+            if self._in_emu:
+                self.cpu.stopper.request()
             self._cond.notify_all()
-        if in_emu:
-            self.uc.emu_stop()
 
     def _tick_loop(self) -> None:
         next_tick = time.monotonic() + self._period
@@ -244,7 +246,7 @@ class Machine:
             with self._cond:
                 self._tick_pending = True
             self._kick()
-            # re-kick while the tick waits: the stop may have been lost, or interrupts were off
+            # re-kick while the tick waits: interrupts were off when the CPU came round
             while not self._stopping and self._tick_pending and self._in_emu:
                 remaining = next_tick - time.monotonic()
                 if remaining <= 0:
@@ -430,6 +432,11 @@ class Machine:
         return self.cpu.counter.value if self.cpu.counter.available else -1
 
     def stats(self) -> MachineStats:
+        """The figures of one instant: gathered on the CPU thread in one trip, so the kernel's counters and the
+        machine's own (ticks delivered, instructions) agree with each other."""
+        return self.run_on_cpu(lambda _uc: self._stats_now())
+
+    def _stats_now(self) -> MachineStats:
         def kernel(name: str) -> int:
             try:
                 return self.read_symbol(name) if name in self.image.symbols else 0

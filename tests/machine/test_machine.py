@@ -274,3 +274,46 @@ def test_allocators_reuse_freed_blocks(image):
     assert machine.alloc_data(50) == a
     with pytest.raises(ValueError):
         machine.free_code(a)
+
+
+def test_stops_asked_by_other_threads_never_replay_instructions():
+    """Other threads' stops (the server's requests, timer ticks) end emulation at a block boundary, exactly.
+
+    A block with two counters bumped in it is run while another thread asks for stops as fast as it can; after
+    thousands of stops and restarts from RIP the two counters agree. (`uc.emu_stop()` from another thread ends
+    a block in the middle and QEMU resumes from the block's start, so the first counter ran ahead.)
+    """
+    from unicorn import UC_ARCH_X86, UC_MODE_64, Uc
+    from unicorn.x86_const import UC_X86_REG_RIP
+
+    from kgtp_sim.machine.cpu import BlockStopper
+
+    code, data = 0x1000, 0x2000
+    body = "; ".join(["loop: inc qword ptr [0x2000]"] + ["nop"] * 20 + ["inc qword ptr [0x2008]"] + ["nop"] * 20)
+    uc = Uc(UC_ARCH_X86, UC_MODE_64)
+    uc.mem_map(code, 0x1000)
+    uc.mem_map(data, 0x1000)
+    uc.mem_write(code, bytes(Ks(KS_ARCH_X86, KS_MODE_64).asm(body + "; jmp loop", code)[0]))
+    stopper = BlockStopper(uc)
+    asking = threading.Event()
+    asking.set()
+
+    def ask_for_stops() -> None:
+        while asking.is_set():
+            stopper.request()
+            time.sleep(0.0001)
+
+    thread = threading.Thread(target=ask_for_stops)
+    thread.start()
+    rip = code
+    try:
+        for _ in range(2000):
+            stopper.clear()
+            uc.emu_start(rip, 0)
+            rip = uc.reg_read(UC_X86_REG_RIP)
+    finally:
+        asking.clear()
+        thread.join()
+    first, second = struct.unpack("<QQ", uc.mem_read(data, 16))
+    assert first > 1000
+    assert first - second in (0, 1)  # 1: stopped between the two
