@@ -37,13 +37,17 @@ def _keystone() -> Ks:
     return _ks
 
 
-def assemble_text(text: str) -> bytes:
-    """Assemble AT&T text at address 0 (no holes). Raises ValueError with the text on failure."""
+def assemble_text(text: str, base: int = 0) -> bytes:
+    """Assemble AT&T text placed at `base` (labels and %rip operands depend on it). Raises ValueError with the
+    text on failure, including the failures keystone reports only by returning no code (an immediate out of
+    range, for one): half a detour must never reach the kernel."""
     with _lock:
         try:
-            encoding, _ = _keystone().asm(text, 0)
+            encoding, _ = _keystone().asm(text, base)
         except KsError as exc:
             raise ValueError(f"keystone cannot assemble {text!r}: {exc}") from None
+    if encoding is None and any(line.strip() and not line.strip().endswith(":") for line in text.splitlines()):
+        raise ValueError(f"keystone cannot assemble {text!r}")
     return bytes(encoding or b"")
 
 

@@ -430,31 +430,7 @@ class Figures:
     reconnects: int = 0
     crashes: int = 0
     by_source: Counter = field(default_factory=Counter)
-    skipped: Counter = field(default_factory=Counter)  # inputs not sent because they hit a known bug
     errors_by_code: Counter = field(default_factory=Counter)
-
-
-#: Bugs found by this fuzzer and pinned by xfail tests; `avoid_known_bugs` steers around them so a run reports
-#: only new ones (scripts/fuzz --include-known-bugs runs into them again).
-KNOWN_BUGS = {
-    "tsv-number": "QTDV number above 0xffff: tstart sizes the TSV array by the largest number (MemoryError, E0f "
-                  "at every later tstart; tests/fuzz/test_packet_fuzz.py)",
-    "tp-number": "QTDP number above 0xffff: frames carry it in 16 bits (interp: the CPU thread dies at the first "
-                 "hit; naive/opt: frames credited to number & 0xffff; tests/fuzz/test_packet_fuzz.py)",
-    "in-flight": "a run stopped or restarted while a hit is inside an out-of-line copy or detour (kernel panic, "
-                 "unreadable frames; tests/tracing/test_probe_sweep.py): such packets are served at a quiescent "
-                 "point instead",
-    "torn-read": "frames read during a run: the ring's control block and bytes are read in two trips to the CPU "
-                 "thread (corrupt entry errors, frames out of order; tests/fuzz/test_packet_fuzz.py): such "
-                 "packets are served with the kernel paused instead",
-    "pass-count": "QTDP pass count of 0x80000000 or more: the native detour cannot be built (E0f at tstart; "
-                  "tests/fuzz/test_packet_fuzz.py)",
-}
-#: Packets that stop, restart or patch a run, or read its frames: served with the kernel paused at a quiescent
-#: point while a run is active (known bugs "in-flight" and "torn-read").
-_QUIESCENT = (b"QTinit", b"QTStart", b"QTStop", b"D", b"k", b"QTDisable:", b"QTEnable:", b"QTDP:", b"QTFrame:",
-              b"qTBuffer:", b"qXfer:traceframe-info", b"qXfer:statictrace", b"qTV:", b"QTSave:", b"qRcmd,")
-_MODULE_SPACE = 0xFFFFFFFFA0000000
 
 
 class Harness:
@@ -463,8 +439,7 @@ class Harness:
     #: definitions above this many are cleared (QTinit) so a long campaign does not slow every tstart down
     MAX_TRACEPOINTS = 16
 
-    def __init__(self, stub, *, started: bool = True, avoid_known_bugs: bool = False) -> None:
-        self.avoid_known_bugs = avoid_known_bugs
+    def __init__(self, stub, *, started: bool = True) -> None:
         self.stub = stub
         self.machine = stub.machine
         self.jiffies = self.machine.image.address_of("jiffies")
@@ -492,72 +467,16 @@ class Harness:
 
     def reconnect(self) -> None:
         """What the server does when GDB goes and another comes."""
-        if self.avoid_known_bugs and self.stub.tracer.running:
-            self._quiescent(self.stub.on_disconnect)
-        else:
-            self.stub.on_disconnect()
+        self.stub.on_disconnect()
         self._connect()
         self.figures.reconnects += 1
 
     # -- wire --
 
-    def known_bug(self, payload: bytes) -> str | None:
-        """Which known bug this packet would trigger now (only when avoiding them)."""
-        if not self.avoid_known_bugs:
-            return None
-        from ..rsp.packets import trace as t
-        from ..rsp.packets.base import PacketError
-
-        found = self.stub.dispatcher.lookup(payload)
-        if found is None:
-            return None
-        cls, body = found
-        try:
-            if cls is t.DefineTraceVariable and cls.parse(body).number > 0xFFFF:
-                return "tsv-number"
-            if cls is t.DefineTracepoint:
-                packet = cls.parse(body)
-                if packet.number > 0xFFFF:
-                    return "tp-number"
-                if packet.pass_count >= 0x80000000:
-                    return "pass-count"
-        except PacketError:
-            return None
-        return None
-
-    def _needs_quiescence(self, data: bytes) -> bool:
-        if not (self.avoid_known_bugs and self.stub.tracer.running):
-            return False
-        payloads = [e.payload for e in Decoder().feed(data) if e.kind is EventKind.PACKET]
-        return any(p.startswith(prefix) for p in payloads for prefix in _QUIESCENT)
-
-    def _quiescent(self, fn: Callable[[], object]) -> object:
-        """Run `fn` on the CPU thread at an instruction where no hit is in flight (RIP outside module space),
-        with the kernel paused for all of it (the stub's own requests then run directly)."""
-        from unicorn.x86_const import UC_X86_REG_RIP
-
-        class Busy(Exception):
-            pass
-
-        def attempt(uc):
-            if uc.reg_read(UC_X86_REG_RIP) >= _MODULE_SPACE:
-                raise Busy
-            return fn()
-
-        for _ in range(10000):
-            try:
-                return self.machine.run_on_cpu(attempt)
-            except Busy:
-                time.sleep(0.0005)
-        raise FuzzFailure("the kernel never left stub code (module space)")
-
     def _feed(self, data: bytes) -> list[bytes]:
         before = len(self.errors.records)
         try:
-            if self._needs_quiescence(data):
-                out = self._quiescent(lambda: self.session.receive(data))
-            else:
-                out = self.session.receive(data)
+            out = self.session.receive(data)
         except Exception as error:  # noqa: BLE001 - exactly what must never happen
             raise FuzzFailure(f"exception escaped the session: {type(error).__name__}: {error}") from error
         if len(self.errors.records) > before:
@@ -623,10 +542,6 @@ class Harness:
 
     def packet(self, payload: bytes, source: str = "") -> list[bytes]:
         """A fuzzed packet: it must be answered, and the session must go on serving."""
-        bug = self.known_bug(payload)
-        if bug is not None:
-            self.figures.skipped[bug] += 1
-            return []
         self.figures.packets += 1
         self.figures.by_source[source] += 1
         replies = self.request(payload)
@@ -648,11 +563,6 @@ class Harness:
 
     def raw(self, data: bytes) -> None:
         """Bytes on the wire with any framing; the session must survive them and serve the next packet."""
-        for event in Decoder().feed(data):
-            bug = self.known_bug(event.payload) if event.kind is EventKind.PACKET else None
-            if bug is not None:
-                self.figures.skipped[bug] += 1
-                return
         self.figures.frames_damaged += 1
         self._feed(data)
         if self.session.waiting_for_interrupt:
@@ -703,9 +613,9 @@ class Failure:
 
 
 def campaign(seconds: float, seed: int, report: Callable[[str], None] = print,
-             avoid_known_bugs: bool = True, dump: Path | None = None) -> tuple[Figures, float, list[Failure]]:
+             dump: Path | None = None) -> tuple[Figures, float, list[Failure]]:
     stub = build_stub()
-    harness = Harness(stub, avoid_known_bugs=avoid_known_bugs)
+    harness = Harness(stub)
     generator = Generator(reachable_packet_classes(stub.dispatcher), seed_packets(),
                           Vocabulary.from_image(stub.machine.image))
     rng = random.Random(seed)
@@ -764,7 +674,7 @@ def campaign(seconds: float, seed: int, report: Callable[[str], None] = print,
     return harness.figures, time.monotonic() - started, list(failures.values())
 
 
-def replay(path: Path, avoid_known_bugs: bool = True, report: Callable[[str], None] = print) -> str | None:
+def replay(path: Path, report: Callable[[str], None] = print) -> str | None:
     """Feed a dumped input history to a fresh stub; returns the first failure (None if it did not recur)."""
     inputs = []
     for line in path.read_text().splitlines():
@@ -772,7 +682,7 @@ def replay(path: Path, avoid_known_bugs: bool = True, report: Callable[[str], No
             source, data = line.split(" ", 1)
             inputs.append((source, bytes.fromhex(data)))
     stub = build_stub()
-    harness = Harness(stub, avoid_known_bugs=avoid_known_bugs)
+    harness = Harness(stub)
     try:
         for index, (source, data) in enumerate(inputs):
             try:
@@ -799,7 +709,6 @@ def format_figures(figures: Figures, elapsed: float, seed: int) -> str:
         f"  reconnects          {f.reconnects}",
         f"  by source           {', '.join(f'{k} {v}' for k, v in f.by_source.items() if k != 'jiffies advanced')}",
         f"  jiffies advanced    {f.by_source.get('jiffies advanced', 0)}",
-        f"  known bugs avoided  {', '.join(f'{k} {v}' for k, v in f.skipped.items()) or 'none'}",
         f"  crashes             {f.crashes}",
     ]
     return "\n".join(lines)
@@ -812,19 +721,16 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--history", type=int, default=12, help="inputs shown before each failure (default: 12)")
     parser.add_argument("--dump", type=Path, default=None, help="write a replayable reproducer per failure kind here")
     parser.add_argument("--replay", type=Path, default=None, help="replay a reproducer written by --dump and exit")
-    parser.add_argument("--include-known-bugs", action="store_true",
-                        help="also send the inputs that trigger the known bugs (see KNOWN_BUGS in this module)")
     args = parser.parse_args(list(argv) if argv is not None else None)
     if args.replay is not None:
         logging.getLogger().addHandler(logging.NullHandler())
-        failure = replay(args.replay, avoid_known_bugs=not args.include_known_bugs)
+        failure = replay(args.replay)
         print("replay: " + ("did not fail" if failure is None else "failed"))
         return 1 if failure else 0
     seed = args.seed if args.seed is not None else random.SystemRandom().getrandbits(32)
     logging.getLogger().addHandler(logging.NullHandler())  # failures are caught and reported by the harness
     print(f"fuzz: {args.seconds:.0f} s against an in-process stub with a running kernel (seed {seed})", flush=True)
-    figures, elapsed, failures = campaign(args.seconds, seed, avoid_known_bugs=not args.include_known_bugs,
-                                          dump=args.dump)
+    figures, elapsed, failures = campaign(args.seconds, seed, dump=args.dump)
     print(format_figures(figures, elapsed, seed))
     for failure in failures:
         print(f"\n{failure.count} x {failure.message}\n  the last inputs before it (oldest first):")

@@ -21,9 +21,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from keystone import KS_ARCH_X86, KS_MODE_64, KS_OPT_SYNTAX_ATT, Ks
-
 from ..agent import abi
+from ..agent.asm import assemble_text
 from ..agent.errors import ErrorCode
 from ..arch import amd64
 from .probes import decode
@@ -36,16 +35,13 @@ BLOCK_BYTES = (abi.REG_BLOCK_BYTES + 7) & ~7
 COUNTERS = struct.Struct("<QQQQ")
 FIRED, HITS, USAGE, FRAME_START = 0x0, 0x8, 0x10, 0x18
 
-_ks = Ks(KS_ARCH_X86, KS_MODE_64)
-_ks.syntax = KS_OPT_SYNTAX_ATT
 _GPR = ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15")
 #: What the compiled code and the ring routines may clobber (SysV caller-saved): restored from the block.
 _CLOBBERED = ("rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11")
 
 
 def assemble(source: str, base: int) -> bytes:
-    code, _ = _ks.asm(source, base)
-    return bytes(code or b"")
+    return assemble_text(source, base)
 
 
 @dataclass(frozen=True)
@@ -288,8 +284,11 @@ def build(plan: DetourPlan, base: int) -> Detour:
         "call *%rax",
     ]
     if plan.pass_count:
+        if plan.pass_count < 1 << 31:  # cmp takes a sign-extended 32-bit immediate
+            lines.append(f"cmpq ${plan.pass_count:#x}, counters+{HITS:#x}(%rip)")
+        else:  # %rax is free again once the commit returned
+            lines += [f"movabs ${plan.pass_count:#x}, %rax", f"cmp %rax, counters+{HITS:#x}(%rip)"]
         lines += [
-            f"cmpq ${plan.pass_count:#x}, counters+{HITS:#x}(%rip)",
             "jb done",
             "pass_call:",
             "int3",

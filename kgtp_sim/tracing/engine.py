@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from unicorn import UC_HOOK_CODE, Uc, UcError
@@ -33,10 +34,14 @@ from .frames import MemoryBlock, RegisterBlock, StaticBlock, TraceFrame, TsvBloc
 from .sdata import build_entry, render
 from .model import Definitions, Tracepoint
 from .probes import INT3, ProbePlacementError, ProbeSite, jump, plan_probe, relocate, relocated_size_bound
+from .retire import RetiredCode
 from .ring import BLOCKS_AT, CTL_BYTES, Ring
 
 log = logging.getLogger(__name__)
 
+#: Bound on the instructions run to let a hit leave the tracer's code before a run changes (a detour with a
+#: looping expression under its loop budget stays far below it).
+MAX_STEPS_TO_FINISH_A_HIT = 2_000_000
 #: Largest memory range one `collect` may record in a frame (GDB never asks for more than 64 KiB at once).
 MAX_COLLECT = 0xFFFF
 
@@ -134,7 +139,7 @@ class Tracer:
         #: trap into it (plain kprobes), e.g. to measure the difference. ftrace always needs the jump.
         self.probe = probe
         self.native: NativeRun | None = None
-        self._retired: list[tuple[int, int]] = []
+        self._retired = RetiredCode(machine)
         self.definitions = Definitions()
         self.running = False
         self.stop_reason = t.StopReason.NOT_RUN
@@ -147,7 +152,8 @@ class Tracer:
         self._stopped_installed: dict[tuple[int, int], Installed] = {}
         self._stepper: int | None = None  # code hook while a hit is being single-stepped
         self._room = 4 * MAX_COLLECT
-        self._int3_sites: dict[int, tuple[int, list[Installed]]] = {}  # address -> (out-of-line copy, its tracepoints)
+        #: address -> (out-of-line copy, its end, the tracepoints sharing the int3)
+        self._int3_sites: dict[int, tuple[int, int, list[Installed]]] = {}
         self._frames_cache: tuple[tuple[int, int, int, int], list[TraceFrame]] | None = None
         self.ring: Ring | None = None
         self._ring_memory: tuple[int, int] | None = None
@@ -186,8 +192,12 @@ class Tracer:
     # ---- run control --------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._between_hits(self._start_now)
+
+    def _start_now(self) -> None:
         if self.running:
-            self.stop(t.StopReason.STOP_COMMAND)
+            self._stop_now(t.StopReason.STOP_COMMAND)
+        self._retired.release()
         prepared = [self._prepare(tp) for tp in self.definitions.tracepoints.values() if tp.enabled]
         self._resolve_overlaps(prepared, [])
         try:
@@ -214,19 +224,49 @@ class Tracer:
         log.info("tracing started with %d probes", len(self.installed))
 
     def _start_native(self) -> None:
-        if self.native is not None:
-            self.native.release()
-            self._retired = self.native.retired
         if self.engine == "interp":
             self.native = None
             return
         assert self.ring is not None
         slots = max(self.definitions.variables, default=0) + 1
-        self.native = NativeRun(self.machine, self.engine, self.ring.ctl, slots, list(self._retired))
+        self.native = NativeRun(self.machine, self.engine, self.ring.ctl, slots)
         self.native.reset(self.values)
 
     def stop(self, reason: t.StopReason, note: str | None = None, tracepoint: int = 0) -> None:
         """End the run (tstop, passcount, error, full buffer, disconnect). Probes go; frames stay."""
+        self._between_hits(lambda: self._stop_now(reason, note, tracepoint))
+
+    def _between_hits(self, change: Callable[[], None]) -> None:
+        """Apply a change to the run's probes or buffer on the CPU thread, with no hit in flight.
+
+        A hit inside a detour (interrupts off) may sit between ring reserve and commit, or before a hypercall
+        int3: removing its breakpoints or re-initializing the ring under it would panic the kernel or corrupt
+        the new run's first entry. So the CPU first runs on, one instruction at a time, until RIP leaves the
+        tracer's code. A change asked for by a hit itself (a hypercall stopping the run) needs no wait: that
+        hit is past its ring work, and the CPU cannot be stepped from inside emulation anyway.
+        """
+
+        def apply(uc: Uc) -> None:
+            if not self.machine.cpu.in_emulation:
+                self._finish_hit_in_flight(uc)
+            change()
+
+        self.machine.run_on_cpu(apply)
+
+    def _finish_hit_in_flight(self, uc: Uc) -> None:
+        regions = self._retired.regions + (self.native.code_regions if self.native is not None else [])
+        regions += [(copy, end) for copy, end, _ in self._int3_sites.values()]
+        cpu = self.machine.cpu
+        for step in range(MAX_STEPS_TO_FINISH_A_HIT):
+            rip = uc.reg_read(UC_X86_REG_RIP)
+            if not any(low <= rip < high for low, high in regions):
+                return
+            if step == 0:
+                uc.ctl_flush_tb()  # blocks translated without a count would run past `count=1`
+            cpu.run(count=1)
+        raise TraceError(f"a hit did not leave the tracer's code within {MAX_STEPS_TO_FINISH_A_HIT} instructions")
+
+    def _stop_now(self, reason: t.StopReason, note: str | None = None, tracepoint: int = 0) -> None:
         if not self.running:
             return
         self._uninstall_all()
@@ -284,10 +324,14 @@ class Tracer:
 
     def disarm(self, key: tuple[int, int]) -> None:
         """Remove one location's probe during a run (QTDisable); its hits and frames stay."""
-        item = self.installed.pop(key, None)
-        if item is not None:
-            self._remove_probe(item)
-            self._stopped_installed[key] = item
+
+        def remove() -> None:
+            item = self.installed.pop(key, None)
+            if item is not None:
+                self._remove_probe(item)
+                self._stopped_installed[key] = item
+
+        self._between_hits(remove)
 
     def _resolve_overlaps(self, new: list[Installed], armed: list[Installed]) -> None:
         """Probes must not patch over each other (as kprobes refuses to optimize over another probe).
@@ -385,11 +429,11 @@ class Tracer:
             body = relocate(site.displaced, out_of_line)
             body += jump(out_of_line + len(body), site.resume_address)
             self.machine.write_memory(out_of_line, body)
-            group = self._int3_sites[site.address] = (out_of_line, [])
-            self.machine.breakpoints[site.address] = lambda uc, items=group[1]: self._hit_all(uc, items)
+            group = self._int3_sites[site.address] = (out_of_line, out_of_line + len(body), [])
+            self.machine.breakpoints[site.address] = lambda uc, items=group[2]: self._hit_all(uc, items)
             self.machine.write_memory(site.address, INT3)
         item.out_of_line = group[0]
-        group[1].append(item)
+        group[2].append(item)
         self.installed[item.tracepoint.key] = item
 
     def _hit_all(self, uc: Uc, items: list[Installed]) -> None:
@@ -471,20 +515,21 @@ class Tracer:
             item.fired, item.hits, item.usage = self.native.counters(probe)
             return
         group = self._int3_sites.get(item.site.address)
-        if group is not None and item in group[1]:
-            group[1].remove(item)
-            if group[1]:
+        if group is not None and item in group[2]:
+            group[2].remove(item)
+            if group[2]:
                 return  # other tracepoints still use this int3
             del self._int3_sites[item.site.address]
         self.machine.write_memory(item.site.address, item.site.original)
         self.machine.breakpoints.pop(item.site.address, None)
-        self.machine.free_code(item.out_of_line)
+        if group is not None:  # a preempted task may still be inside the copy
+            self._retired.add([(group[0], group[1])])
 
     def _uninstall_all(self) -> None:
         for item in self.installed.values():
             self._remove_probe(item)
         if self.native is not None:
-            self.native.retired += self.native.code_regions
+            self._retired.add(self.native.code_regions)
             self.native.code_regions = []
         # the usage counters stay readable for qTP after the run: keep the records, drop the probes
         self._stopped_installed.update(self.installed)

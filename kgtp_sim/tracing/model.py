@@ -127,7 +127,8 @@ class Definitions:
         if existing is not None and existing.builtin:
             existing.initial = packet.value  # GDB may re-send a built-in (e.g. `tvariable $ignore_error = 1`)
             return
-        self.variables[packet.number] = TraceVariable(packet.number, packet.value, packet.builtin, packet.name)
+        # only the stub's own variables are built-in: a client's flag must not make one outlive QTinit
+        self.variables[packet.number] = TraceVariable(packet.number, packet.value, False, packet.name)
 
     def upload_pieces(self) -> list[bytes]:
         """qTfP/qTsP replies: each tracepoint, its actions, stepping actions and source strings."""

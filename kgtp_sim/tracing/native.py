@@ -5,12 +5,11 @@ preemptive, so a task may sit interrupted anywhere: before patching, with the CP
 instructions, we check the current RIP and scan the kernel's writable memory (where every task stack and saved
 register frame lives) for a return address inside the window. If one is found the site gets an int3 into the
 same detour instead, which is always safe. Detour memory is likewise never reused while a stack may still point
-into it (`retire`).
+into it (retire.py).
 """
 
 from __future__ import annotations
 
-import array
 import logging
 import struct
 from dataclasses import dataclass, field, replace
@@ -32,6 +31,7 @@ from . import detour as d
 from . import fastpath
 from .builtins import BUILTIN_VARIABLES
 from .probes import INT3, JUMP_SIZE, ProbeSite, jump, relocate, relocated_size_bound
+from .retire import in_use
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,6 @@ class NativeRun:
     engine: str
     ring_ctl: int
     tsv_slots: int
-    retired: list[tuple[int, int]] = field(default_factory=list)  # (start, end) of code no longer in use
 
     def __post_init__(self) -> None:
         machine = self.machine
@@ -237,34 +236,5 @@ class NativeRun:
             self.machine.fault_fixups.remove(compiled.base)
 
     def _window_is_free(self, uc: Uc, site: ProbeSite) -> bool:
-        low, high = site.address + 1, site.address + site.length
-        rip = uc.reg_read(UC_X86_REG_RIP)
-        if low <= rip < high:
-            return False
-        return not self._referenced(uc, low, high)
+        return not in_use(self.machine, uc, site.address + 1, site.address + site.length)
 
-    def _referenced(self, uc: Uc, low: int, high: int) -> bool:
-        """Does any 8-byte word of the kernel's writable memory (stacks, saved frames) point into [low, high)?"""
-        for segment in self.machine.image.segments:
-            if not segment.writable:
-                continue
-            words = array.array("Q", bytes(uc.mem_read(segment.vaddr, segment.memsz & ~7)))
-            if any(low <= word < high for word in words):
-                return True
-        return False
-
-    def in_use(self, uc: Uc, low: int, high: int) -> bool:
-        rip = uc.reg_read(UC_X86_REG_RIP)
-        return low <= rip < high or self._referenced(uc, low, high)
-
-    def release(self) -> None:
-        """Free retired code no task can return into any more (called between runs)."""
-
-        def sweep(uc: Uc) -> list[tuple[int, int]]:
-            return [(lo, hi) for lo, hi in self.retired if self.in_use(uc, lo, hi)]
-
-        still = self.machine.run_on_cpu(sweep)
-        for lo, hi in self.retired:
-            if (lo, hi) not in still:
-                self.machine.free_code(lo)
-        self.retired = still

@@ -37,7 +37,9 @@ CTL_ENTRY = 0x40  # logical position of the entry being written (between reserve
 CTL_BYTES = 0x48
 
 ENTRY_HEADER = struct.Struct("<IIQQ")
+#: A padding entry (to the ring's physical end) is only its length and PAD_CPU: it may be as short as 8 bytes.
 PAD_CPU = 0xFFFFFFFF
+_PAD = struct.Struct("<II")
 #: Offset of the GDB frame inside an entry, and of its first block.
 FRAME_AT = ENTRY_HEADER.size
 BLOCKS_AT = FRAME_AT + FRAME_HEADER.size
@@ -189,12 +191,19 @@ class Ring:
     ctl: int
 
     def initialize(self, base: int, size: int, circular: bool) -> None:
+        """The control block follows the ring's bytes directly, so one read takes both (see `entries`)."""
         if size < MIN_SIZE or size % 8:
             raise ValueError(f"trace buffer size must be a multiple of 8 of at least {MIN_SIZE} bytes")
+        if base + size != self.ctl:
+            raise ValueError("the control block must follow the ring")
         self.memory.write(self.ctl, _CTL.pack(base, size, 0, 0, 0, 0, int(circular), 0, 0))
 
     def state(self) -> RingState:
-        base, size, head, tail, frames, created, circular, full, _ = _CTL.unpack(self.memory.read(self.ctl, _CTL.size))
+        return self._parse_state(self.memory.read(self.ctl, _CTL.size))
+
+    @staticmethod
+    def _parse_state(control: bytes) -> RingState:
+        base, size, head, tail, frames, created, circular, full, _ = _CTL.unpack(control)
         return RingState(base, size, head, tail, frames, created, bool(circular), bool(full))
 
     def set_circular(self, circular: bool) -> None:
@@ -203,21 +212,25 @@ class Ring:
     def entries(self) -> list[TraceFrame]:
         """Every frame in the ring, oldest first, numbered by its position (what GDB calls the frame number).
 
-        The ring is read in one piece (one trip to the CPU thread), then parsed: frame-by-frame reads would cost
-        a machine round trip each, and a full buffer holds tens of thousands of frames.
+        The ring and its control block are read in one piece (one trip to the CPU thread), then parsed: a
+        snapshot taken between two instructions, so a live circular run cannot evict what is being parsed, and
+        frame-by-frame reads would cost a machine round trip each (a full buffer holds tens of thousands).
+        An entry between reserve and commit lies beyond `head`, outside the snapshot's frames.
         """
-        state = self.state()
+        base, size = struct.unpack("<QQ", self.memory.read(self.ctl, 16))  # fixed for the ring's life
+        snapshot = self.memory.read(base, size + _CTL.size)
+        ring, state = snapshot[:size], self._parse_state(snapshot[size:])
         if state.head == state.tail:
             return []
-        ring = self.memory.read(state.base, state.size)
         frames: list[TraceFrame] = []
         pos = state.tail
         while pos < state.head:
             phys = pos % state.size
-            length, cpu, timestamp, sequence = ENTRY_HEADER.unpack_from(ring, phys)
-            if length < ENTRY_HEADER.size or length % 8:
+            length, cpu = _PAD.unpack_from(ring, phys)  # padding may be shorter than an entry header
+            if length < _PAD.size or length % 8 or (cpu != PAD_CPU and length < BLOCKS_AT):
                 raise ValueError(f"corrupt trace buffer entry at logical {pos:#x} (length {length})")
             if cpu != PAD_CPU:
+                _, _, timestamp, sequence = ENTRY_HEADER.unpack_from(ring, phys)
                 tracepoint, size = FRAME_HEADER.unpack_from(ring, phys + FRAME_AT)
                 body = ring[phys + BLOCKS_AT : phys + BLOCKS_AT + size]
                 frames.append(TraceFrame(len(frames), tracepoint, parse_blocks(body), timestamp, cpu, sequence))
@@ -238,12 +251,12 @@ class Ring:
                 self.memory.write(self.ctl + CTL_FULL, struct.pack("<Q", 1))
                 return False
             phys = state.base + tail % state.size
-            length, cpu_field = struct.unpack("<II", self.memory.read(phys, 8))
+            length, cpu_field = _PAD.unpack(self.memory.read(phys, _PAD.size))
             if cpu_field != PAD_CPU:
                 frames -= 1
             tail += length
         if pad:
-            self.memory.write(state.base + head % state.size, struct.pack("<II", pad, PAD_CPU))
+            self.memory.write(state.base + head % state.size, _PAD.pack(pad, PAD_CPU))
             head += pad
         phys = state.base + head % state.size
         entry = ENTRY_HEADER.pack(need, cpu, timestamp, state.created) + FRAME_HEADER.pack(tracepoint, len(blocks))

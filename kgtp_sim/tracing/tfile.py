@@ -7,7 +7,9 @@ tracepoints with their hit counts, the target description), an empty line, the r
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -18,8 +20,8 @@ class SavePathError(ValueError):
 def resolve_save_path(save_dir: Path | None, requested: str) -> Path:
     if save_dir is None:
         raise SavePathError("target-side saving is disabled (start the stub with --save-dir DIR)")
-    if not requested or "\0" in requested:
-        raise SavePathError("empty or invalid file name")
+    if not requested or any(ord(c) < 0x20 or ord(c) == 0x7F for c in requested):
+        raise SavePathError("empty file name, or control characters in it")
     root = save_dir.resolve()
     candidate = Path(requested)
     target = (candidate if candidate.is_absolute() else root / candidate).resolve()
@@ -47,8 +49,15 @@ def write_tfile(
     lines += [b"tp V%x:%x:%x:%x\n" % entry for entry in usage]
     lines += [b"tdesc " + line.encode() + b"\n" for line in tdesc.splitlines() if line]
     data = b"".join(lines) + b"\n" + frames + b"\0\0\0\0"
-    temporary = path.with_name(path.name + ".part")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
-    os.replace(temporary, path)
+    # A fresh, exclusively created temporary (never a name someone could have planted a link at), renamed over
+    # the target: the rename replaces a link at the final name instead of writing through it.
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise

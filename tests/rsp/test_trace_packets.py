@@ -117,7 +117,7 @@ def gdb_qtnotes(user=None, notes=None, stop=None) -> bytes:
 # --- strategies ----------------------------------------------------------------------------------------
 
 u64 = st.integers(0, U64)
-tp_number = st.integers(1, 0x7FFFFFFF)
+tp_number = st.integers(1, 0xFFFF)  # a frame records its tracepoint in 16 bits
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
 actions_st = st.one_of(
     st.builds(t.CollectRegisters, st.integers(1, (1 << 1024) - 1)),
@@ -266,6 +266,7 @@ def test_register_relative_memory_keeps_gdbs_unsigned_offset():
         b"QTDP:1:000000000040100a",
         b"QTDP:1:10000000000000000:E:0:0",  # 65-bit address
         b"QTDP:100000000:40100a:E:0:0",  # tracepoint number wider than GDB's int
+        b"QTDP:10000:40100a:E:0:0",  # wider than the 16 bits a frame records
         b"QTDP:1:40100z:E:0:0",  # non-hex
         b"QTDP::40100a:E:0:0",
         b"QTDP:1:40100a:E:0:0:X13,2600",  # truncated condition
@@ -304,6 +305,7 @@ def test_register_relative_memory_keeps_gdbs_unsigned_offset():
         # QTDV
         b"QTDV:1:0000000000000005:2:636e74",  # builtin is a flag
         b"QTDV:1:10000000000000005:0:636e74",  # 65-bit value
+        b"QTDV:10000:0:0:636e74",  # wider than bytecode's 16-bit variable operands
         b"QTDV:1:5:0",
         b"QTDV:1:5:0:636e7",
         # modes and notes

@@ -134,3 +134,35 @@ def test_two_tracepoints_at_one_address_both_collect(engine):
     tracer.stop(t.StopReason.STOP_COMMAND)
     assert [f.tracepoint for f in frames].count(1) == 5 and [f.tracepoint for f in frames].count(2) == 10
     assert machine.read_memory(SITE, 8) == IMAGE.read_code(SITE, 8)
+
+
+def test_frames_stay_whole_while_other_threads_keep_stopping_the_cpu():
+    """The server's requests and the timer stop the running CPU thousands of times a second, in the middle of
+    detours and ring commits too. No stop may make an instruction run twice (a double `incq` of the frame
+    count, a head advanced twice over an unwritten entry): every frame created is in the buffer, readable,
+    numbered without gaps."""
+    import threading
+    import time
+
+    machine = Machine(IMAGE)
+    tracer = Tracer(machine, "opt")
+    marker = next(m for m in IMAGE.markers if m.name == "kgtp_module_event")
+    tracer.definitions.define(t.DefineTracepoint(number=1, address=marker.site, static=True, more=True))
+    tracer.definitions.add_actions(t.TracepointActions(number=1, address=marker.site,
+                                                       actions=(t.CollectStaticData(),)))
+    tracer.start()
+    machine.start()
+    try:
+        deadline = time.monotonic() + 1.5
+        stops = 0
+        while time.monotonic() < deadline:
+            machine.run_on_cpu(lambda uc: None)
+            stops += 1
+        tracer.stop(t.StopReason.STOP_COMMAND)
+        status = tracer.status()
+        frames = tracer.frames()
+    finally:
+        machine.shutdown()
+    assert stops > 1000 and status.created > 1000
+    assert len(frames) == status.frames == status.created
+    assert [f.sequence for f in frames] == list(range(status.created))

@@ -40,7 +40,7 @@ BENCH_CALLS = 2  # kgtp_bench_loop(2) after each tick: the benchmark's own loop,
 COUNTERS = ("jiffies", "nr_context_switches", "nr_syscalls", "nr_traps", "nr_page_faults", "syscall_counter",
             "nr_modules_loaded", "kgtp_counter", "current")
 #: The scheduler, timer, system call, page fault and trap paths, the assembly entry code, the kernel threads,
-#: and the module loader: everything the workload executes except the exception-fixup sites (see the xfails).
+#: and the module loader: everything the workload executes except the exception-fixup sites (refused, tested below).
 FUNCTIONS = (
     "kgtp_test_function", "kgtp_bench_loop", "kgtp_bench_thread", "load_module", "kmodload_thread", "strlcpy",
     "schedule", "msleep_ticks", "timer_interrupt", "sched_clock", "switch_stacks", "ret_from_kthread",
@@ -344,11 +344,6 @@ class SteppedCall:
 MODULE_SPACE = 0xFFFFFFFFA0000000
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: the interp engine frees a probe's out-of-line copy when the run stops (Tracer._remove_probe "
-    "free_code) although the CPU may be about to execute it; the next tstart reuses and rewrites the slot. "
-    "Stress: `tstart` repeated during a run panics the kernel within seconds ('unable to handle page fault ... "
-    "ip ffffffffa0000000': the slot was zeroed by alloc_code). Retire out-of-line copies like detours"))
 def test_restarting_while_the_cpu_is_in_an_out_of_line_copy_keeps_the_kernel_intact():
     machine = booted()
     tracer = Tracer(machine, "interp")
@@ -363,13 +358,9 @@ def test_restarting_while_the_cpu_is_in_an_out_of_line_copy_keeps_the_kernel_int
     call.finish()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: stopping a run removes the hypercall breakpoints of its detours (Tracer._remove_probe pops "
-    "error_call/full_call/pass_call) while a hit may still be inside one; when that hit reaches the int3 the "
-    "kernel takes a #BP it cannot handle and panics ('int3 (trap 3) at ip ffffffffa000...', seen under "
-    "repeated tstart). Keep retired detours' hypercalls answered (resume after the int3) until retired"))
+@pytest.mark.parametrize("change", ["tstop", "disable"])
 @pytest.mark.parametrize("engine", ["naive", "opt"])
-def test_stopping_while_a_hit_is_in_a_detour_keeps_the_kernel_intact(engine):
+def test_stopping_while_a_hit_is_in_a_detour_keeps_the_kernel_intact(engine, change):
     machine = booted()
     tracer = Tracer(machine, engine)
     site = IMAGE.address_of("kgtp_test_function")
@@ -378,15 +369,14 @@ def test_stopping_while_a_hit_is_in_a_detour_keeps_the_kernel_intact(engine):
     tracer.start()
     call = SteppedCall(machine, 3)
     call.step_until(lambda rip: rip >= MODULE_SPACE and rip != call.sentinel)  # entered the detour
-    tracer.stop(t.StopReason.STOP_COMMAND)  # QTStop (or a disconnect) right then
+    if change == "tstop":
+        tracer.stop(t.StopReason.STOP_COMMAND)  # QTStop (or a disconnect) right then
+    else:
+        tracer.disarm((1, site))  # QTDisable right then
     call.finish()
+    assert tracer.status().frames == 0 and tracer.stop_reason is t.StopReason.ERROR  # the hit ended as it began
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: tstart during a run re-initializes the ring (Ring.initialize) while a hit may sit between "
-    "ring_reserve and ring_commit; the old commit then stamps an entry in the new ring from a stale position "
-    "(seen as 'corrupt trace buffer entry ... (length 0)', FrameFormatError or struct.error answering "
-    "QTFrame/qTBuffer: every frame of the new run unreadable)"))
 @pytest.mark.parametrize("engine", ["naive", "opt"])
 def test_restarting_between_reserve_and_commit_leaves_the_new_run_readable(engine):
     machine = booted()

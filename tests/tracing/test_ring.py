@@ -5,16 +5,16 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from keystone import KS_ARCH_X86, KS_MODE_64, KS_OPT_SYNTAX_ATT, Ks
 from unicorn import UC_ARCH_X86, UC_MODE_64, UC_TLB_VIRTUAL, Uc
 from unicorn.x86_const import UC_X86_REG_RAX, UC_X86_REG_RDI, UC_X86_REG_RDX, UC_X86_REG_RSI, UC_X86_REG_RSP
 
 from kgtp_sim.tracing.frames import MemoryBlock, encode_block
-from kgtp_sim.tracing.ring import BLOCKS_AT, Ring, align8, reserve_and_commit_asm
+from kgtp_sim.tracing.detour import Runtime
+from kgtp_sim.tracing.ring import BLOCKS_AT, Ring, align8
 
 CODE = 0xFFFFFFFFA0000000
-CTL = 0xFFFFC90000000000
 DATA = 0xFFFFC90000100000
+DATA_MAPPED = 0x100000
 STACK = 0xFFFFC90000200000
 RETURN = CODE + 0xF00  # a 'hlt' the routines return to
 
@@ -31,21 +31,19 @@ class UcMemory:
 
 
 def machine(size: int, circular: bool):
+    """A bare CPU with the ring routines at CODE and a ring of `size` bytes at DATA, its control block after it."""
+    assert size + 0x1000 <= DATA_MAPPED
+    ctl = DATA + size
     uc = Uc(UC_ARCH_X86, UC_MODE_64)
     uc.ctl_set_tlb_mode(UC_TLB_VIRTUAL)
-    for base, length in ((CODE, 0x1000), (CTL, 0x1000), (DATA, 0x100000), (STACK, 0x1000)):
+    for base, length in ((CODE, 0x1000), (DATA, DATA_MAPPED), (STACK, 0x1000)):
         uc.mem_map(base, length)
-    ks = Ks(KS_ARCH_X86, KS_MODE_64)
-    ks.syntax = KS_OPT_SYNTAX_ATT
-    source = reserve_and_commit_asm(CTL)
-    code, _ = ks.asm(source, CODE)
-    uc.mem_write(CODE, bytes(code))
+    runtime = Runtime.build(CODE, ctl)
+    uc.mem_write(CODE, runtime.code)
     uc.mem_write(RETURN, b"\xf4")
-    # find the commit routine: assemble the reserve part alone to learn its size
-    commit_at = CODE + len(ks.asm(source.split("ring_commit:")[0], CODE)[0])
-    ring = Ring(UcMemory(uc), CTL)
+    ring = Ring(UcMemory(uc), ctl)
     ring.initialize(DATA, size, circular)
-    return uc, ring, commit_at
+    return uc, ring, runtime.commit
 
 
 def call(uc, address, regs):
@@ -132,3 +130,20 @@ def test_bad_sizes_are_refused():
         ring.initialize(DATA, 0x100, False)
     with pytest.raises(ValueError):
         ring.initialize(DATA, 0x1004, False)
+
+
+@pytest.mark.parametrize("left", [8, 16])
+def test_padding_shorter_than_an_entry_header_is_read_back(left):
+    """The fuzzer's find: 8 or 16 bytes left before the ring's physical end become a padding entry shorter
+    than an entry header; reading the ring must step over it, not fail on it."""
+    uc, ring, commit_at = machine(0x1000, circular=True)
+    def blocks(length: int) -> bytes:  # one memory block of exactly `length` bytes
+        return encode_block(MemoryBlock(0x1000, bytes(length - 11)))
+
+    half = 0x800  # the most one entry may take
+    assert ring.append(1, blocks(half - BLOCKS_AT - 2), 0) and ring.append(2, blocks(half - left - BLOCKS_AT - 2), 0)
+    assert ring.state().head == 0x1000 - left
+    assert ring.append(3, blocks(16), 0)  # padding, the first entry evicted, this one at the start
+    assert [f.tracepoint for f in ring.entries()] == [2, 3]
+    native_append(uc, commit_at, 4, blocks(16))
+    assert [f.tracepoint for f in ring.entries()] == [2, 3, 4]

@@ -25,6 +25,7 @@ from .base import U64_MASK, Packet, PacketError, parse_hex, parse_signed_hex, sp
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 #: GDB prints tracepoint, frame and variable numbers with "%x" of an int.
 _INT_BITS = 32
+_NUMBER_BITS = 16
 #: A register mask wider than this is not a mask GDB could build (it has a few hundred registers at most).
 MAX_REGISTER_MASK_BYTES = 128
 #: `QTFrame:ffffffff` is `tfind none`: GDB prints -1 with "%x".
@@ -63,7 +64,10 @@ def _flag(text: bytes, what: str) -> bool:
 
 
 def _number(text: bytes, what: str = "tracepoint number") -> int:
-    return parse_hex(text, what, bits=_INT_BITS)
+    """Tracepoint and trace variable numbers: 16 bits, because a trace frame records its tracepoint in two
+    bytes (as the trace file format does) and bytecode names a variable in a 16-bit operand. A larger number
+    could never be told apart from a smaller one, so it is refused here rather than truncated later."""
+    return parse_hex(text, what, bits=_NUMBER_BITS)
 
 
 def _signed64(value: int) -> int:

@@ -1,0 +1,60 @@
+"""Code the tracer stopped using but the kernel may still execute: detours, compiled expressions, out-of-line
+copies.
+
+A run's code cannot be freed when the run ends. The kernel is preemptive: a task interrupted inside a detour's
+relocated instructions, or inside an out-of-line copy, resumes there whenever it is scheduled again, and its
+saved RIP sits on its stack (the interrupt frame). So removed code is retired instead, and freed between runs
+only when neither the current RIP nor any word of the kernel's writable memory (every task stack and saved
+register frame lives there) points into it. Freed too early, the next run's allocation would overwrite
+instructions a task is about to execute.
+"""
+
+from __future__ import annotations
+
+import array
+
+from unicorn import Uc
+from unicorn.x86_const import UC_X86_REG_RIP
+
+from ..machine import Machine
+
+
+def stacks_point_into(machine: Machine, uc: Uc, low: int, high: int) -> bool:
+    """Does any 8-byte word of the kernel's writable memory (stacks, saved frames) point into [low, high)?
+    Call on the CPU thread, between two instructions."""
+    for segment in machine.image.segments:
+        if not segment.writable:
+            continue
+        words = array.array("Q", bytes(uc.mem_read(segment.vaddr, segment.memsz & ~7)))
+        if any(low <= word < high for word in words):
+            return True
+    return False
+
+
+def in_use(machine: Machine, uc: Uc, low: int, high: int) -> bool:
+    """Could the kernel still execute [low, high): the CPU is in it, or a task would return or resume into it."""
+    rip = uc.reg_read(UC_X86_REG_RIP)
+    return low <= rip < high or stacks_point_into(machine, uc, low, high)
+
+
+class RetiredCode:
+    """Code regions waiting until no task can reach them (`release` frees the others)."""
+
+    def __init__(self, machine: Machine) -> None:
+        self.machine = machine
+        self.regions: list[tuple[int, int]] = []  # (start, end); start is the allocation's address
+
+    def add(self, regions: list[tuple[int, int]]) -> None:
+        self.regions += regions
+
+    def release(self) -> None:
+        """Free what nothing can reach any more; keep the rest for a later call (between runs)."""
+
+        def still_reachable(uc: Uc) -> list[tuple[int, int]]:
+            return [(low, high) for low, high in self.regions if in_use(self.machine, uc, low, high)]
+
+        kept = self.machine.run_on_cpu(still_reachable)
+        for low, high in self.regions:
+            if (low, high) not in kept:
+                self.machine.free_code(low)
+        self.regions = kept
