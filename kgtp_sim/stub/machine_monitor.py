@@ -6,14 +6,12 @@ import dataclasses
 import time
 
 from ..machine import Machine
-from .monitor import Monitor, MonitorUsageError, parse_int
+from .monitor import Monitor, parse_int
 
 
 def register_machine_commands(monitor: Monitor, machine: Machine, started: float) -> None:
     @monitor.register("stats", "stats", "emulated instructions, uptime, ticks, probe hits and other counters")
     def stats(args: list[str]) -> str:
-        if args:
-            raise MonitorUsageError("takes no arguments")
         figures = machine.stats()
         rows = dataclasses.asdict(figures) if dataclasses.is_dataclass(figures) else dict(vars(figures))
         rows.setdefault("stub_uptime_s", round(time.monotonic() - started, 3))

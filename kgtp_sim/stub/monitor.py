@@ -6,6 +6,7 @@ read host files, so commands are looked up by exact name in this table and take 
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,12 @@ class Command:
     usage: str
     summary: str
     run: Callable[[list[str]], str]
+
+    @property
+    def most_arguments(self) -> int:
+        """How many words the usage allows after the name (`frames [FIRST [COUNT]]`: 2). More are refused,
+        never half-obeyed."""
+        return len(re.findall(r"[^\s\[\]]+", self.usage)) - 1
 
 
 @dataclass
@@ -50,6 +57,8 @@ class Monitor:
         if command is None:
             return f"monitor: unknown command {words[0]!r}; try 'monitor help'\n"
         try:
+            if len(words) - 1 > command.most_arguments:
+                raise MonitorUsageError("too many arguments")
             text = command.run(words[1:])
         except MonitorUsageError as error:
             return f"monitor {command.name}: {error}\nusage: monitor {command.usage}\n"
