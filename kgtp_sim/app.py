@@ -52,11 +52,11 @@ class Stub:
         return Session(self.dispatcher, stop_reply=stop_reply())
 
     def on_connect(self) -> None:
-        self.views.current = None
+        self.trace.forget_session()
 
     def on_disconnect(self) -> None:
         """GDB sends nothing when it leaves: stop tracing unless disconnected tracing was asked for."""
-        self.views.current = None
+        self.trace.forget_session()
         if self.tracer.running and not self.tracer.definitions.disconnected_tracing:
             from .rsp.packets.trace import StopReason
 

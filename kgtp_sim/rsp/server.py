@@ -10,6 +10,7 @@ import ipaddress
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -41,7 +42,9 @@ class RspServer:
     port: int = 1234
     on_connect: Callable[[], None] = lambda: None
     on_disconnect: Callable[[], None] = lambda: None
-    idle_timeout: float | None = None
+    #: A client that has sent nothing this long after connecting is dropped: it would hold the one debugger
+    #: slot forever. GDB speaks at once; an attached GDB that later goes quiet is never dropped.
+    first_byte_timeout: float = 3.0
     _listener: socket.socket | None = field(init=False, default=None)
     _busy: threading.Lock = field(init=False, default_factory=threading.Lock)
     _stop: threading.Event = field(init=False, default_factory=threading.Event)
@@ -99,15 +102,20 @@ class RspServer:
         try:
             self.on_connect()
             conn.settimeout(0.5)
+            silent_until: float | None = time.monotonic() + self.first_byte_timeout
             while not self._stop.is_set() and not session.closing:
                 try:
                     data = conn.recv(65536)
                 except TimeoutError:
+                    if silent_until is not None and time.monotonic() > silent_until:
+                        log.warning("dropping a client that sent nothing for %.1f s", self.first_byte_timeout)
+                        break
                     continue
                 except OSError:
                     break
                 if not data:
                     break
+                silent_until = None
                 reply = session.receive(data)
                 if reply:
                     conn.sendall(reply)

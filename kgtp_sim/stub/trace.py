@@ -34,6 +34,13 @@ class TraceHandlers:
     _downloading: bool = False  # between QTinit and QTStart: qTSTMat names markers only then (see below)
     _markers: list[bytes] = field(default_factory=list)
 
+    def forget_session(self) -> None:
+        """A debugger came or went: what one GDB selected or was downloading is not the next one's. A new GDB
+        believes no frame is selected (tfind searches start after the selected one) and no download is under
+        way (qTSTMat must not name markers at strace time, see marker_at)."""
+        self._select(None)
+        self._downloading = False
+
     # ---- definitions ----------------------------------------------------------------------------------------
 
     @handles(t.TraceInit)
