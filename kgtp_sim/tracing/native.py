@@ -30,6 +30,7 @@ from ..rsp.packets import trace as t
 from . import detour as d
 from . import fastpath
 from .builtins import BUILTIN_VARIABLES
+from .frames import MEMORY_HEADER, TSV_BLOCK
 from .probes import INT3, JUMP_SIZE, ProbeSite, jump, relocate, relocated_size_bound
 from .retire import in_use
 
@@ -41,6 +42,28 @@ def faults_lose_a_block(program: Program) -> bool:
     loses that block (GDB shows <unavailable>, like a DProbes fault token) instead of stopping the run. Any
     `ref` makes a fault an error: the value the expression needed does not exist. Same rule in every engine."""
     return not any(insn.op.cls is OpClass.MEMORY for insn in program.insns)
+
+
+def traced_bytes_bound(program: Program) -> int | None:
+    """The most bytes of blocks one evaluation can add to a frame, or None when only the frame's room bounds it
+    (`trace`/`tracenz` of a computed length, or a loop that may trace again).
+
+    A compiled hit reserves its frame before it runs, and in a circular buffer every reserved byte is evicted
+    first: reserving the whole frame room (half the ring) for `teval` or a register expression that traces a
+    few bytes at most would leave one frame in the buffer right after each lap."""
+    traces = [insn for insn in program.insns if insn.op.cls is OpClass.TRACE]
+    if traces and program.backward_jumps:
+        return None
+    total = 0
+    for insn in traces:
+        if insn.name in ("trace_quick", "trace16"):
+            total += 1 + MEMORY_HEADER.size + insn.operands[0]
+        elif insn.name == "tracev":
+            total += 1 + TSV_BLOCK.size
+        else:
+            return None
+    return total
+
 
 ENGINES = ("interp", "naive", "opt")
 COMPUTED_BUILTINS = {b.number for b in BUILTIN_VARIABLES if b.computed}
@@ -134,7 +157,8 @@ class NativeRun:
                 program = verify(d.collect_memory_bytecode(action.basereg, action.offset, action.length))
                 max_frame += 11 + min(action.length, 0xFFFF)
             elif isinstance(action, t.EvalExpression):
-                max_frame += frame_room  # what the interpreter allows a frame, so both engines record the same
+                bound = traced_bytes_bound(program)
+                max_frame += frame_room if bound is None else bound  # the room: what the interpreter allows
             elif isinstance(action, t.CollectStaticData) and marker is not None:
                 entries.append((None, False, False))  # a hypercall builds the entry (Python), in action order
                 max_frame += 3 + marker.entry_size
