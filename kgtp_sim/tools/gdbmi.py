@@ -1,0 +1,262 @@
+"""A small driver for GDB's machine interface (MI): one GDB process, one command at a time, parsed results.
+
+The soak's final check walks every trace frame of the buffer. In a batch command file the first failing command
+ends the file, so one unavailable value would hide the rest of the buffer; through MI every command answers
+`^done` or `^error` on its own and the walk goes on, and results come as structured records instead of text
+meant for people.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MiValue = str | list["MiValue"] | dict[str, "MiValue"]
+
+
+class MiError(Exception):
+    """GDB answered `^error`, went away, or did not answer in time."""
+
+
+class MiSyntaxError(ValueError):
+    """An MI record that does not follow the output grammar."""
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "a": "\a", "b": "\b", "f": "\f", "v": "\v"}
+
+
+class _Parser:
+    """Recursive descent over GDB's MI output grammar: c-strings, tuples `{}` and lists `[]`."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.at = 0
+
+    def _peek(self) -> str:
+        return self.text[self.at] if self.at < len(self.text) else ""
+
+    def _expect(self, char: str) -> None:
+        if self._peek() != char:
+            raise MiSyntaxError(f"expected {char!r} at {self.at} in {self.text[:120]!r}")
+        self.at += 1
+
+    def cstring(self) -> str:
+        self._expect('"')
+        out: list[str] = []
+        while True:
+            char = self._peek()
+            if not char:
+                raise MiSyntaxError("unterminated c-string")
+            self.at += 1
+            if char == '"':
+                return "".join(out)
+            if char != "\\":
+                out.append(char)
+                continue
+            escaped = self._peek()
+            self.at += 1
+            if escaped in _ESCAPES:
+                out.append(_ESCAPES[escaped])
+            elif escaped.isdigit():
+                digits = escaped
+                while len(digits) < 3 and self._peek().isdigit():
+                    digits += self._peek()
+                    self.at += 1
+                out.append(chr(int(digits, 8)))
+            else:
+                out.append(escaped)
+
+    def value(self) -> MiValue:
+        char = self._peek()
+        if char == '"':
+            return self.cstring()
+        if char == "{":
+            self.at += 1
+            if self._peek() in ('"', "{", "["):  # GDB's breakpoint `script={"...","..."}`: a tuple of bare values
+                return self._values_until("}")
+            return self._results_until("}")
+        if char == "[":
+            self.at += 1
+            if self._peek() == "]":
+                self.at += 1
+                return []
+            items: list[MiValue] = []
+            while True:
+                if self._peek() in ('"', "{", "["):
+                    items.append(self.value())
+                else:
+                    name, item = self.result()
+                    items.append({name: item})
+                if self._peek() == ",":
+                    self.at += 1
+                    continue
+                self._expect("]")
+                return items
+        raise MiSyntaxError(f"unexpected {char!r} at {self.at} in {self.text[:120]!r}")
+
+    def _values_until(self, closing: str) -> list[MiValue]:
+        items: list[MiValue] = []
+        while True:
+            items.append(self.value())
+            if self._peek() == ",":
+                self.at += 1
+                continue
+            self._expect(closing)
+            return items
+
+    def result(self) -> tuple[str, MiValue]:
+        start = self.at
+        while self._peek() not in ("=", ""):
+            self.at += 1
+        name = self.text[start : self.at]
+        self._expect("=")
+        return name, self.value()
+
+    def _results_until(self, closing: str) -> dict[str, MiValue]:
+        out: dict[str, MiValue] = {}
+        if self._peek() == closing:
+            self.at += 1
+            return out
+        while True:
+            name, item = self.result()
+            out[name] = item
+            if self._peek() == ",":
+                self.at += 1
+                continue
+            self._expect(closing)
+            return out
+
+    def results(self) -> dict[str, MiValue]:
+        """`,name=value,...` to the end of the record."""
+        out: dict[str, MiValue] = {}
+        while self._peek() == ",":
+            self.at += 1
+            name, item = self.result()
+            out[name] = item
+        if self.at != len(self.text):
+            raise MiSyntaxError(f"trailing text at {self.at} in {self.text[:120]!r}")
+        return out
+
+
+def parse_results(text: str) -> dict[str, MiValue]:
+    """The `,name=value,...` part of a result or async record."""
+    return _Parser(text).results()
+
+
+def parse_cstring(text: str) -> str:
+    return _Parser(text).cstring()
+
+
+@dataclass
+class MiResult:
+    """One command's outcome: its result class (`done`, `connected`, `error`...), results and stream output."""
+
+    klass: str
+    results: dict[str, MiValue]
+    console: str = ""
+
+    def get(self, name: str, default: MiValue = "") -> MiValue:
+        return self.results.get(name, default)
+
+
+@dataclass
+class GdbMi:
+    """A GDB process under MI. Use as a context manager; `command` raises MiError on `^error` when asked to."""
+
+    gdb: str
+    program: Path
+    timeout: float = 60.0
+    _proc: subprocess.Popen | None = field(init=False, default=None)
+    _lines: queue.Queue = field(init=False, default_factory=queue.Queue)
+    _token: int = field(init=False, default=0)
+    transcript: list[str] = field(init=False, default_factory=list)
+
+    def __enter__(self) -> GdbMi:
+        self._proc = subprocess.Popen(
+            [self.gdb, "-nx", "-q", "--interpreter=mi3", str(self.program)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+            env=dict(os.environ, TERM="dumb"),
+        )
+        threading.Thread(target=self._pump, daemon=True).start()
+        self._until_prompt()
+        for setting in ("-gdb-set pagination off", "-gdb-set confirm off", "-gdb-set print elements 200"):
+            self.command(setting)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        try:
+            if proc.poll() is None and proc.stdin is not None:
+                proc.stdin.write("-gdb-exit\n")
+                proc.stdin.flush()
+            proc.wait(10)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+
+    def _pump(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self._lines.put(line.rstrip("\n"))
+        self._lines.put(None)
+
+    def _next_line(self, deadline: float) -> str:
+        try:
+            line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise MiError("GDB did not answer in time") from None
+        if line is None:
+            raise MiError("GDB exited")
+        self.transcript.append(line)
+        return line
+
+    def _until_prompt(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        while self._next_line(deadline).strip() != "(gdb)":
+            pass
+
+    def command(self, text: str, *, check: bool = True, timeout: float | None = None) -> MiResult:
+        """Send one MI command and wait for its result record (console and target output are gathered)."""
+        assert self._proc is not None and self._proc.stdin is not None
+        self._token += 1
+        token = str(self._token)
+        self.transcript.append(f"> {token}{text}")
+        try:
+            self._proc.stdin.write(f"{token}{text}\n")
+            self._proc.stdin.flush()
+        except OSError as error:
+            raise MiError(f"GDB went away: {error}") from None
+        deadline = time.monotonic() + (timeout or self.timeout)
+        console: list[str] = []
+        while True:
+            line = self._next_line(deadline)
+            if line[:1] in ("~", "@", "&") and line[1:2] == '"':
+                if line[0] != "&":
+                    console.append(parse_cstring(line[1:]))
+                continue
+            if line.startswith(token + "^"):
+                klass, _, rest = line[len(token) + 1 :].partition(",")
+                result = MiResult(klass, parse_results("," + rest) if rest else {}, "".join(console))
+                self._until_prompt()
+                if check and klass == "error":
+                    raise MiError(f"{text}: {result.get('msg')}")
+                return result
+
+    def console(self, text: str, *, timeout: float | None = None) -> MiResult:
+        """A CLI command through MI: its printed text is in `.console`, an error in `.klass`/`msg`."""
+        quoted = text.replace("\\", "\\\\").replace('"', '\\"')
+        return self.command(f'-interpreter-exec console "{quoted}"', check=False, timeout=timeout)
+
+    def evaluate(self, expression: str) -> str | None:
+        """An expression's value as GDB prints it, or None when GDB cannot evaluate it (e.g. not collected)."""
+        quoted = expression.replace("\\", "\\\\").replace('"', '\\"')
+        result = self.command(f'-data-evaluate-expression "{quoted}"', check=False)
+        value = result.get("value", None)
+        return value if result.klass == "done" and isinstance(value, str) else None
