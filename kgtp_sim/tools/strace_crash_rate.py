@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("ours", "naive"), default=None)
     args = parser.parse_args(argv)
     gdbs = args.gdb or ["/usr/bin/gdb", str(ROOT / ".venv" / "bin" / "gdb")]
-    print(f"| GDB | qTSTMat served | sessions | GDB crashed or hung | other failures |\n|---|---|---|---|---|")
+    print("| GDB | qTSTMat served | sessions | GDB crashed or hung | other failures |\n|---|---|---|---|---|")
     for gdb in gdbs:
         version = subprocess.run([gdb, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
         for naive in (False, True):

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from unicorn import UC_HOOK_CODE, Uc, UcError
+from unicorn import UC_HOOK_CODE, Uc
 from unicorn.x86_const import UC_X86_REG_RIP, UC_X86_REG_RSP
 
 from ..agent.abi import CTX_ERROR, CTX_SIZE, CTX_TRACE_PTR, AgentCtx
@@ -30,7 +30,7 @@ from .clock import Tsc
 from .fastregs import RegisterReader
 from .detour import COUNTERS
 from .native import ENGINES, NativeProbe, NativeRun, faults_lose_a_block
-from .frames import MemoryBlock, RegisterBlock, StaticBlock, TraceFrame, TsvBlock, encode_block, encode_frame
+from .frames import MemoryBlock, StaticBlock, TraceFrame, encode_block, encode_frame
 from .sdata import build_entry, render
 from .model import Definitions, Tracepoint
 from .probes import INT3, ProbePlacementError, ProbeSite, jump, plan_probe, relocate, relocated_size_bound

@@ -22,7 +22,7 @@ def _text_range() -> tuple[int, int]:
 
 
 def _values(output: str, name: str) -> list[int]:
-    return [int(v) for v in re.findall(rf"^\$\d+ = (\d+)$", output, re.M)]
+    return [int(v) for v in re.findall(r"^\$\d+ = (\d+)$", output, re.M)]
 
 
 def test_rip_lies_in_kernel_text(gdb, stub):

@@ -371,7 +371,7 @@ def hostile_arguments(secrets: HostSecrets) -> list[str]:
     return [
         f"; touch {canary}", f"&& touch {canary}", f"| touch {canary}", f"$(touch {canary})", f"`touch {canary}`",
         f"1; touch {canary}", f"__import__('os').system('touch {canary}')",
-        f"exec(\"open('{canary}', 'w')\")", f"{{0.__class__.__init__.__globals__}}", "%s%s%n%x",
+        f"exec(\"open('{canary}', 'w')\")", "{0.__class__.__init__.__globals__}", "%s%s%n%x",
         str(secrets.secret_file), f"@{secrets.secret_file}", f"<{secrets.secret_file}", f"$(cat {secrets.secret_file})",
         "/etc/passwd", "../../../../../../../../etc/passwd", "file:///etc/passwd", "~root/.ssh/id_rsa",
         "'unterminated", '"also unterminated', "\\", "1e3 0b2 0o9", "-1", "99999999999999999999999999",

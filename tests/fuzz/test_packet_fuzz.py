@@ -24,7 +24,6 @@ from hypothesis import strategies as st
 
 from kgtp_sim.app import Stub, StubConfig
 from kgtp_sim.machine import KernelImage, Machine
-from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.tools import fuzz
 from kgtp_sim.tools.fuzz import Generator, Harness, Vocabulary, reachable_packet_classes, seed_packets
 

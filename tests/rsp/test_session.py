@@ -1,7 +1,6 @@
 """Session and dispatcher behaviour on byte strings, with a tiny handler family standing in for a target."""
 
 from dataclasses import dataclass
-from typing import Self
 
 from kgtp_sim.rsp.codec import Decoder, EventKind, checksum, encode_packet
 from kgtp_sim.rsp.dispatch import Binary, Dispatcher, RspError, WithOutput, handles

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from kgtp_sim.agent.opcodes import assemble
-from kgtp_sim.arch import amd64
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.tracing.engine import Tracer, TraceError
@@ -141,7 +140,6 @@ def test_frames_stay_whole_while_other_threads_keep_stopping_the_cpu():
     detours and ring commits too. No stop may make an instruction run twice (a double `incq` of the frame
     count, a head advanced twice over an unwritten entry): every frame created is in the buffer, readable,
     numbered without gaps."""
-    import threading
     import time
 
     machine = Machine(IMAGE)

@@ -1,7 +1,5 @@
 """The trace ring: native reserve/commit (run in unicorn) and the Python writer obey the same rules."""
 
-import struct
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
