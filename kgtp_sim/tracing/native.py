@@ -51,18 +51,31 @@ def traced_bytes_bound(program: Program) -> int | None:
     A compiled hit reserves its frame before it runs, and in a circular buffer every reserved byte is evicted
     first: reserving the whole frame room (half the ring) for `teval` or a register expression that traces a
     few bytes at most would leave one frame in the buffer right after each lap."""
-    traces = [insn for insn in program.insns if insn.op.cls is OpClass.TRACE]
+    traces = [i for i, insn in enumerate(program.insns) if insn.op.cls is OpClass.TRACE]
     if traces and program.backward_jumps:
         return None
     total = 0
-    for insn in traces:
+    for i in traces:
+        insn = program.insns[i]
         if insn.name in ("trace_quick", "trace16"):
             total += 1 + MEMORY_HEADER.size + insn.operands[0]
         elif insn.name == "tracev":
             total += 1 + TSV_BLOCK.size
+        elif _constant_length(program, i) is not None:  # GDB's `const16 176; trace` for a struct or array
+            total += 1 + MEMORY_HEADER.size + _constant_length(program, i)
         else:
             return None
     return total
+
+
+def _constant_length(program: Program, index: int) -> int | None:
+    """The length a `trace`/`tracenz` at insns[index] pops, when the instruction before pushed a constant and
+    no jump lands on the trace (so that constant is what it pops)."""
+    insn = program.insns[index]
+    previous = program.insns[index - 1] if index else None
+    if previous is None or not previous.name.startswith("const") or insn.offset in program.jump_targets:
+        return None
+    return previous.operands[0]
 
 
 ENGINES = ("interp", "naive", "opt")

@@ -79,5 +79,6 @@ def test_the_reservation_is_what_an_expression_can_trace_at_most():
     assert traced_bytes_bound(verify(EXPR)) == 0
     assert traced_bytes_bound(verify(assemble("reg 5; trace_quick 8; reg 4; trace16 300; tracev 3; end"))) == (
         (1 + 10 + 8) + (1 + 10 + 300) + (1 + 12))
-    assert traced_bytes_bound(verify(assemble("reg 5; const8 40; trace; end"))) is None  # a computed length
+    assert traced_bytes_bound(verify(assemble("reg 5; zero_ext 64; const16 176; trace; end"))) == 1 + 10 + 176
+    assert traced_bytes_bound(verify(assemble("reg 5; reg 4; trace; end"))) is None  # a computed length
     assert traced_bytes_bound(verify(assemble("reg 5; trace_quick 8; pop; goto 0; end"))) is None  # may trace again
