@@ -61,8 +61,8 @@ def traced_bytes_bound(program: Program) -> int | None:
             total += 1 + MEMORY_HEADER.size + insn.operands[0]
         elif insn.name == "tracev":
             total += 1 + TSV_BLOCK.size
-        elif _constant_length(program, i) is not None:  # GDB's `const16 176; trace` for a struct or array
-            total += 1 + MEMORY_HEADER.size + _constant_length(program, i)
+        elif (length := _constant_length(program, i)) is not None:  # GDB's `const16 176; trace` (struct, array)
+            total += 1 + MEMORY_HEADER.size + length
         else:
             return None
     return total
