@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import signal
 import sys
@@ -97,6 +98,8 @@ def serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
+    # `kill -USR1 PID` prints every thread's stack to stderr: where a stub that stopped answering is stuck
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         server.serve_forever()
     finally:

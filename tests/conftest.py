@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -55,6 +56,23 @@ class StubProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def connect_when_free(stub: StubProcess, timeout: float = 10) -> socket.socket:
+    """A raw RSP connection that got past qSupported, retrying while the stub's one debugger slot is still held
+    (often by the GDB of the previous test, which has quit but not yet been let go)."""
+    from kgtp_sim.rsp.codec import encode_packet
+
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = socket.create_connection(("127.0.0.1", stub.port), timeout=timeout)
+        sock.sendall(b"+" + encode_packet(b"qSupported"))
+        reply = sock.recv(4096)
+        if b"PacketSize=" in reply:
+            return sock
+        sock.close()
+        assert time.monotonic() < deadline, f"the stub kept refusing a debugger: {reply!r}"
+        time.sleep(0.05)
 
 
 def start_stub(*extra: str, timeout: float = 30) -> StubProcess:
@@ -121,6 +139,47 @@ def run_gdb(client: GdbClient, stub: StubProcess | None, *commands: str, timeout
     finally:
         os.unlink(script.name)
     return result.stdout + result.stderr
+
+
+def _gdb_wait(setup: tuple[str, ...], done: str, failure: str, timeout: float) -> tuple[str, ...]:
+    """GDB Python that polls until the expression `done` holds (the trace status text is `status`), or fails the
+    script with `failure` after `timeout` seconds. `tstatus` also refreshes GDB's hit counts from the target."""
+    return (
+        "python",
+        "import re, time",
+        f"deadline = time.monotonic() + {timeout}",
+        "def _hits(number):",
+        "    shown = gdb.execute(f'info tracepoints {number}', to_string=True)",
+        r"    found = re.search(r'already hit (\d+) time', shown)",
+        "    return int(found.group(1)) if found else 0",
+        "status = gdb.execute('tstatus', to_string=True)",
+        *setup,
+        f"while not ({done}):",
+        "    if time.monotonic() > deadline:",
+        f"        raise gdb.GdbError({failure!r})",
+        "    time.sleep(0.02)",
+        "    status = gdb.execute('tstatus', to_string=True)",
+        "end",
+    )
+
+
+def wait_for_hits(number: int | str, hits: int = 1, *, more: bool = False, timeout: float = 30) -> tuple[str, ...]:
+    """GDB commands that let the kernel run until tracepoint `number` was hit `hits` times (with `more`: `hits`
+    times more than when the wait began). `number` may be "$tpnum", the tracepoint created last (GDB numbers
+    on from the tracepoints it found on the target).
+
+    Used instead of a fixed `shell sleep`: how much the kernel does in a second depends on the host's load, and a
+    rarely called function (load_module) may not run at all in a short window.
+    """
+    hits_now = f"_hits({str(number)!r})"
+    base = hits_now if more else "0"
+    return _gdb_wait((f"base = {base}",), f"{hits_now} >= base + {hits}",
+                     f"tracepoint {number} was not hit {hits} times in {timeout} s", timeout)
+
+
+def wait_for_trace_stop(timeout: float = 30) -> tuple[str, ...]:
+    """GDB commands that wait until the trace run stopped by itself (an error, a pass count, a full buffer)."""
+    return _gdb_wait((), "'Trace is running' not in status", f"the trace run did not stop in {timeout} s", timeout)
 
 
 @pytest.fixture(params=GDB_CLIENTS, ids=lambda c: f"gdb{c.version}")

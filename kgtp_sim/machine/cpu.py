@@ -19,8 +19,10 @@ cost grows with the TLB (measured: 15 us on a fresh CPU, 5 ms after a second of 
 burst), which stalled the CPU thread. Instead the whole demand region is mapped once and a UC_HOOK_TLB_FILL hook
 limited to that region refuses the pages the kernel has not asked for: a refused fill ends emu_start with
 UC_ERR_EXCEPTION and RIP at the faulting instruction, and we deliver #PF. Making a page present needs nothing
-(the refused fill left no TLB entry); making it absent again needs a full TLB flush, so the kernel drops its
-pages all at once, rarely.
+(the refused fill left no TLB entry); making it absent again needs its TLB entries gone. A full flush
+(UC_CTL_TLB_FLUSH, and mem_protect, which flushes all) lets QEMU resize its TLB tables upwards at every flush of a
+busy CPU: the soak saw the stub grow from 53 to 229 MiB that way. So the CPU drops just those pages' entries itself:
+it runs `invlpg` on each, from a page of its own code, between two emulation runs, as the kernel would.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ from .layout import (
     MODULE_BASE,
     MODULE_SIZE,
     PAGE_SIZE,
+    SERVICE_BASE,
+    SERVICE_SIZE,
     VMALLOC_BASE,
     VMALLOC_SIZE,
     page_ceil,
@@ -251,7 +255,8 @@ class InstructionCounter:
 
 
 class _StopCell(ctypes.Structure):
-    _fields_ = [("requested", ctypes.c_uint64), ("emu_stop", ctypes.c_void_p)]
+    _fields_ = [("requested", ctypes.c_uint64), ("emu_stop", ctypes.c_void_p), ("lo", ctypes.c_uint64),
+                ("hi", ctypes.c_uint64)]
 
 
 class BlockStopper:
@@ -264,28 +269,56 @@ class BlockStopper:
     callback (`cmp [rcx], 0; jne; ret; jmp *uc_emu_stop`) sees it at the next block's start, before any of
     its instructions ran, and calls uc_emu_stop from the CPU thread. Without W+X pages, a Python block hook
     does the same, slower.
+
+    A second kind of request, `stop_outside(lo, hi)`, ends emulation at the first block that starts outside
+    [lo, hi): the CPU thread asks it when a timer tick waits while the stub's own code (a detour, interrupts
+    off) runs, so the tick is taken as soon as the kernel's code resumes instead of whenever a periodic stop
+    happens to land outside a detour (at full tracing pace, almost never).
     """
 
-    CODE = bytes.fromhex("488339007501c3ff6108")
+    # cmp qword [rcx], 0; jne +1; ret
+    # cmp qword [rcx], 1; je stop                      (1: stop at any block)
+    # cmp rsi, [rcx+16]; jb stop; cmp rsi, [rcx+24]; jae stop; ret    (2: only outside [lo, hi))
+    # stop: jmp qword [rcx+8]                          (uc_emu_stop(uc): rdi is still the hook's uc)
+    CODE = bytes.fromhex(
+        "48833900" "7501" "c3"
+        "48833901" "740d"
+        "483b7110" "7207" "483b7118" "7301" "c3"
+        "ff6108"
+    )
+    ANY_BLOCK, OUTSIDE_RANGE = 1, 2
 
     def __init__(self, uc: Uc) -> None:
         from unicorn.unicorn_py3.unicorn import uclib
 
-        self._cell = _StopCell(0, ctypes.cast(uclib.uc_emu_stop, ctypes.c_void_p).value)
+        self._cell = _StopCell(0, ctypes.cast(uclib.uc_emu_stop, ctypes.c_void_p).value, 0, 0)
         self._hook = _native_hook(uc, UC_HOOK_BLOCK, self.CODE, ctypes.cast(ctypes.byref(self._cell), ctypes.c_void_p))
         if self._hook is None:
             uc.hook_add(UC_HOOK_BLOCK, self._python_check)
 
     def request(self) -> None:
         """From any thread: end emulation at the next block boundary (kept until `clear`)."""
-        self._cell.requested = 1
+        self._cell.requested = self.ANY_BLOCK
+
+    def stop_outside(self, lo: int, hi: int) -> None:
+        """On the CPU thread, before emulation starts: end it at the first block starting outside [lo, hi).
+        A later `request` from any thread widens this to any block."""
+        self._cell.lo, self._cell.hi = lo, hi
+        self._cell.requested = self.OUTSIDE_RANGE
 
     def clear(self) -> None:
         """On the CPU thread, before emulation starts: forget requests already served."""
         self._cell.requested = 0
 
-    def _python_check(self, uc: Uc, _address: int, _size: int, _data: object) -> None:
-        if self._cell.requested:
+    def take(self) -> int:
+        """On the CPU thread: the pending request (0 if none), cleared; `request()` puts a stop back."""
+        requested, self._cell.requested = self._cell.requested, 0
+        return requested
+
+    def _python_check(self, uc: Uc, address: int, _size: int, _data: object) -> None:
+        cell = self._cell
+        if cell.requested == self.ANY_BLOCK or (
+                cell.requested == self.OUTSIDE_RANGE and not cell.lo <= address < cell.hi):
             uc.emu_stop()
 
 
@@ -307,7 +340,7 @@ class Cpu:
         uc.mem_map(DEMAND_BASE, DEMAND_SIZE, UC_PROT_READ | UC_PROT_WRITE)
         #: demand-region pages the kernel has asked for; the others fault (see the module docstring)
         self.demand_pages: set[int] = set()
-        self._tlb_flush_pending = False
+        self._stale_pages: set[int] = set()  #: dropped demand pages whose TLB entries are still to go
 
         self.breakpoints: dict[int, BreakpointHandler] = {}
         #: called as listener(vector, interrupted_rip, interrupted_rsp) after each delivery through the IDT
@@ -356,6 +389,8 @@ class Cpu:
         """The state a 64-bit bootloader hands over: long mode, flat segments, interrupts off, RIP at entry."""
         uc = self.uc
         uc.mem_map(BOOT_BASE, BOOT_SIZE, UC_PROT_READ)
+        uc.mem_map(SERVICE_BASE, SERVICE_SIZE, UC_PROT_READ | UC_PROT_EXEC)
+        uc.mem_write(SERVICE_BASE, self.INVLPG_RDI_HLT)
         uc.mem_write(BOOT_BASE, BOOT_GDT)
         uc.reg_write(X.UC_X86_REG_GDTR, (0, BOOT_BASE, len(BOOT_GDT) - 1, 0))
         uc.reg_write(X.UC_X86_REG_CS, KERNEL_CS)
@@ -373,23 +408,56 @@ class Cpu:
         return True
 
     def unmap_demand_pages(self, address: int | None = None) -> bool:
-        """Make one page (or, with None, every page) absent again, zeroed. Costs a full TLB flush."""
+        """Make one page (or, with None, every page) absent again, zeroed. Costs one `invlpg` per page."""
         pages = set(self.demand_pages) if address is None else {page_floor(address)} & self.demand_pages
         if not pages:
             return False
         for page in pages:
             self.uc.mem_write(page, bytes(PAGE_SIZE))
         self.demand_pages -= pages
-        self._tlb_flush_pending = True
+        self._stale_pages |= pages
         if self._in_emulation:
-            self.uc.emu_stop()  # flushed by run() when emu_start returns: not from inside a hook
+            self.uc.emu_stop()  # invalidated by run() when emu_start returns: not from inside a hook
         else:
-            self._flush_tlb()
+            self._invalidate_stale_pages()
         return True
 
-    def _flush_tlb(self) -> None:
-        self._tlb_flush_pending = False
-        self.uc.ctl(UC_CTL_TLB_FLUSH, UC_CTL_IO_WRITE)
+    #: invlpg (%rdi); hlt. The hlt ends the run: with an `until` of its own, unicorn translated this block afresh
+    #: for every page (measured: 176 KiB more translated code at each drop of the idle kernel's pages).
+    INVLPG_RDI_HLT = bytes.fromhex("0f013ff4")
+
+    def _invalidate_stale_pages(self) -> None:
+        """Drop the TLB entries of the pages made absent, one `invlpg` each, run at the CPU's service page.
+
+        Runs between emulation runs on the CPU thread. The kernel's registers, the instruction count and any
+        stop request pending for the caller are as they were afterwards. Outside ring 0 (never, for this kernel)
+        it falls back to a full flush.
+        """
+        pages, self._stale_pages = sorted(self._stale_pages), set()
+        regs, uc = self.regs, self.uc
+        if regs.read(X.UC_X86_REG_CS) & 3:
+            uc.ctl(UC_CTL_TLB_FLUSH, UC_CTL_IO_WRITE)
+            return
+        saved = {reg: regs.read(reg) for reg in (X.UC_X86_REG_RIP, X.UC_X86_REG_RDI, X.UC_X86_REG_EFLAGS)}
+        counted = self.counter.value
+        asked = self.stopper.take()
+        end = SERVICE_BASE + len(self.INVLPG_RDI_HLT)
+        try:
+            for page in pages:
+                regs.write(X.UC_X86_REG_RDI, page)
+                for _attempt in range(100):
+                    uc.emu_start(SERVICE_BASE, NO_EXIT)
+                    if regs.read(X.UC_X86_REG_RIP) == end:
+                        break
+                    asked |= self.stopper.take()  # another thread's stop landed before the block ran
+                else:
+                    raise MachineError(f"could not invalidate the TLB entry of page {page:#x}")
+        finally:
+            for reg, value in saved.items():
+                regs.write(reg, value)
+            self.counter.value_cell.value = counted
+            if asked:
+                self.stopper.request()
 
     def page_present(self, address: int) -> bool:
         """False for a demand-region page the kernel has not mapped (unicorn has it, the kernel does not)."""
@@ -568,8 +636,8 @@ class Cpu:
             failure = error
         finally:
             self._in_emulation = False
-        if self._tlb_flush_pending:
-            self._flush_tlb()
+        if self._stale_pages:
+            self._invalidate_stale_pages()
         if self._error is not None:
             error, self._error = self._error, None
             raise error

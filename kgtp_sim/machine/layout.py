@@ -19,6 +19,8 @@ DEMAND_BASE = 0xFFFF_8880_0000_0000  #: unmapped until the kernel touches it (#P
 DEMAND_SIZE = 1 << 20
 BOOT_BASE = 0xFFFF_FE00_0000_0000  #: the "bootloader" page: a GDT valid before the kernel loads its own
 BOOT_SIZE = PAGE_SIZE
+SERVICE_BASE = 0xFFFF_FE00_0001_0000  #: the CPU's own code (Cpu: `invlpg` for dropped demand pages), never the kernel's
+SERVICE_SIZE = PAGE_SIZE
 
 
 def page_floor(address: int) -> int:

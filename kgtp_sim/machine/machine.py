@@ -65,6 +65,7 @@ class MachineStats:
     hz: int
     pace: int
     ticks: int  #: timer interrupts delivered
+    ticks_missed: int  #: ticks that came while the previous one still waited (the kernel lost them)
     jiffies: int
     context_switches: int
     syscalls: int  #: int $0x80 delivered
@@ -120,6 +121,7 @@ class Machine:
         self._started_at: float | None = None
         self._idle_s = 0.0
         self._ticks = 0
+        self._ticks_missed = 0
 
         self.hz = 0
         self.set_hz(hz)
@@ -204,6 +206,9 @@ class Machine:
                     continue
                 self._in_emu = True
                 cpu.stopper.clear()  # every stop asked so far was served; a later kick sets it again
+                if self._tick_pending and MODULE_BASE <= cpu.rip < MODULE_BASE + MODULE_SIZE:
+                    # the tick waits on a detour (interrupts off): take it where the kernel's code resumes
+                    cpu.stopper.stop_outside(MODULE_BASE, MODULE_BASE + MODULE_SIZE)
             try:
                 stop = cpu.run(keep_stop_request=True)
             except (MachineError, Exception) as error:  # noqa: BLE001 - a crashed kernel stays inspectable
@@ -244,6 +249,8 @@ class Machine:
             if next_tick < now:  # a slow host drops ticks rather than bursting them
                 next_tick = now + self._period
             with self._cond:
+                if self._tick_pending:
+                    self._ticks_missed += 1
                 self._tick_pending = True
             self._kick()
             # re-kick while the tick waits: interrupts were off when the CPU came round
@@ -460,6 +467,7 @@ class Machine:
             hz=self.hz,
             pace=self.pace,
             ticks=self._ticks,
+            ticks_missed=self._ticks_missed,
             jiffies=kernel("jiffies"),
             context_switches=kernel("nr_context_switches"),
             syscalls=delivered[0x80],

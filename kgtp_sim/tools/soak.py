@@ -24,12 +24,14 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -91,12 +93,12 @@ class StubProcess:
 
     proc: subprocess.Popen
     port: int
-    log: collections.deque = field(default_factory=lambda: collections.deque(maxlen=200))
+    log: collections.deque = field(default_factory=lambda: collections.deque(maxlen=400))
 
     @classmethod
     def start(cls, engine: str, timeout: float = 60) -> StubProcess:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kgtp_sim", "serve", "--port", "0", "--engine", engine],
+            [sys.executable, "-m", "kgtp_sim", "serve", "--port", "0", "--engine", engine, "--verbose"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
         )
         assert proc.stdout is not None
@@ -124,6 +126,13 @@ class StubProcess:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def dump_threads(self, settle_s: float = 1.0) -> None:
+        """Have the stub print every thread's Python stack into its log (SIGUSR1): what it was doing when the
+        soak gave up on it."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(settle_s)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -766,7 +775,8 @@ def run_soak(config: SoakConfig, progress: Callable[[str], None] = print) -> Soa
                     sample = take_sample(client, stub.pid, elapsed, addresses, jiffies_address)
                     samples.append(sample)
                     progress(_sample_line(sample))
-                    next_at += config.sample_s
+                    # a late sample (a slow reply) does not make the next ones bunch up behind it
+                    next_at = max(next_at + config.sample_s, elapsed + config.sample_s / 2)
                 if elapsed >= config.duration_s:
                     break
                 time.sleep(max(0.0, min(next_at, config.duration_s) - (time.monotonic() - run_started)))
@@ -777,9 +787,13 @@ def run_soak(config: SoakConfig, progress: Callable[[str], None] = print) -> Soa
             final, checks = final_walk(config.gdb, stub.port, specs, addresses, jiffies_address, config.walk_limit)
         except MiError as error:
             checks = [Check("GDB walks the final buffer", False, str(error))]
+            stub.dump_threads()
     except (OSError, ConnectionError, RuntimeError) as error:
-        checks = [Check("soak ran to the end", False, str(error).splitlines()[0] if str(error) else repr(error))]
+        where = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == __file__][-1]
+        detail = str(error).splitlines()[0] if str(error) else repr(error)
+        checks = [Check("soak ran to the end", False, f"{detail} (in {where.name}, line {where.lineno})")]
         addresses = {}
+        stub.dump_threads()
     finally:
         alive = stub.proc.poll() is None
         stub.stop()
@@ -831,6 +845,8 @@ def report(result: SoakResult) -> str:
     out += ["", "invariants", "----------"]
     out += [f"{'PASS' if ch.passed else 'FAIL'}  {ch.name}: {ch.detail}" for ch in result.checks]
     failed = sum(not ch.passed for ch in result.checks)
+    if failed and result.stub_log:
+        out += ["", "the stub's last log lines", "-------------------------", *result.stub_log[-60:]]
     out += ["", f"soak: {'PASS' if not failed else 'FAIL'} ({len(result.checks) - failed} passed, {failed} failed)"]
     return "\n".join(out)
 

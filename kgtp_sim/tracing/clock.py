@@ -14,17 +14,20 @@ from unicorn import UC_ARCH_X86, UC_MODE_64, Uc
 from unicorn.x86_const import UC_X86_REG_RAX, UC_X86_REG_RDX
 
 _CODE = 0x1000
-_RDTSC = b"\x0f\x31"
+#: rdtsc; hlt. The hlt ends the run: ending it with an `until` address made unicorn translate the block afresh at
+#: every read (measured: 36 MiB more translated code per 100,000 reads).
+_RDTSC_HLT = b"\x0f\x31\xf4"
+_NO_EXIT = 0xFFFF_FFFF_FFFF_FFFF
 
 
 class Tsc:
     def __init__(self) -> None:
         self._uc = Uc(UC_ARCH_X86, UC_MODE_64)
         self._uc.mem_map(_CODE, 0x1000)
-        self._uc.mem_write(_CODE, _RDTSC)
+        self._uc.mem_write(_CODE, _RDTSC_HLT)
 
     def read(self) -> int:
-        self._uc.emu_start(_CODE, _CODE + len(_RDTSC))
+        self._uc.emu_start(_CODE, _NO_EXIT)
         return (self._uc.reg_read(UC_X86_REG_RDX) << 32) | (self._uc.reg_read(UC_X86_REG_RAX) & 0xFFFFFFFF)
 
     @cached_property

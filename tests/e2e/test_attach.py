@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import re
-import socket
 
 import pytest
 from elftools.elf.elffile import ELFFile
 
 from kgtp_sim.rsp.codec import encode_packet
 
-from ..conftest import VMLINUX, run_gdb
+from ..conftest import VMLINUX, connect_when_free, run_gdb
 
 pytestmark = pytest.mark.gdb
 
@@ -67,9 +66,7 @@ def test_memory_writes_are_refused_by_default(gdb, stub):
 
 
 def test_second_debugger_is_refused_while_first_keeps_working(gdb, stub):
-    with socket.create_connection(("127.0.0.1", stub.port)) as first:
-        first.sendall(b"+" + encode_packet(b"qSupported"))
-        assert b"PacketSize=" in first.recv(4096)
+    with connect_when_free(stub) as first:
         out = run_gdb(gdb, stub, "print jiffies", timeout=30)
         assert "another debugger is attached" in out, out
         first.sendall(b"+" + encode_packet(b"m0,1"))  # the first client is still served

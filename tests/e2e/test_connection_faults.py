@@ -35,7 +35,7 @@ import pytest
 from kgtp_sim.machine import KernelImage
 from kgtp_sim.rsp.codec import Decoder, EventKind, encode_packet
 
-from ..conftest import GDB_CLIENTS, VMLINUX, GdbClient, StubProcess, run_gdb, start_stub
+from ..conftest import GDB_CLIENTS, VMLINUX, GdbClient, StubProcess, run_gdb, start_stub, wait_for_hits
 
 pytestmark = pytest.mark.gdb
 
@@ -346,7 +346,7 @@ def test_gdb_killed_mid_tstart(gdb: GdbClient, paced_stub: StubProcess, tmp_path
     it, the run is an ordinary one that lost its GDB."""
     kill_gdb_at(gdb, paced_stub, cut, (*disconnected_tracing(keep_tracing), *TRACE_COMMANDS, "tstart"), tmp_path)
     if outcome == "not run":
-        out = attach(gdb, paced_stub, "tstatus", "delete", *TRACE_COMMANDS, "tstart", "shell sleep 0.2", "tstop",
+        out = attach(gdb, paced_stub, "tstatus", "delete", *TRACE_COMMANDS, "tstart", *wait_for_hits("$tpnum"), "tstop",
                      "tstatus", *WALK_COMMANDS)
         assert "No trace has been run on the target." in out and collected(out)[0] == 0, out
         assert "Trace stopped by a tstop command" in out, out
@@ -504,7 +504,7 @@ def test_frame_selected_by_a_killed_gdb_is_not_selected_for_the_next(gdb: GdbCli
     """GDB dies while looking at frame 5 of a stopped run. The next GDB starts, as always, looking at no frame,
     so its first search must consider every frame from 0."""
     kill_gdb_at(gdb, paced_stub, Cut(b"$m%x," % KGTP_COUNTER, half),
-                (*TRACE_COMMANDS, "tstart", "shell sleep 0.2", "tstop", "tfind 5", "print kgtp_counter"), tmp_path)
+                (*TRACE_COMMANDS, "tstart", *wait_for_hits(1, 6), "tstop", "tfind 5", "print kgtp_counter"), tmp_path)
     out = attach(gdb, paced_stub, "tstatus", "tfind tracepoint 1")
     assert "Not looking at any trace frame." in out, out
     assert re.search(r"^Found trace frame 0, tracepoint 1$", out, re.M), out

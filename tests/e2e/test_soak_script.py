@@ -140,12 +140,14 @@ def test_the_script_runs_the_tool():
 @pytest.mark.slow
 @pytest.mark.skipif(not GDB_CLIENTS, reason="needs gdb")
 def test_a_short_soak_passes_every_invariant(tmp_path):
-    """Fifteen seconds of the real thing with the interpreting engine (the compiled engines are held back by
-    the bugs pinned in tests/machine/test_async_stop.py and tests/tracing/test_circular_retention.py)."""
+    """Fifteen seconds of the real thing with the interpreting engine, the one with the most Python per hit (the
+    compiled engines' runs are in docs/soak/). On failure the report ends with the stub's log and, if the stub
+    stopped answering, every thread's stack."""
     figures = tmp_path / "soak.json"
     command = [sys.executable, "-m", "kgtp_sim.tools.soak", "--seconds", "15", "--sample-seconds", "2",
                "--engine", "interp", "--rss-slope-limit", "60", "--gdb", GDB_CLIENTS[0].path, "--json", str(figures)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    # above the tool's own limits (stub start, GDB/MI, GDB batch), so a hang is reported by the tool, with its log
+    result = subprocess.run(command, capture_output=True, text=True, timeout=420, cwd=ROOT)
     assert figures.exists(), result.stdout + result.stderr
     data = json.loads(figures.read_text())
     failures = [c for c in data["checks"] if not c["passed"]]

@@ -13,7 +13,7 @@ import pytest
 
 from kgtp_sim.machine import KernelImage
 
-from ..conftest import VMLINUX, run_gdb
+from ..conftest import VMLINUX, run_gdb, wait_for_hits
 
 pytestmark = pytest.mark.gdb
 
@@ -43,7 +43,7 @@ def test_strace_with_condition_on_a_global_collects_sdata_and_registers(gdb, fre
     site = SITE["module::kgtp_module_event"]
     out = run(gdb, fresh_stub, "monitor pace 20", f"strace *{site:#x} if (jiffies & 1) == 0", "actions",
               "collect $_sdata", "collect $regs", "collect jiffies", "collect (2*counter1+3*counter2)", "end",
-              "tstart", "shell sleep 0.3", "tstop", "tstatus", "tfind 1", "print $_sdata", "print jiffies",
+              "tstart", *wait_for_hits(1, 2), "tstop", "tstatus", "tfind 1", "print $_sdata", "print jiffies",
               "print $rdi", "print $rsi", "tdump")
     assert re.search(r"Collected [1-9]\d* trace frames", out), out
     sdata = re.search(r'^\$1 = "counter1=(-?\d+) counter2=(-?\d+)"', out, re.M)
@@ -67,7 +67,10 @@ def test_every_marker_fires_and_renders_like_ftrace(gdb, fresh_stub):
     commands = []
     for marker_id in order:
         commands += [f"strace *{SITE[marker_id]:#x}", "actions", "collect $_sdata", "end"]
-    commands += ["tstart", "shell sleep 1.5", "tstop", "tstatus"]
+    commands.append("tstart")
+    for number in range(1, len(order) + 1):
+        commands += wait_for_hits(number)
+    commands += ["tstop", "tstatus"]
     for number in range(1, len(order) + 1):
         commands += ["tfind none", f"tfind tracepoint {number}", "print $_sdata"]
     out = run(gdb, fresh_stub, *commands)
@@ -87,7 +90,7 @@ def test_every_marker_fires_and_renders_like_ftrace(gdb, fresh_stub):
 def test_disabling_a_marker_during_a_run_stops_its_frames_and_restores_the_nop(gdb, fresh_stub):
     site = SITE["module::kgtp_module_event"]
     out = run(gdb, fresh_stub, "monitor pace 5", f"strace *{site:#x}", "actions", "collect $_sdata", "end",
-              "tstart", "shell sleep 0.2", "disable 1", "tstatus", "x/5xb " + hex(site), "shell sleep 0.3",
+              "tstart", *wait_for_hits(1), "disable 1", "tstatus", "x/5xb " + hex(site), "shell sleep 0.3",
               "tstatus", "tstop")
     counts = [int(n) for n in re.findall(r"Collected (\d+) trace frames", out)]
     assert len(counts) == 2 and 0 < counts[0] and counts[1] <= counts[0] + 1, out
@@ -101,7 +104,7 @@ def test_after_tsave_and_target_tfile_frames_read_back_and_monitor_renders_sdata
     site = SITE["module::module_load"]
     saved = tmp_path / "static.tf"
     live = run(gdb, fresh_stub, f"strace *{site:#x}", "actions", "collect $_sdata", "collect $regs", "end",
-               "tstart", "shell sleep 0.6", "tstop", "tfind 0", "print $_sdata", "print $rbx", f"tsave {saved}",
+               "tstart", *wait_for_hits(1), "tstop", "tfind 0", "print $_sdata", "print $rbx", f"tsave {saved}",
                "monitor sdata 0 1")
     text = re.search(r'^\$1 = "(.*)"$', live, re.M)
     assert text and re.search(rf"^frame\s+0\s+tp\s+1\s+{re.escape(text.group(1))}$", live, re.M), live

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from ..conftest import run_gdb
+from ..conftest import run_gdb, wait_for_hits, wait_for_trace_stop
 
 pytestmark = pytest.mark.gdb
 
@@ -29,7 +29,7 @@ def test_condition_and_collections_match_the_kernel(gdb, fresh_stub):
     out = run_gdb(
         gdb, fresh_stub, "monitor pace 20",  # native collection is fast: keep 0.3 s of frames under 1 MiB
         f"trace kgtp_test_function if {COND}", "actions", f"collect {EXPR}", "collect $regs", "collect kgtp_counter",
-        "end", "tstart", "shell sleep 0.3", "tstop", "tstatus",
+        "end", "tstart", *wait_for_hits(1, 11), "tstop", "tstatus",
         "tfind start", "tdump", "print $rdi", "print $rsi", "print kgtp_counter",
         "tfind", "print $rdi", "print kgtp_counter",
     )
@@ -55,14 +55,14 @@ def test_false_condition_collects_nothing(gdb, fresh_stub):
 
 def test_passcount_stops_the_run(gdb, fresh_stub):
     out = run_gdb(gdb, fresh_stub, "trace kgtp_test_function", "passcount 5", "actions", "collect counter1", "end",
-                  "tstart", "shell sleep 0.8", "tstatus")
+                  "tstart", *wait_for_trace_stop(), "tstatus")
     assert "Trace stopped by tracepoint 1." in out, out
     assert _frames_collected(out) == 5, out
 
 
 def test_full_buffer_stops_with_tfull(gdb, fresh_stub):
     out = run_gdb(gdb, fresh_stub, "set trace-buffer-size 8192", "trace kgtp_test_function", "actions", "collect $regs",
-                  "end", "tstart", "shell sleep 0.3", "tstatus")
+                  "end", "tstart", *wait_for_trace_stop(), "tstatus")
     assert "Trace stopped because the buffer was full" in out, out
     frames = _frames_collected(out)
     assert 0 < frames < 8192 // 300, out
@@ -70,7 +70,7 @@ def test_full_buffer_stops_with_tfull(gdb, fresh_stub):
 
 def test_circular_buffer_keeps_the_newest_frames(gdb, fresh_stub):
     out = run_gdb(gdb, fresh_stub, "set trace-buffer-size 8192", "set circular-trace-buffer on",
-                  "trace kgtp_test_function", "actions", "collect $regs", "end", "tstart", "shell sleep 0.3",
+                  "trace kgtp_test_function", "actions", "collect $regs", "end", "tstart", *wait_for_hits(1, 100),
                   "tstop", "tstatus")
     match = re.search(r"Buffer contains (\d+) trace frames \(of (\d+) created total\)", out)
     assert match, out
@@ -87,7 +87,7 @@ def test_tfind_forms(gdb, fresh_stub):
         gdb, fresh_stub, "monitor pace 5",  # load_module runs every 50 ticks: keep the buffer from filling first
         "trace kgtp_test_function", "actions", "collect $regs", "end",
         "trace load_module", "actions", "collect $regs", "end",
-        "tstart", "shell sleep 1.1", "tstop",
+        "tstart", *wait_for_hits(2), *wait_for_hits(1, more=True), "tstop",  # a tp 1 frame after a tp 2 one
         # searches other than by number start after the selected frame
         "tfind tracepoint 2", "print $pc", "tfind pc kgtp_test_function", "print $pc",
         "tfind none", "tfind outside kgtp_test_function, kgtp_test_function + 4", "print $pc",
@@ -103,7 +103,7 @@ def test_tfind_forms(gdb, fresh_stub):
 def test_tsave_then_target_tfile_shows_the_same_frames(gdb, fresh_stub, tmp_path):
     saved = tmp_path / "trace.tf"
     live = run_gdb(gdb, fresh_stub, f"trace kgtp_test_function if {COND}", "actions", f"collect {EXPR}",
-                   "collect $regs", "end", "tstart", "shell sleep 0.2", "tstop", "tfind 3", "tdump",
+                   "collect $regs", "end", "tstart", *wait_for_hits(1, 4), "tstop", "tfind 3", "tdump",
                    f"tsave {saved}")
     assert saved.exists(), live
     offline = run_gdb(gdb, fresh_stub, f"target tfile {saved}", "tfind 3", "tdump", attach=False)
@@ -119,14 +119,14 @@ def test_bad_tracepoint_location_fails_tstart_with_a_message(gdb, fresh_stub):
 
 def test_trace_state_variables_and_teval(gdb, fresh_stub):
     out = run_gdb(gdb, fresh_stub, "tvariable $hits = 10", "trace kgtp_test_function", "passcount 7", "actions",
-                  "teval $hits = $hits + 1", "collect $hits", "end", "tstart", "shell sleep 0.3",
+                  "teval $hits = $hits + 1", "collect $hits", "end", "tstart", *wait_for_trace_stop(),
                   "tstatus", "tfind 6", "tdump", "tfind none", "info tvariables")
     assert "$hits = 17" in out, out
 
 
 def test_division_by_zero_in_condition_stops_with_an_error(gdb, fresh_stub):
     out = run_gdb(gdb, fresh_stub, "trace kgtp_test_function if (counter1 / (counter2 - counter2)) > 0", "tstart",
-                  "shell sleep 0.2", "tstatus")
+                  *wait_for_trace_stop(), "tstatus")
     assert re.search(r"Trace stopped by an error \(.*division by zero", out), out
 
 
@@ -150,9 +150,9 @@ def test_disconnect_stops_tracing_unless_asked_otherwise(gdb, fresh_stub):
 def test_enable_disable_and_install_during_a_run(gdb, fresh_stub):
     out = run_gdb(
         gdb, fresh_stub, "monitor pace 5", "trace kgtp_test_function", "actions", "collect counter1", "end",
-        "tstart", "shell sleep 0.1", "disable 1", "tstatus", "shell sleep 0.2", "tstatus",
-        "trace load_module", "actions", "collect $regs", "end", "shell sleep 1.1",
-        "enable 1", "shell sleep 0.1", "tstop", "tstatus", "info tracepoints",
+        "tstart", *wait_for_hits(1), "disable 1", "tstatus", "shell sleep 0.2", "tstatus",
+        "trace load_module", "actions", "collect $regs", "end", *wait_for_hits(2),
+        "enable 1", *wait_for_hits(1, more=True), "tstop", "tstatus", "info tracepoints",
     )
     counts = [int(n) for n in re.findall(r"Collected (\d+) trace frames", out)]
     assert len(counts) == 3 and 0 < counts[0] <= counts[1] <= counts[0] + 2, out  # nothing while disabled
@@ -167,7 +167,7 @@ def test_each_engine_through_gdb(gdb, engine):
     server = start_stub("--engine", engine)
     try:
         out = run_gdb(gdb, server, f"trace kgtp_test_function if {COND}", "actions", f"collect {EXPR}",
-                      "collect $regs", "end", "tstart", "shell sleep 0.2", "tstop", "tstatus",
+                      "collect $regs", "end", "tstart", *wait_for_hits(1, 4), "tstop", "tstatus",
                       "tfind 2", "tdump", "monitor probes", "monitor engine")
     finally:
         server.stop()
@@ -186,7 +186,7 @@ def test_ftrace_uses_a_jump_and_gdb_refuses_short_instructions(gdb, fresh_stub):
     out = run_gdb(gdb, fresh_stub, "ftrace *(kgtp_test_function + 12)")
     assert "need at least 5 bytes for the jump" in out, out
     out = run_gdb(gdb, fresh_stub, "ftrace kgtp_test_function", "actions", "collect $regs", "end",
-                  "tstart", "shell sleep 0.1", "tstop", "tstatus", "monitor probes")
+                  "tstart", *wait_for_hits(1), "tstop", "tstatus", "monitor probes")
     assert re.search(r"0x[0-9a-f]+\s+jump\s+removed\s+fired \d+", out), out
     assert _frames_collected(out) > 0, out
 
@@ -194,7 +194,7 @@ def test_ftrace_uses_a_jump_and_gdb_refuses_short_instructions(gdb, fresh_stub):
 def test_while_stepping_collects_at_each_next_instruction(gdb, fresh_stub):
     out = run_gdb(gdb, fresh_stub, "monitor pace 5", "trace kgtp_test_function", "passcount 2", "actions",
                   "collect counter1", "while-stepping 2", "collect $regs", "end", "end",
-                  "tstart", "shell sleep 0.3", "tstatus", "tfind 0", "print $pc", "tfind 1", "print $pc",
+                  "tstart", *wait_for_trace_stop(), "tstatus", "tfind 0", "print $pc", "tfind 1", "print $pc",
                   "tdump", "tfind 2", "print $pc", "tfind 3", "print $pc")
     assert "Collected 4 trace frames" in out, out  # hit, 2 steps, hit (the pass count ends the run there)
     pcs = re.findall(r"^\$\d+ = \(void \(\*\)\([^)]*\)\) (0x[0-9a-f]+) <(\w+)(?:\+(\d+))?>", out, re.M)
@@ -211,9 +211,9 @@ def test_tsave_r_writes_on_the_target_inside_the_save_dir_only(gdb, tmp_path):
     save_dir.mkdir()
     server = start_stub("--save-dir", str(save_dir))
     try:
-        out = run_gdb(gdb, server, f"trace kgtp_test_function if {COND}", "actions", f"collect {EXPR}",
-                      "collect $regs", "end", "tstart", "shell sleep 0.2", "tstop", "tfind 2", "tdump",
-                      "tsave -r run.tf", f"tsave -r {save_dir}/abs.tf", "tsave -r ../escape.tf")
+        out = run_gdb(gdb, server, "monitor pace 5", f"trace kgtp_test_function if {COND}", "actions",
+                      f"collect {EXPR}", "collect $regs", "end", "tstart", *wait_for_hits(1, 3), "tstop", "tfind 2",
+                      "tdump", "tsave -r run.tf", f"tsave -r {save_dir}/abs.tf", "tsave -r ../escape.tf")
         assert "escape.tf' is outside the save directory" in out, out  # the escaping path is refused
         assert not (tmp_path / "escape.tf").exists()
         offline = run_gdb(gdb, None, f"target tfile {save_dir / 'run.tf'}", "tstatus", "tfind 2", "tdump",
@@ -244,7 +244,7 @@ def test_args_locals_strings_struct_members_and_bt(gdb, fresh_stub, tmp_path):
     out = run_gdb(
         gdb, fresh_stub, "trace load_module", "actions", "collect $args", "collect/s name",
         "collect current->comm", "collect current->pid", "collect $bt", "collect $regs", "end",
-        "tstart", "shell sleep 0.5", "tstop", "tfind 0", "tdump", "print name", "print current->comm",
+        "tstart", *wait_for_hits(1), "tstop", "tfind 0", "tdump", "print name", "print current->comm",
         "print current->pid", "bt 2",
     )
     name = re.search(r'^\$1 = 0x[0-9a-f]+ "(\w+)"$', out, re.M)
@@ -257,7 +257,7 @@ def test_args_locals_strings_struct_members_and_bt(gdb, fresh_stub, tmp_path):
 
 def test_tsave_ctf(gdb, fresh_stub, tmp_path):
     out = run_gdb(gdb, fresh_stub, "trace load_module", "actions", "collect $regs", "collect/s name", "end",
-                  "tstart", "shell sleep 0.3", "tstop", f"tsave -ctf {tmp_path / 'ctf'}")
+                  "tstart", *wait_for_hits(1), "tstop", f"tsave -ctf {tmp_path / 'ctf'}")
     if "unknown option `-ctf'" in out:
         pytest.skip(f"GDB {gdb.version} was built without CTF (libbabeltrace) support")
     metadata = (tmp_path / "ctf" / "metadata").read_text()
@@ -266,7 +266,7 @@ def test_tsave_ctf(gdb, fresh_stub, tmp_path):
 
 def test_frames_carry_timestamps_and_cpu_shown_by_monitor(gdb, fresh_stub):
     out = run_gdb(gdb, fresh_stub, "trace kgtp_test_function", "actions", "collect counter1", "end", "tstart",
-                  "shell sleep 0.2", "tstop", "monitor frames 0 5")
+                  *wait_for_hits(1, 5), "tstop", "monitor frames 0 5")
     rows = re.findall(r"^frame\s+(\d+)\s+tp\s+1\s+\+\s*([\d.]+) us\s+cpu (\d+)\s+seq (\d+)", out, re.M)
     assert len(rows) == 5, out
     times = [float(r[1]) for r in rows]
@@ -276,7 +276,7 @@ def test_frames_carry_timestamps_and_cpu_shown_by_monitor(gdb, fresh_stub):
 
 def test_frame_serves_read_only_memory_live_and_faults_become_unavailable(gdb, fresh_stub):
     out = run_gdb(gdb, fresh_stub, "trace kgtp_test_function", "actions", "collect *(long *)0x10",
-                  "collect kgtp_counter", "end", "tstart", "shell sleep 0.1", "tstop", "tstatus",
+                  "collect kgtp_counter", "end", "tstart", *wait_for_hits(1), "tstop", "tstatus",
                   "tfind 0", "x/2i $pc", "print *(long *)0x10", "print kgtp_counter", "print jiffies")
     assert "Trace stopped by a tstop command" in out, out  # a faulting collection does not stop the run
     assert re.search(r"^=> 0x[0-9a-f]+ <kgtp_test_function>:\s+add", out, re.M), out  # .text via QTro
@@ -287,19 +287,19 @@ def test_frame_serves_read_only_memory_live_and_faults_become_unavailable(gdb, f
 
 def test_condition_reading_bad_memory_records_terror(gdb, fresh_stub):
     out = run_gdb(gdb, fresh_stub, "trace kgtp_test_function if *(int *)0x10 > 0", "tstart",
-                  "shell sleep 0.1", "tstatus")
+                  *wait_for_trace_stop(), "tstatus")
     assert re.search(r"Trace stopped by an error \(tracepoint 1: memory fault", out), out
 
 
 def test_locals(gdb, fresh_stub):
     out = run_gdb(gdb, fresh_stub, "trace module.c:57", "actions", "collect $locals", "end", "tstart",
-                  "shell sleep 0.5", "tstop", "tfind 0", "tdump")
+                  *wait_for_hits(1), "tstop", "tfind 0", "tdump")
     assert re.search(r"^mod = 0x[0-9a-f]+ <modules(\+\d+)?>$", out, re.M), out
 
 
 def test_tfind_line(gdb, fresh_stub):
     out = run_gdb(gdb, fresh_stub, "monitor pace 5", "trace kgtp_test_function", "trace load_module",
-                  "tstart", "shell sleep 0.8", "tstop", "tfind line module.c:53", "print $pc", "tfind none",
+                  "tstart", *wait_for_hits(2), *wait_for_hits(1, more=True), "tstop", "tfind line module.c:53", "print $pc", "tfind none",
                   "tfind line kgtp_test_function", "print $pc")
     pcs = re.findall(r"^\$\d+ = \(void \(\*\)\([^)]*\)\) 0x[0-9a-f]+ <(\w+)>", out, re.M)
     assert pcs == ["load_module", "kgtp_test_function"], out

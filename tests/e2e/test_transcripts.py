@@ -81,6 +81,22 @@ def _same_tracepoint_frame(session, replies: list[bytes], recorded: bytes) -> li
     return _replies(session, b"QTFrame:tdp:" + want.group(1))
 
 
+def _let_recorded_tracepoints_hit(session, exchanges) -> None:
+    """Let the kernel run until each tracepoint the recording saw hit has hit here too.
+
+    The recorded session let the kernel run (`shell sleep`) before tstop; a fixed sleep can end before a rarely
+    called function (load_module) ran once on a loaded machine, so the replay waits for the hits themselves.
+    """
+    time.sleep(0.3)
+    hit = [e.request for e in exchanges if e.request.startswith(b"qTP:") and e.replies
+           and re.fullmatch(rb"V([0-9a-f]+):[0-9a-f]+", e.replies[0]) and not e.replies[0].startswith(b"V0:")]
+    deadline = time.monotonic() + 10
+    for request in hit:
+        while _replies(session, request)[0].startswith(b"V0:"):
+            assert time.monotonic() < deadline, f"{request!r} never hit"
+            time.sleep(0.05)
+
+
 @pytest.fixture
 def stub():
     """A fresh stub per transcript: each recording started from a freshly booted kernel."""
@@ -104,7 +120,7 @@ def test_replay(stub, path: Path):
             request = b"QTFrame:%x" % frame_numbers[int(selected.group(1), 16)]
         out = session.receive(b"+" + encode_packet(request))
         if request == b"QTStart":
-            time.sleep(0.3)  # the recorded session let the kernel run (`shell sleep`) before tstop
+            _let_recorded_tracepoints_hit(session, exchanges)
         replies = [e.payload for e in Decoder().feed(out) if e.kind is EventKind.PACKET]
         if selected and replies and exchange.replies:
             replies = _same_tracepoint_frame(session, replies, exchange.replies[0])

@@ -33,16 +33,27 @@ def image() -> KernelImage:
 
 @pytest.fixture(scope="module")
 def running(image):
-    """One booted machine for the whole module, after ~1.2 s of uptime (every thread has done its rounds)."""
+    """One booted machine for the whole module, after 1.2 s of its own uptime (every thread has done its rounds).
+
+    Kernel time, not host time: on a loaded host the kernel just takes longer to get there."""
     machine = Machine(image, hz=200)
     machine.start()
-    time.sleep(1.2)
+    eventually(lambda: machine.stats().jiffies >= 240, "the kernel never reached 240 jiffies")
     yield machine
     machine.shutdown()
 
 
+def eventually(condition, message: str, timeout: float = 30) -> None:
+    """Poll `condition` until it holds; fail with `message` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.01)
+
+
 def assemble(source: str, address: int) -> bytes:
-    """Intel syntax on purpose: keystone's AT&T mode read `$11` as 0x11 here."""
+    """Intel syntax on purpose: keystone's AT&T mode read `$11` as 0x11 here. Immediates are written in hex:
+    once any AT&T source was assembled in the process, Intel mode reads a bare `50` as 0x50."""
     encoding, _ = Ks(KS_ARCH_X86, KS_MODE_64).asm(source, address)
     return bytes(encoding)
 
@@ -68,9 +79,7 @@ def test_kernel_boots_ticks_and_switches(running, image):
     current = running.read_symbol("current")
     tasks = image.symbols["tasks"]
     assert tasks.address <= current < tasks.address + tasks.size
-    jiffies = stats.jiffies
-    time.sleep(0.1)
-    assert running.stats().jiffies > jiffies
+    eventually(lambda: running.stats().jiffies > stats.jiffies, "jiffies stopped")
 
 
 def test_workload_threads_do_their_work(running):
@@ -92,10 +101,9 @@ def test_page_faults_and_traps_go_through_the_idt(running):
     assert all(delivered[v] >= 3 for v in (0, 3, 6))  # #DE, #BP, #UD, each fixed up by do_trap
     assert kernel_traps == delivered[0] + delivered[3] + delivered[6]
     # the faulting thread keeps going: more faults and traps later
-    time.sleep(0.2)
-    later = running.stats()
-    assert later.page_faults > delivered[14] and later.traps > kernel_traps
-    assert "crashed" not in later.state
+    eventually(lambda: running.stats().page_faults > delivered[14] and running.stats().traps > kernel_traps,
+               "the faulting thread stopped faulting")
+    assert "crashed" not in running.stats().state
 
 
 def test_demand_paging_maps_pages_on_first_touch(running):
@@ -129,8 +137,7 @@ def test_reads_while_running_are_coherent(running):
     address = running.image.address_of("jiffies")
     values = [int.from_bytes(running.read_memory(address, 8), "little") for _ in range(300)]
     assert values == sorted(values)
-    time.sleep(0.05)
-    assert int.from_bytes(running.read_memory(address, 8), "little") > values[0]
+    eventually(lambda: int.from_bytes(running.read_memory(address, 8), "little") > values[0], "jiffies stopped")
 
 
 def test_settings(running):
@@ -317,3 +324,44 @@ def test_stops_asked_by_other_threads_never_replay_instructions():
     first, second = struct.unpack("<QQ", uc.mem_read(data, 16))
     assert first > 1000
     assert first - second in (0, 1)  # 1: stopped between the two
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_a_stop_outside_a_range_ends_at_the_first_block_leaving_it(monkeypatch, native):
+    """The CPU thread arms it when a timer tick waits on a detour: emulation runs on through every block of
+    the stub's code and ends where the kernel's code resumes, before any of its instructions ran."""
+    from unicorn import UC_ARCH_X86, UC_MODE_64, Uc
+    from unicorn.x86_const import UC_X86_REG_RCX, UC_X86_REG_RIP
+
+    from kgtp_sim.machine import cpu as cpu_module
+
+    if not native:
+        monkeypatch.setattr(cpu_module, "_native_hook", lambda *args: None)
+    detour, kernel, data = 0x10000, 0x20000, 0x30000
+    ks = Ks(KS_ARCH_X86, KS_MODE_64)
+    # the "detour": 50 passes through a loop of several blocks, then a jump back into the "kernel"
+    uc = Uc(UC_ARCH_X86, UC_MODE_64)
+    for base in (detour, kernel, data):
+        uc.mem_map(base, 0x1000)
+    # immediates in hex: once any AT&T source was assembled in the process, keystone's Intel mode reads `50` as 0x50
+    uc.mem_write(detour, bytes(ks.asm(
+        "mov ecx, 0x32; again: inc qword ptr [0x30000]; test ecx, 1; jz even; nop; even: dec ecx; jnz again;"
+        f" mov rax, {kernel:#x}; jmp rax", detour)[0]))
+    uc.mem_write(kernel, bytes(ks.asm("inc qword ptr [0x30008]; jmp 0x20000", kernel)[0]))
+    stopper = cpu_module.BlockStopper(uc)
+
+    stopper.stop_outside(detour, detour + 0x1000)
+    uc.emu_start(detour, 0, 0, 100_000)
+    assert uc.reg_read(UC_X86_REG_RIP) == kernel
+    assert struct.unpack("<QQ", uc.mem_read(data, 16)) == (50, 0)
+    assert uc.reg_read(UC_X86_REG_RCX) == 0
+
+    stopper.clear()  # nothing asked: runs on to the instruction bound
+    uc.emu_start(kernel, 0, 0, 20)
+    assert struct.unpack("<QQ", uc.mem_read(data, 16)) == (50, 10)
+
+    stopper.stop_outside(detour, detour + 0x1000)
+    stopper.request()  # another thread's stop widens it: the very next block
+    uc.emu_start(detour, 0, 0, 100_000)
+    assert uc.reg_read(UC_X86_REG_RIP) == detour
+    assert struct.unpack("<QQ", uc.mem_read(data, 16)) == (50, 10)
