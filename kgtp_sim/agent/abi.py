@@ -39,6 +39,10 @@ CTX_SIZE = 0x48
 
 #: Registers the optimizing compiler may read live instead of from the block (callee-saved: it never writes them).
 LIVE_CANDIDATES: dict[int, str] = {1: "rbx", 6: "rbp", 12: "r12", 13: "r13", 14: "r14", 15: "r15"}
+#: ... and, for code that takes neither pointer (`compile_opt(..., pointerless=True)`: no register block, no
+#: context), also %rsi and %rdi, which the compiled code never writes: the false-condition fast path calls such a
+#: condition with the site's own %rdi and %rsi still in place.
+POINTERLESS_LIVE_CANDIDATES: dict[int, str] = {**LIVE_CANDIDATES, 4: "rsi", 5: "rdi"}
 
 #: Where register N (GDB amd64 numbering, 0..23) sits in the register block, and its size.
 REG_OFFSET: tuple[int, ...] = amd64.OFFSETS[:24]

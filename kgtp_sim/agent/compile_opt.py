@@ -64,9 +64,9 @@ INLINE_TRACE_MAX = 64
 class _Compiler(TreeCodegen):
     """Basic blocks, the canonical stack at their boundaries, and the opcodes with effects."""
 
-    def __init__(self, program: Program, live: frozenset[int]) -> None:
+    def __init__(self, program: Program, live: dict[int, str]) -> None:
         super().__init__(program)
-        self.live = live
+        self.live = live  # GDB regnum -> the register that still holds it
         self.stubs = Stubs()
         self.helpers: set[str] = set()
         self.formats: dict[int, bytes] = {}
@@ -218,7 +218,7 @@ class _Compiler(TreeCodegen):
             st.append(Const(insn.arg))
         elif name == "reg":
             n = insn.arg
-            st.append(LiveReg(abi.LIVE_CANDIDATES[n]) if n in self.live else BlockReg(n))
+            st.append(LiveReg(self.live[n]) if n in self.live else BlockReg(n))
         elif name in sem.BINARY_OPS:
             b = st.pop()
             a = st.pop()
@@ -595,15 +595,35 @@ class _Compiler(TreeCodegen):
         self.clobber_all()
 
 
-def compile_opt(program: Program, base: int, live_registers: frozenset[int] | set[int] = frozenset()) -> CompiledExpr:
+#: Ops that need the context (%rsi) or the register block (%rdi) whatever their operands: pointerless code has neither.
+_NEEDS_POINTERS = frozenset({"getv", "setv", "trace", "trace_quick", "trace16", "tracenz", "tracev", "printf",
+                             "div_signed", "div_unsigned", "rem_signed", "rem_unsigned", "ref8", "ref16", "ref32",
+                             "ref64"})
+
+
+def compile_opt(program: Program, base: int, live_registers: frozenset[int] | set[int] = frozenset(), *,
+                pointerless: bool = False) -> CompiledExpr:
     """Compile `program` for `base`. `live_registers`: GDB regnums (callee-saved only, see abi.LIVE_CANDIDATES)
-    that still hold their probe-site values when the compiled function is entered; `reg N` reads them directly."""
+    that still hold their probe-site values when the compiled function is entered; `reg N` reads them directly.
+
+    `pointerless`: the caller passes neither the register block nor the context, so %rdi and %rsi may be read live
+    too (abi.POINTERLESS_LIVE_CANDIDATES) and every `reg` must be; only side-effect-free programs that cannot fail
+    and have no loops qualify (ValueError otherwise). The false-condition fast path uses it to evaluate a
+    condition without saving the register block first."""
     live = frozenset(live_registers)
-    bad = live - set(abi.LIVE_CANDIDATES)
+    candidates = abi.POINTERLESS_LIVE_CANDIDATES if pointerless else abi.LIVE_CANDIDATES
+    bad = live - set(candidates)
     if bad:
-        raise ValueError(f"registers {sorted(bad)} cannot be read live (only {sorted(abi.LIVE_CANDIDATES)})")
-    c = _Compiler(program, live)
+        raise ValueError(f"registers {sorted(bad)} cannot be read live (only {sorted(candidates)})")
+    if pointerless:
+        needs = sorted({i.name for i in program.insns if i.name in _NEEDS_POINTERS}
+                       | {f"reg {i.arg}" for i in program.insns if i.name == "reg" and i.arg not in live})
+        if needs or program.backward_jumps:
+            raise ValueError(f"cannot compile without pointers: {', '.join(needs) or 'backward jumps'}")
+    c = _Compiler(program, {n: candidates[n] for n in live})
     c.compile()
+    if pointerless and (c.uses_frame or c.helpers or c.formats):
+        raise ValueError("cannot compile without pointers: the code needs a frame or helpers")
     body = c.cb
     emit_exits(body, restore_rsp=c.uses_frame)
     c.stubs.emit(body)

@@ -449,15 +449,20 @@ class TreeCodegen:
         else:
             lt = self.gen(a)
             left = width(lt.reg)  # type: ignore[arg-type]
-        if lt is not None:
-            self.pinned.add(lt.reg)  # type: ignore[arg-type]
+        # the left operand's register stays put while the right one is evaluated: were it spilled to make room,
+        # `cmp` would compare the right operand with whatever then took that register (itself, once)
+        held = lt.reg if lt is not None else a.v.reg if isinstance(a, V) else None
+        pin = held is not None and held not in self.pinned
+        if pin:
+            self.pinned.add(held)  # type: ignore[arg-type]
         text, holes, t = self.operand(b, "k", allow_mem=not left.endswith(")"))
         if not node.wide and text.startswith("%"):
             text = f"%{r32(text[1:])}"
         self.e(f"cmp{'q' if node.wide else 'l'} {text},{left}", **holes)
         self.use(b, t)
+        if pin:
+            self.pinned.discard(held)  # type: ignore[arg-type]
         if lt is not None:
-            self.pinned.discard(lt.reg)  # type: ignore[arg-type]
             self.release(lt)
         else:
             self.drop(a)

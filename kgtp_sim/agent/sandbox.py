@@ -199,8 +199,10 @@ class Sandbox:
         rsp = STACK_TOP - 8
         uc.mem_write(rsp, struct.pack("<Q", RETURN_ADDR))
         uc.reg_write(UC_X86_REG_RSP, rsp)
-        uc.reg_write(UC_X86_REG_RDI, REGS_ADDR)
-        uc.reg_write(UC_X86_REG_RSI, CTX_ADDR)
+        # a pointerless compile (compile_opt) reads %rdi/%rsi as the site's registers, not as the two pointers
+        pointerless = bool({4, 5} & compiled.live_registers)
+        uc.reg_write(UC_X86_REG_RDI, regs.get(5, 0) & (2**64 - 1) if pointerless else REGS_ADDR)
+        uc.reg_write(UC_X86_REG_RSI, regs.get(4, 0) & (2**64 - 1) if pointerless else CTX_ADDR)
         entry = {n: (live or {}).get(n, regs.get(n, 0)) & (2**64 - 1) for n in _LIVE_UC}
         for n, reg in _LIVE_UC.items():
             uc.reg_write(reg, entry[n])

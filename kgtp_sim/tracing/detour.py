@@ -64,7 +64,11 @@ class Runtime:
 class FastPath:
     """A false condition decided before the full save: only what the compiled condition reads or clobbers is
     stored, flags are kept only if they are live at the site. Used for pure conditions (no side effects), so
-    the full path may evaluate the condition again when it is true."""
+    the full path may evaluate the condition again when it is true.
+
+    With `live_entry` (a pointerless compile of the condition that reads every register it needs live, see
+    compile_opt) there is no register block at all: the registers the condition clobbers are pushed, it is
+    called with the site's registers in place, and they are popped again."""
 
     stores: tuple[str, ...]  # registers written into their block slots (read by `reg` ops, or clobbered)
     restores: tuple[str, ...]  # registers the condition (or the call setup) clobbers
@@ -73,6 +77,7 @@ class FastPath:
     flags_live: bool  # the displaced code reads flags before writing them
     save_flags: bool  # keep the site's flags for the full path (a register collection records them)
     tail: bytes  # the displaced instructions relocated to follow the fast path, and the jump back
+    live_entry: int | None = None  # the pointerless compile of the condition, if there is one
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,8 @@ def _builtins(plan: DetourPlan) -> list[str]:
 def _fast_path(plan: DetourPlan) -> list[str]:
     fast = plan.fast
     assert fast is not None and plan.condition is not None
+    if fast.live_entry is not None:
+        return _live_fast_path(fast)
     keep = fast.flags_live or fast.save_flags
     lines = ["pushfq"] if keep else []
     lines.append(f"incq counters+{FIRED:#x}(%rip)")
@@ -182,6 +189,22 @@ def _fast_path(plan: DetourPlan) -> list[str]:
     # true (or failed): undo the partial save and give the full path the site's flags to record
     lines += ["fast_slow:"] + restore + [f"add ${BLOCK_BYTES:#x}, %rsp"] + (["popfq"] if keep else [])
     return lines
+
+
+def _live_fast_path(fast: FastPath) -> list[str]:
+    keep = fast.flags_live or fast.save_flags
+    lines = ["pushfq"] if keep else []
+    lines.append(f"incq counters+{FIRED:#x}(%rip)")
+    lines += [f"push %{name}" for name in fast.restores]
+    lines += [f"call {fast.live_entry:#x}", "test %rax, %rax", "jne fast_slow"]
+    pops = [f"pop %{name}" for name in reversed(fast.restores)]
+    if fast.flags_live:
+        lines += pops + ["popfq"]
+    else:  # dead flags: drop the saved copy, if any
+        lines += pops + (["add $0x8, %rsp"] if keep else [])
+    lines.append(".byte " + ",".join(f"{b:#x}" for b in fast.tail))  # displaced code + jmp back
+    # true: give the full path the site's registers and flags to record
+    return lines + ["fast_slow:"] + pops + (["popfq"] if keep else [])
 
 
 def fast_path_prefix_size(plan: DetourPlan, base: int) -> int:

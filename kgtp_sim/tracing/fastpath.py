@@ -3,6 +3,12 @@
 The fast path is for pure conditions (no trace, setv, printf, no computed built-in variables): evaluating one
 twice is harmless, so a true condition simply falls through to the full path. What to store comes from the
 bytecode (the `reg` operands it reads) and from the compiled code itself (capstone: every register it writes).
+
+When the condition reads only registers that compiled code never writes (%rdi, %rsi and the callee-saved ones)
+and needs neither memory, TSVs nor a division check, it is compiled a second time without pointers
+(compile_opt's `pointerless`): the fast path then pushes what that code clobbers and calls it with the site's
+registers in place, with no register block at all (21 emulated instructions for the thesis' false condition,
+against 28 with the block).
 """
 
 from __future__ import annotations
@@ -56,6 +62,10 @@ def eligible(program: Program, computed_builtins: set[int]) -> bool:
         if insn.name == "reg" and (insn.operands[0] >= 16 or insn.operands[0] == amd64.SP_REGNUM):
             return False  # rsp, rip, eflags and segments are only right in the full save
     return True
+
+
+def regnums_read(program: Program) -> set[int]:
+    return {insn.operands[0] for insn in program.insns if insn.name == "reg"}
 
 
 def registers_read(program: Program) -> set[str]:

@@ -127,8 +127,13 @@ class NativeRun:
 
     # ---- building ---------------------------------------------------------------------------------------
 
-    def _compile(self, program: Program) -> CompiledExpr:
-        compiler = compile_opt if self.engine == "opt" else compile_naive
+    def _compile(self, program: Program, live: frozenset[int] | None = None) -> CompiledExpr:
+        """Compile into module space. `live`: a pointerless opt compile reading those registers live."""
+        if live is not None:
+            def compiler(program: Program, base: int) -> CompiledExpr:
+                return compile_opt(program, base, live, pointerless=True)
+        else:
+            compiler = compile_opt if self.engine == "opt" else compile_naive
         trial = compiler(program, 0xFFFFFFFFA0000000)
         base = self.machine.alloc_code(len(trial.code) + 16)
         compiled = compiler(program, base)
@@ -192,7 +197,7 @@ class NativeRun:
                 for insn in program.insns
             ),
         )
-        fast = self._fast_path(condition, compiled[0] if condition is not None else None, site, builtin_slots,
+        fast = self._fast_path(condition, compiled, site, builtin_slots,
                                flags_recorded=collect_registers or plan.reads_segments or any(
                                    insn.name == "reg" and insn.operands[0] == amd64.REGISTER_INDEX["eflags"]
                                    for program in [p for _, p in actions if p] for insn in program.insns))
@@ -222,13 +227,28 @@ class NativeRun:
         self.code_regions += [(c.base, c.end) for c in compiled] + [(base, end)]
         return NativeProbe("int3", built, built.counters, compiled, regions)
 
-    def _fast_path(self, condition, compiled, site, builtin_slots, flags_recorded: bool) -> d.FastPath | None:
-        """The false-condition fast path, for the optimizing engine and pure conditions (fastpath.py)."""
-        if self.engine != "opt" or condition is None or compiled is None:
+    def _fast_path(self, condition, compiled: list[CompiledExpr], site, builtin_slots,
+                   flags_recorded: bool) -> d.FastPath | None:
+        """The false-condition fast path, for the optimizing engine and pure conditions (fastpath.py). When the
+        condition can be compiled without pointers, that compile is added to `compiled` and the fast path calls
+        it with the site's registers in place (no register block)."""
+        if self.engine != "opt" or condition is None:
             return None
         if not fastpath.eligible(condition, {number for number, _ in builtin_slots} | COMPUTED_BUILTINS):
             return None
-        written, reads_rsi = fastpath.code_registers(compiled)
+        flags_live = fastpath.flags_live_at(site.displaced)
+        try:
+            live = self._compile(condition, frozenset(fastpath.regnums_read(condition)))
+        except ValueError:
+            pass  # it needs the block or the context: the fast path below stores what it reads
+        else:
+            compiled.append(live)
+            written, _ = fastpath.code_registers(live)
+            order = [r.name for r in amd64.GENERAL_REGISTERS[:16]]
+            return d.FastPath(stores=(), restores=tuple(n for n in order if n in written), needs_ctx=False,
+                              can_fail=False, flags_live=flags_live, save_flags=flags_recorded, tail=b"",
+                              live_entry=live.entry)
+        written, reads_rsi = fastpath.code_registers(compiled[0])
         clobbered = written | {"rdi"} | ({"rsi"} if reads_rsi else set())
         stores = fastpath.registers_read(condition) | clobbered
         order = [r.name for r in amd64.GENERAL_REGISTERS[:16]]
@@ -237,7 +257,7 @@ class NativeRun:
             restores=tuple(n for n in order if n in clobbered),
             needs_ctx=reads_rsi,
             can_fail=fastpath.can_fail(condition) or bool(condition.backward_jumps),
-            flags_live=fastpath.flags_live_at(site.displaced),
+            flags_live=flags_live,
             save_flags=flags_recorded,
             tail=b"",
         )

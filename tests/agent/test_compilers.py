@@ -66,6 +66,21 @@ def test_every_opcode_compiles_and_agrees(diff, name) -> None:
         diff.check(code, regs, {2: 99})
 
 
+@pytest.mark.parametrize("loads", [5, 6, 7, 8])
+def test_a_compare_keeps_its_left_operand_when_the_right_one_needs_a_register(diff, loads) -> None:
+    """`loads` values held in registers, the division's %rax and %rdx taken, then `getv 0 == reg 19` (a 4-byte
+    slot, so it needs a register): the allocator used to spill the left operand to make room and then compare
+    the right one with itself, so 0 == 1 came out true and a division by zero went unnoticed (found by the fuzz
+    test)."""
+    code = assemble("; ".join([f"const64 {DATA_ADDR:#x}; ref8"] * loads
+                              + ["reg 0", "getv 0", "reg 19", "equal", "div_signed"] + ["add"] * loads + ["end"]))
+    regs = [0] * 24
+    regs[19] = 1
+    assert diff.check(code, regs, {}).error == (ErrorCode.DIVIDE_BY_ZERO, 10 * loads + 10)
+    regs[19] = 0  # now equal: 0 / 1, and the sum of the loads
+    assert diff.check(code, regs, {}).error is None
+
+
 def _names(code: bytes) -> list[str]:
     return [i.name for i in verify(code).insns]
 
@@ -118,6 +133,35 @@ def test_live_registers_are_read_live() -> None:
     assert sb.run(compile_opt(code, CODE_BASE, {1}), regs, live=live).result.value == 112
     with pytest.raises(ValueError):
         compile_opt(code, CODE_BASE, {0})
+
+
+def test_pointerless_compiles_read_the_site_registers_and_agree_with_the_interpreter() -> None:
+    """The false-condition fast path calls its condition with the site's own %rdi and %rsi in place (no register
+    block, no context). GDB's real conditions that qualify give the interpreter's value; what needs a pointer is
+    refused."""
+    from kgtp_sim.agent.context import SimpleContext
+    from kgtp_sim.agent.interp import evaluate
+
+    sb = Sandbox()
+    compiled_any = False
+    for entry in CORPUS["entries"]:
+        program = verify(bytes.fromhex(entry["bytecode"]))
+        read = {i.arg for i in program.insns if i.name == "reg"}
+        try:
+            code = compile_opt(program, CODE_BASE, read, pointerless=True)
+        except ValueError:
+            continue
+        compiled_any = True
+        for regs in ([0] * 24, [(7 * n + 3) << (n % 5 * 12) for n in range(24)], [2**64 - 1 - n for n in range(24)]):
+            regs = [v & (2**64 - 1) if abi.REG_SIZE[n] == 8 else v & 0xFFFFFFFF for n, v in enumerate(regs)]
+            expected = evaluate(program, SimpleContext(registers=regs)).value
+            assert sb.run(code, regs).result.value == expected, entry["expression"]
+    assert compiled_any
+    refused = ("reg 5; reg 0; add; end", "reg 5; getv 1; add; end", "reg 5; ref8; end", "reg 4; const8 0; div_signed; end")
+    for source in refused:  # rax is not kept live; TSVs and memory need the context; division can fail
+        with pytest.raises(ValueError, match="without pointers"):
+            program = verify(assemble(source))
+            compile_opt(program, CODE_BASE, {i.arg for i in program.insns if i.name == "reg"} & {4, 5}, pointerless=True)
 
 
 def test_printf_without_trap_only_pops() -> None:

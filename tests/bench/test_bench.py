@@ -63,7 +63,9 @@ def test_native_false_condition_is_short(rows):
     for probe in ("dynamic-jump", "static"):
         opt = by(rows, probe, "false-cond", "opt")["insns_per_hit"]
         assert 0 < opt < by(rows, probe, "false-cond", "naive")["insns_per_hit"]
-        assert opt <= 40  # target 25 (issue 6); guard against regressions beyond today's 27-28
+        # the target (issue 6), everything included: 21 at the jump probe, 20 at the marker, since the fast
+        # path calls a pointerless compile of the condition (28 and 27 with a register block)
+        assert opt <= 25
 
 
 def test_json_schema_and_markdown(rows, tmp_path):
