@@ -649,4 +649,5 @@ def compile_opt(program: Program, base: int, live_registers: frozenset[int] | se
         helpers=(base + shift + helper_start, base + shift + helper_end) if c.helpers else None,
         stack_bytes=frame + 16,
         live_registers=live,
+        pointerless=pointerless,
     )

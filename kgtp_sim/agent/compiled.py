@@ -33,6 +33,7 @@ class CompiledExpr:
     helpers: tuple[int, int] | None  # [start, end) of trace helpers: the bytecode offset is in %r10d there
     stack_bytes: int  # stack used below the return address, at most
     live_registers: frozenset[int] = frozenset()
+    pointerless: bool = False  # called without the block and context pointers (%rdi, %rsi are site registers)
 
     @property
     def entry(self) -> int:

@@ -200,7 +200,7 @@ class Sandbox:
         uc.mem_write(rsp, struct.pack("<Q", RETURN_ADDR))
         uc.reg_write(UC_X86_REG_RSP, rsp)
         # a pointerless compile (compile_opt) reads %rdi/%rsi as the site's registers, not as the two pointers
-        pointerless = bool({4, 5} & compiled.live_registers)
+        pointerless = compiled.pointerless
         uc.reg_write(UC_X86_REG_RDI, regs.get(5, 0) & (2**64 - 1) if pointerless else REGS_ADDR)
         uc.reg_write(UC_X86_REG_RSI, regs.get(4, 0) & (2**64 - 1) if pointerless else CTX_ADDR)
         entry = {n: (live or {}).get(n, regs.get(n, 0)) & (2**64 - 1) for n in _LIVE_UC}

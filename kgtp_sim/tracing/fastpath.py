@@ -69,7 +69,7 @@ def regnums_read(program: Program) -> set[int]:
 
 
 def registers_read(program: Program) -> set[str]:
-    return {_GPR[insn.operands[0]] for insn in program.insns if insn.name == "reg"}
+    return {_GPR[n] for n in regnums_read(program)}
 
 
 def code_registers(compiled: CompiledExpr) -> tuple[set[str], bool]:
