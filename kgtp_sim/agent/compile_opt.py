@@ -64,9 +64,10 @@ INLINE_TRACE_MAX = 64
 class _Compiler(TreeCodegen):
     """Basic blocks, the canonical stack at their boundaries, and the opcodes with effects."""
 
-    def __init__(self, program: Program, live: dict[int, str]) -> None:
+    def __init__(self, program: Program, live: dict[int, str], branch: bool = False) -> None:
         super().__init__(program)
         self.live = live  # GDB regnum -> the register that still holds it
+        self.branch_exits = branch  # `end` jumps to exit_true when the value is non-zero, else falls off the end
         self.stubs = Stubs()
         self.helpers: set[str] = set()
         self.formats: dict[int, bytes] = {}
@@ -271,6 +272,10 @@ class _Compiler(TreeCodegen):
             self.canonicalize()
             self.discard_stack()
             self.jump(insn, f"bc_{insn.arg}")
+        elif name == "end" and self.branch_exits:
+            self.finish_branch()
+            if not is_last:
+                self.cb.jmp("exit_false")
         elif name == "end":
             self.finish_value()
             if not is_last:
@@ -329,6 +334,21 @@ class _Compiler(TreeCodegen):
         else:
             v = self.gen_into(top, "rax")
             self.release(v)
+
+    def finish_branch(self) -> None:
+        """`end` of a branching compile: to exit_true if the value is non-zero; a compare is its own jcc."""
+        st = self.stack
+        if not st:
+            return
+        top = st.pop()
+        self.discard_stack()
+        if isinstance(top, Const):
+            if top.value:
+                self.cb.jmp("exit_true")
+            return
+        if not isinstance(top, Cmp):
+            top = Cmp("ne", top, Const(0))
+        self.cb.jcc(self.flags(top), "exit_true")
 
     # ------------------------------------------------------------------------------------------- effects
     def address(self, node: Node, hole: str) -> tuple[str, dict[str, int], VReg | None]:
@@ -602,14 +622,18 @@ _NEEDS_POINTERS = frozenset({"getv", "setv", "trace", "trace_quick", "trace16", 
 
 
 def compile_opt(program: Program, base: int, live_registers: frozenset[int] | set[int] = frozenset(), *,
-                pointerless: bool = False) -> CompiledExpr:
+                pointerless: bool = False, true_exit: int | None = None) -> CompiledExpr:
     """Compile `program` for `base`. `live_registers`: GDB regnums (callee-saved only, see abi.LIVE_CANDIDATES)
     that still hold their probe-site values when the compiled function is entered; `reg N` reads them directly.
 
     `pointerless`: the caller passes neither the register block nor the context, so %rdi and %rsi may be read live
     too (abi.POINTERLESS_LIVE_CANDIDATES) and every `reg` must be; only side-effect-free programs that cannot fail
     and have no loops qualify (ValueError otherwise). The false-condition fast path uses it to evaluate a
-    condition without saving the register block first."""
+    condition without saving the register block first.
+
+    `true_exit` (pointerless only): compile a branch instead of a function, to be placed inline: where the value
+    is non-zero the code jumps to the absolute address `true_exit`, where it is zero it falls off its end (no
+    `ret`, nothing returned); a final compare becomes the jump itself."""
     live = frozenset(live_registers)
     candidates = abi.POINTERLESS_LIVE_CANDIDATES if pointerless else abi.LIVE_CANDIDATES
     bad = live - set(candidates)
@@ -620,10 +644,19 @@ def compile_opt(program: Program, base: int, live_registers: frozenset[int] | se
                        | {f"reg {i.arg}" for i in program.insns if i.name == "reg" and i.arg not in live})
         if needs or program.backward_jumps:
             raise ValueError(f"cannot compile without pointers: {', '.join(needs) or 'backward jumps'}")
-    c = _Compiler(program, {n: candidates[n] for n in live})
+    if true_exit is not None and not pointerless:
+        raise ValueError("only a pointerless compile can branch")
+    c = _Compiler(program, {n: candidates[n] for n in live}, branch=true_exit is not None)
     c.compile()
-    if pointerless and (c.uses_frame or c.helpers or c.formats):
-        raise ValueError("cannot compile without pointers: the code needs a frame or helpers")
+    if pointerless and (c.uses_frame or c.helpers or c.formats or c.stubs.wanted):
+        raise ValueError("cannot compile without pointers: the code needs a frame, helpers or error exits")
+    if true_exit is not None:
+        c.cb.label("exit_false")
+        c.cb.labels["exit_true"] = true_exit - base  # outside the code: the buffer is linked at `base`
+        code = c.cb.finish()
+        return CompiledExpr(engine="opt", program=program, base=base, code=code, fault_exit=base + len(code),
+                            ranges=tuple((base + s, base + e, off) for s, e, off in c.ranges), helpers=None,
+                            stack_bytes=0, live_registers=live, pointerless=True)
     body = c.cb
     emit_exits(body, restore_rsp=c.uses_frame)
     c.stubs.emit(body)

@@ -66,9 +66,9 @@ class FastPath:
     stored, flags are kept only if they are live at the site. Used for pure conditions (no side effects), so
     the full path may evaluate the condition again when it is true.
 
-    With `live_entry` (a pointerless compile of the condition that reads every register it needs live, see
-    compile_opt) there is no register block at all: the registers the condition clobbers are pushed, it is
-    called with the site's registers in place, and they are popped again."""
+    With `inline` (the condition compiled without pointers as a branch, see compile_opt: it reads the site's
+    registers live and jumps to the full path when true) there is no register block and no call at all: the
+    registers it clobbers are pushed, the branch runs in place, and they are popped again."""
 
     stores: tuple[str, ...]  # registers written into their block slots (read by `reg` ops, or clobbered)
     restores: tuple[str, ...]  # registers the condition (or the call setup) clobbers
@@ -77,7 +77,7 @@ class FastPath:
     flags_live: bool  # the displaced code reads flags before writing them
     save_flags: bool  # keep the site's flags for the full path (a register collection records them)
     tail: bytes  # the displaced instructions relocated to follow the fast path, and the jump back
-    live_entry: int | None = None  # the pointerless compile of the condition, if there is one
+    inline: bytes = b""  # the condition as an inline branch (true: to `fast_slow`), if it compiles that way
 
 
 @dataclass(frozen=True)
@@ -163,8 +163,8 @@ def _builtins(plan: DetourPlan) -> list[str]:
 def _fast_path(plan: DetourPlan) -> list[str]:
     fast = plan.fast
     assert fast is not None and plan.condition is not None
-    if fast.live_entry is not None:
-        return _live_fast_path(fast)
+    if fast.inline:
+        return _inline_fast_path(fast)
     keep = fast.flags_live or fast.save_flags
     lines = ["pushfq"] if keep else []
     lines.append(f"incq counters+{FIRED:#x}(%rip)")
@@ -185,33 +185,45 @@ def _fast_path(plan: DetourPlan) -> list[str]:
         lines += restore + [f"add ${BLOCK_BYTES:#x}, %rsp", "popfq"]
     else:  # dead flags: drop the saved copy, if any, with the block
         lines += restore + [f"add ${BLOCK_BYTES + (8 if keep else 0):#x}, %rsp"]
-    lines.append(".byte " + ",".join(f"{b:#x}" for b in fast.tail))  # displaced code + jmp back
+    lines.append(_TAIL)  # displaced code + jmp back
     # true (or failed): undo the partial save and give the full path the site's flags to record
     lines += ["fast_slow:"] + restore + [f"add ${BLOCK_BYTES:#x}, %rsp"] + (["popfq"] if keep else [])
     return lines
 
 
-def _live_fast_path(fast: FastPath) -> list[str]:
+#: Where the fast path's byte blobs go in its lines (`_expand` writes them out; `fast_path_offset` finds them).
+_INLINE, _TAIL = "@inline", "@tail"
+
+
+def _inline_fast_path(fast: FastPath) -> list[str]:
     keep = fast.flags_live or fast.save_flags
     lines = ["pushfq"] if keep else []
     lines.append(f"incq counters+{FIRED:#x}(%rip)")
     lines += [f"push %{name}" for name in fast.restores]
-    lines += [f"call {fast.live_entry:#x}", "test %rax, %rax", "jne fast_slow"]
+    lines.append(_INLINE)  # the condition: jumps to fast_slow when true, falls through when false
     pops = [f"pop %{name}" for name in reversed(fast.restores)]
     if fast.flags_live:
         lines += pops + ["popfq"]
     else:  # dead flags: drop the saved copy, if any
         lines += pops + (["add $0x8, %rsp"] if keep else [])
-    lines.append(".byte " + ",".join(f"{b:#x}" for b in fast.tail))  # displaced code + jmp back
+    lines.append(_TAIL)  # displaced code + jmp back
     # true: give the full path the site's registers and flags to record
     return lines + ["fast_slow:"] + pops + (["popfq"] if keep else [])
 
 
-def fast_path_prefix_size(plan: DetourPlan, base: int) -> int:
-    """Bytes from `base` to where the fast path's tail goes (its short forward jump has the same size with the
-    label right after, as long as restores + tail stay under 128 bytes)."""
+def _expand(lines: list[str], fast: FastPath) -> list[str]:
+    blobs = {_INLINE: fast.inline, _TAIL: fast.tail}
+    return [".byte " + ",".join(f"{b:#x}" for b in blobs[line]) if line in blobs else line for line in lines]
+
+
+def fast_path_offset(plan: DetourPlan, base: int, where: str) -> int:
+    """Bytes from `base` to where the fast path's inline condition (`where="inline"`) or tail (`"tail"`) goes.
+    Blobs before it count with their current length (a placeholder of the right size will do); a short forward
+    jump to fast_slow has the same size with the label right after, as long as what follows stays under 128
+    bytes."""
+    assert plan.fast is not None
     lines = ["counters:", ".quad 0x0, 0x0, 0x0, 0x0", "detour:"] + _fast_path(plan)
-    prefix = lines[: next(i for i, line in enumerate(lines) if line.startswith(".byte"))] + ["fast_slow:"]
+    prefix = _expand(lines[: lines.index("@" + where)], plan.fast) + ["fast_slow:"]
     return len(assemble("\n".join(prefix), base))
 
 
@@ -223,7 +235,7 @@ def build(plan: DetourPlan, base: int) -> Detour:
     # path can count with one RIP-relative instruction.
     lines = ["counters:", ".quad 0x0, 0x0, 0x0, 0x0", "detour:"]
     if plan.fast is not None:
-        lines += _fast_path(plan)
+        lines += _expand(_fast_path(plan), plan.fast)
     lines += _save_block(plan.site, plan.collect_registers or plan.reads_segments)
     lines += [f"movabs ${ctx:#x}, %rsi"]
     if plan.fast is None:  # with a fast path, it counted the hit already

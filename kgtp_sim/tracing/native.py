@@ -80,6 +80,9 @@ def _constant_length(program: Program, index: int) -> int | None:
 
 ENGINES = ("interp", "naive", "opt")
 COMPUTED_BUILTINS = {b.number for b in BUILTIN_VARIABLES if b.computed}
+#: Where code is assembled once to learn its size before space is allocated (any module-space address will do:
+#: only the length is kept).
+_TRIAL_BASE = 0xFFFFFFFFA0000000
 
 
 @dataclass
@@ -104,7 +107,7 @@ class NativeRun:
 
     def __post_init__(self) -> None:
         machine = self.machine
-        size = len(d.Runtime.build(0xFFFFFFFFA0000000, self.ring_ctl).code)
+        size = len(d.Runtime.build(_TRIAL_BASE, self.ring_ctl).code)
         base = machine.alloc_code(size)
         self.runtime = d.Runtime.build(base, self.ring_ctl)
         machine.write_memory(base, self.runtime.code)
@@ -127,14 +130,9 @@ class NativeRun:
 
     # ---- building ---------------------------------------------------------------------------------------
 
-    def _compile(self, program: Program, live: frozenset[int] | None = None) -> CompiledExpr:
-        """Compile into module space. `live`: a pointerless opt compile reading those registers live."""
-        if live is not None:
-            def compiler(program: Program, base: int) -> CompiledExpr:
-                return compile_opt(program, base, live, pointerless=True)
-        else:
-            compiler = compile_opt if self.engine == "opt" else compile_naive
-        trial = compiler(program, 0xFFFFFFFFA0000000)
+    def _compile(self, program: Program) -> CompiledExpr:
+        compiler = compile_opt if self.engine == "opt" else compile_naive
+        trial = compiler(program, _TRIAL_BASE)
         base = self.machine.alloc_code(len(trial.code) + 16)
         compiled = compiler(program, base)
         assert len(compiled.code) <= len(trial.code) + 16
@@ -204,17 +202,22 @@ class NativeRun:
         tail_bound = relocated_size_bound(site.displaced) + JUMP_SIZE
         if fast is not None:
             plan = replace(plan, fast=fast)
-            trial = d.build(replace(plan, fast=replace(fast, tail=bytes(tail_bound))), 0xFFFFFFFFA0000000)
+            trial = d.build(replace(plan, fast=replace(fast, tail=bytes(tail_bound))), _TRIAL_BASE)
             base = self.machine.alloc_code(len(trial.code) + 16)
-            prefix = d.fast_path_prefix_size(plan, base)
-            tail_at = base + prefix
+            tail_at = base + d.fast_path_offset(plan, base, "tail")
             tail = relocate(site.displaced, tail_at)
             tail += jump(tail_at + len(tail), site.resume_address)
+            if fast.inline:  # the condition's branch, linked where it goes, to fast_slow right after the tail
+                inline_at = base + d.fast_path_offset(plan, base, "inline")
+                branch = compile_opt(condition, inline_at, fastpath.regnums_read(condition), pointerless=True,
+                                     true_exit=tail_at + len(tail))
+                assert len(branch.code) == len(fast.inline)
+                fast = replace(fast, inline=branch.code)
             built = d.build(replace(plan, fast=replace(fast, tail=tail), fast_tail_address=tail_at), base)
             code = built.code
             end = base + len(code)
         else:
-            trial = d.build(plan, 0xFFFFFFFFA0000000)
+            trial = d.build(plan, _TRIAL_BASE)
             base = self.machine.alloc_code(len(trial.code) + 16 + tail_bound)
             built = d.build(plan, base)
             tail_at = base + len(built.code)
@@ -230,24 +233,24 @@ class NativeRun:
     def _fast_path(self, condition, compiled: list[CompiledExpr], site, builtin_slots,
                    flags_recorded: bool) -> d.FastPath | None:
         """The false-condition fast path, for the optimizing engine and pure conditions (fastpath.py). When the
-        condition can be compiled without pointers, that compile is added to `compiled` and the fast path calls
-        it with the site's registers in place (no register block)."""
+        condition compiles without pointers, it runs inline as a branch on the site's registers (`inline` holds a
+        placeholder of its size here: `build` links it once the detour's layout is known)."""
         if self.engine != "opt" or condition is None:
             return None
         if not fastpath.eligible(condition, {number for number, _ in builtin_slots} | COMPUTED_BUILTINS):
             return None
         flags_live = fastpath.flags_live_at(site.displaced)
         try:
-            live = self._compile(condition, frozenset(fastpath.regnums_read(condition)))
+            branch = compile_opt(condition, _TRIAL_BASE, fastpath.regnums_read(condition), pointerless=True,
+                                 true_exit=_TRIAL_BASE)
         except ValueError:
             pass  # it needs the block or the context: the fast path below stores what it reads
         else:
-            compiled.append(live)
-            written, _ = fastpath.code_registers(live)
+            written, _ = fastpath.code_registers(branch)
             order = [r.name for r in amd64.GENERAL_REGISTERS[:16]]
             return d.FastPath(stores=(), restores=tuple(n for n in order if n in written), needs_ctx=False,
                               can_fail=False, flags_live=flags_live, save_flags=flags_recorded, tail=b"",
-                              live_entry=live.entry)
+                              inline=b"\x90" * len(branch.code))  # nops: the trial build decodes
         written, reads_rsi = fastpath.code_registers(compiled[0])
         clobbered = written | {"rdi"} | ({"rsi"} if reads_rsi else set())
         stores = fastpath.registers_read(condition) | clobbered

@@ -164,6 +164,50 @@ def test_pointerless_compiles_read_the_site_registers_and_agree_with_the_interpr
             compile_opt(program, CODE_BASE, {i.arg for i in program.insns if i.name == "reg"} & {4, 5}, pointerless=True)
 
 
+def test_branch_compiles_jump_where_the_condition_is_true_and_fall_through_where_false() -> None:
+    """The fast path's inline form: no `ret`, no value; non-zero jumps to `true_exit`, zero falls off the end.
+    Checked in unicorn against the interpreter's truthiness, with the site's registers in place."""
+    from unicorn import UC_ARCH_X86, UC_MODE_64, Uc
+    from unicorn.x86_const import UC_X86_REG_RAX, UC_X86_REG_RBX, UC_X86_REG_RDI, UC_X86_REG_RSI
+
+    from kgtp_sim.agent.context import SimpleContext
+    from kgtp_sim.agent.interp import evaluate
+
+    base, true_exit = 0x10000, 0x11000
+    sources = [e["bytecode"] for e in CORPUS["entries"]] + [assemble(text).hex() for text in (
+        "reg 5; const8 3; less_signed; end",  # a compare: the jcc itself
+        "reg 5; reg 4; sub; end",  # a value: test and jne
+        "const8 1; end", "const8 0; end",  # constants: a jmp, or nothing at all
+        "reg 5; if_goto 10; reg 4; end; reg 1; const8 9; equal; end",  # two `end`s: the first jumps to the false exit
+        "reg 5; reg 4; less_unsigned; reg 1; const8 0; equal; log_not; bit_or; end",
+    )]
+    checked = 0
+    for source in sources:
+        program = verify(bytes.fromhex(source))
+        live = {i.arg for i in program.insns if i.name == "reg"}
+        try:
+            code = compile_opt(program, base, live, pointerless=True, true_exit=true_exit).code
+        except ValueError:
+            continue
+        uc = Uc(UC_ARCH_X86, UC_MODE_64)
+        uc.mem_map(base, 0x2000)
+        # false: fall off the end into `mov $2,%eax; hlt`; true: `mov $1,%eax; hlt`
+        uc.mem_write(base, code + bytes.fromhex("b802000000f4"))
+        uc.mem_write(true_exit, bytes.fromhex("b801000000f4"))
+        for values in ((0, 0, 0), (5, 7, 9), (2, 1, 9), (2**64 - 1, 3, 0), (9, 2**63, 1)):
+            regs = [0] * 24
+            regs[5], regs[4], regs[1] = values
+            for reg, value in zip((UC_X86_REG_RDI, UC_X86_REG_RSI, UC_X86_REG_RBX), values):
+                uc.reg_write(reg, value)
+            uc.emu_start(base, 0xFFFF_FFFF_FFFF_FFFF)
+            truth = bool(evaluate(program, SimpleContext(registers=regs)).value)
+            assert uc.reg_read(UC_X86_REG_RAX) == (1 if truth else 2), (source, values)
+            checked += 1
+    assert checked >= 5 * 8
+    with pytest.raises(ValueError, match="only a pointerless compile"):
+        compile_opt(verify(assemble("reg 1; end")), base, {1}, true_exit=true_exit)
+
+
 def test_printf_without_trap_only_pops() -> None:
     sb = Sandbox()
     code = verify(_program_for("printf")[:-1] + encode("const8", 3) + b"\x27")

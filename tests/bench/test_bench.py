@@ -63,8 +63,8 @@ def test_native_false_condition_is_short(rows):
     for probe in ("dynamic-jump", "static"):
         opt = by(rows, probe, "false-cond", "opt")["insns_per_hit"]
         assert 0 < opt < by(rows, probe, "false-cond", "naive")["insns_per_hit"]
-        # the target (issue 6), everything included: 21 at the jump probe, 20 at the marker, since the fast
-        # path calls a pointerless compile of the condition (28 and 27 with a register block)
+        # the target (issue 6), everything included: 16 at the jump probe, 15 at the marker, since the fast
+        # path runs the condition inline on the site's registers (28 and 27 with a register block and a call)
         assert opt <= 25
 
 
