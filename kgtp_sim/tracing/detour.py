@@ -223,7 +223,7 @@ def fast_path_offset(plan: DetourPlan, base: int, where: str) -> int:
     bytes."""
     assert plan.fast is not None
     lines = ["counters:", ".quad 0x0, 0x0, 0x0, 0x0", "detour:"] + _fast_path(plan)
-    prefix = _expand(lines[: lines.index("@" + where)], plan.fast) + ["fast_slow:"]
+    prefix = _expand(lines[: lines.index({"inline": _INLINE, "tail": _TAIL}[where])], plan.fast) + ["fast_slow:"]
     return len(assemble("\n".join(prefix), base))
 
 
