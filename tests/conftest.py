@@ -61,17 +61,19 @@ class StubProcess:
 def connect_when_free(stub: StubProcess, timeout: float = 10) -> socket.socket:
     """A raw RSP connection that got past qSupported, retrying while the stub's one debugger slot is still held
     (often by the GDB of the previous test, which has quit but not yet been let go)."""
-    from kgtp_sim.rsp.codec import encode_packet
+    from kgtp_sim.rsp.codec import Decoder, EventKind, encode_packet
 
     deadline = time.monotonic() + timeout
     while True:
         sock = socket.create_connection(("127.0.0.1", stub.port), timeout=timeout)
         sock.sendall(b"+" + encode_packet(b"qSupported"))
-        reply = sock.recv(4096)
-        if b"PacketSize=" in reply:
+        decoder, replies = Decoder(), []
+        while not replies and (data := sock.recv(4096)):
+            replies = [e.payload for e in decoder.feed(data) if e.kind is EventKind.PACKET]
+        if replies and b"PacketSize=" in replies[0]:
             return sock
         sock.close()
-        assert time.monotonic() < deadline, f"the stub kept refusing a debugger: {reply!r}"
+        assert time.monotonic() < deadline, f"the stub kept refusing a debugger: {replies!r}"
         time.sleep(0.05)
 
 

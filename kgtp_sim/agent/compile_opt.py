@@ -615,10 +615,9 @@ class _Compiler(TreeCodegen):
         self.clobber_all()
 
 
-#: Ops that need the context (%rsi) or the register block (%rdi) whatever their operands: pointerless code has neither.
-_NEEDS_POINTERS = frozenset({"getv", "setv", "trace", "trace_quick", "trace16", "tracenz", "tracev", "printf",
-                             "div_signed", "div_unsigned", "rem_signed", "rem_unsigned", "ref8", "ref16", "ref32",
-                             "ref64"})
+#: Classes of ops that need the context (%rsi) whatever their operands (memory reads may fault, TSVs live there,
+#: traces and printf write through it); and divisions, which may fail. Pointerless code has no context.
+_NEEDS_CONTEXT = (OpClass.MEMORY, OpClass.TSV, OpClass.TRACE, OpClass.PRINTF)
 
 
 def compile_opt(program: Program, base: int, live_registers: frozenset[int] | set[int] = frozenset(), *,
@@ -640,7 +639,8 @@ def compile_opt(program: Program, base: int, live_registers: frozenset[int] | se
     if bad:
         raise ValueError(f"registers {sorted(bad)} cannot be read live (only {sorted(candidates)})")
     if pointerless:
-        needs = sorted({i.name for i in program.insns if i.name in _NEEDS_POINTERS}
+        needs = sorted({i.name for i in program.insns
+                        if i.op.cls in _NEEDS_CONTEXT or i.name.startswith(("div", "rem"))}
                        | {f"reg {i.arg}" for i in program.insns if i.name == "reg" and i.arg not in live})
         if needs or program.backward_jumps:
             raise ValueError(f"cannot compile without pointers: {', '.join(needs) or 'backward jumps'}")

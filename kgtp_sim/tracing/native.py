@@ -195,7 +195,7 @@ class NativeRun:
                 for insn in program.insns
             ),
         )
-        fast = self._fast_path(condition, compiled, site, builtin_slots,
+        fast = self._fast_path(condition, compiled[0] if condition is not None else None, site, builtin_slots,
                                flags_recorded=collect_registers or plan.reads_segments or any(
                                    insn.name == "reg" and insn.operands[0] == amd64.REGISTER_INDEX["eflags"]
                                    for program in [p for _, p in actions if p] for insn in program.insns))
@@ -230,16 +230,17 @@ class NativeRun:
         self.code_regions += [(c.base, c.end) for c in compiled] + [(base, end)]
         return NativeProbe("int3", built, built.counters, compiled, regions)
 
-    def _fast_path(self, condition, compiled: list[CompiledExpr], site, builtin_slots,
+    def _fast_path(self, condition, compiled: CompiledExpr | None, site, builtin_slots,
                    flags_recorded: bool) -> d.FastPath | None:
         """The false-condition fast path, for the optimizing engine and pure conditions (fastpath.py). When the
         condition compiles without pointers, it runs inline as a branch on the site's registers (`inline` holds a
         placeholder of its size here: `build` links it once the detour's layout is known)."""
-        if self.engine != "opt" or condition is None:
+        if self.engine != "opt" or condition is None or compiled is None:
             return None
         if not fastpath.eligible(condition, {number for number, _ in builtin_slots} | COMPUTED_BUILTINS):
             return None
         flags_live = fastpath.flags_live_at(site.displaced)
+        order = [r.name for r in amd64.GENERAL_REGISTERS[:16]]
         try:
             branch = compile_opt(condition, _TRIAL_BASE, fastpath.regnums_read(condition), pointerless=True,
                                  true_exit=_TRIAL_BASE)
@@ -247,14 +248,12 @@ class NativeRun:
             pass  # it needs the block or the context: the fast path below stores what it reads
         else:
             written, _ = fastpath.code_registers(branch)
-            order = [r.name for r in amd64.GENERAL_REGISTERS[:16]]
             return d.FastPath(stores=(), restores=tuple(n for n in order if n in written), needs_ctx=False,
                               can_fail=False, flags_live=flags_live, save_flags=flags_recorded, tail=b"",
                               inline=b"\x90" * len(branch.code))  # nops: the trial build decodes
-        written, reads_rsi = fastpath.code_registers(compiled[0])
+        written, reads_rsi = fastpath.code_registers(compiled)
         clobbered = written | {"rdi"} | ({"rsi"} if reads_rsi else set())
         stores = fastpath.registers_read(condition) | clobbered
-        order = [r.name for r in amd64.GENERAL_REGISTERS[:16]]
         return d.FastPath(
             stores=tuple(n for n in order if n in stores),
             restores=tuple(n for n in order if n in clobbered),

@@ -24,9 +24,8 @@ import pytest
 
 from kgtp_sim.machine import KernelImage
 from kgtp_sim.rsp.codec import Decoder, EventKind, encode_packet
-from kgtp_sim.rsp.server import BUSY_MESSAGE
 
-from ..conftest import ROOT, VMLINUX, GdbClient, StubProcess, start_stub
+from ..conftest import ROOT, VMLINUX, GdbClient, StubProcess, connect_when_free, start_stub
 
 pytestmark = pytest.mark.gdb
 
@@ -64,16 +63,7 @@ class RawClient:
     @classmethod
     def connect(cls, stub: StubProcess) -> RawClient:
         """Connect, retrying while the previous client (often a GDB that just quit) still holds the one slot."""
-        deadline = time.monotonic() + 10
-        while True:
-            client = cls(socket.create_connection(("127.0.0.1", stub.port), timeout=10))
-            reply = client.request(b"qSupported")
-            if BUSY_MESSAGE.encode() not in reply:
-                assert b"PacketSize=" in reply, reply
-                return client
-            client.close()
-            assert time.monotonic() < deadline, "the stub kept refusing: the previous debugger never left"
-            time.sleep(0.05)
+        return cls(connect_when_free(stub, timeout=10))
 
     def close(self) -> None:
         self.sock.close()
