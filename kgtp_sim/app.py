@@ -16,7 +16,7 @@ from .stub.live import LiveView
 from .stub.machine_monitor import register_machine_commands
 from .stub.monitor import Monitor
 from .stub.trace import TraceHandlers, register_trace_commands
-from .tracing.engine import Tracer
+from .tracing import Tracer
 
 log = logging.getLogger(__name__)
 

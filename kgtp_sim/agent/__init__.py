@@ -16,7 +16,7 @@ from .compile_opt import compile_opt
 from .compiled import CompiledExpr, fault_fixup
 from .context import SimpleContext
 from .disasm import describe_at, disassemble, format_insn, listing
-from .errors import BytecodeError, ErrorCode, EvalError, EvalResult, MemoryFault
+from .errors import BytecodeError, ErrorCode, EvalError, EvalResult, UnreadableMemory
 from .interp import DEFAULT_LOOP_BUDGET, AgentContext, evaluate
 from .measure import Cost, instruction_count
 from .opcodes import OPCODES, Insn, OpInfo, assemble, decode_all, encode
@@ -24,7 +24,7 @@ from .verify import GDB_MAX_DEPTH, GDB_MAX_LENGTH, HARD_MAX_DEPTH, Program, veri
 
 __all__ = [
     "AgentContext", "AgentCtx", "BytecodeError", "CompiledExpr", "Cost", "DEFAULT_LOOP_BUDGET", "ErrorCode",
-    "EvalError", "EvalResult", "GDB_MAX_DEPTH", "GDB_MAX_LENGTH", "HARD_MAX_DEPTH", "Insn", "MemoryFault",
+    "EvalError", "EvalResult", "GDB_MAX_DEPTH", "GDB_MAX_LENGTH", "HARD_MAX_DEPTH", "Insn", "UnreadableMemory",
     "OPCODES", "OpInfo", "Program", "SimpleContext", "assemble", "compile_naive", "compile_opt", "decode_all",
     "describe_at", "disassemble", "encode", "evaluate", "fault_fixup", "format_insn", "instruction_count",
     "listing", "verify",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import MemoryFault
+from .errors import UnreadableMemory
 
 
 @dataclass
@@ -33,7 +33,7 @@ class SimpleContext:
                     out += buf[cur - start : cur - start + take]
                     break
             else:
-                raise MemoryFault(cur, n - len(out))
+                raise UnreadableMemory(cur, n - len(out))
         return bytes(out)
 
     def register(self, n: int) -> int:

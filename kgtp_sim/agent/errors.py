@@ -84,7 +84,7 @@ class EvalResult:
         return self.error is None
 
 
-class MemoryFault(Exception):
+class UnreadableMemory(Exception):
     """Unreadable memory, raised by an `AgentContext.read_memory`. The machine's own MemoryFault may derive from
     this class (then the interpreter needs no `fault_types`)."""
 

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from . import semantics as sem
 from .blocks import MAX_BLOCK, memory_block, tsv_block
-from .errors import ErrorCode, EvalError, EvalResult, MemoryFault
+from .errors import ErrorCode, EvalError, EvalResult, UnreadableMemory
 from .printf_format import format_printf
 from .verify import Program
 
@@ -24,7 +24,7 @@ class AgentContext(Protocol):
     """What an evaluation may touch. Tracing provides one per hit; tests use `SimpleContext`."""
 
     def read_memory(self, addr: int, n: int) -> bytes:
-        """n bytes at addr; raises MemoryFault (or a type passed in `fault_types`) if any byte is unreadable."""
+        """n bytes at addr; raises UnreadableMemory (or a type passed in `fault_types`) if any byte is unreadable."""
         ...
 
     def register(self, n: int) -> int:
@@ -51,7 +51,7 @@ def evaluate(
     ctx: AgentContext,
     *,
     loop_budget: int = DEFAULT_LOOP_BUDGET,
-    fault_types: tuple[type[BaseException], ...] = (MemoryFault,),
+    fault_types: tuple[type[BaseException], ...] = (UnreadableMemory,),
 ) -> EvalResult:
     """Run `program`; `EvalResult.steps` counts the bytecode ops executed (not machine instructions)."""
     code = program.code

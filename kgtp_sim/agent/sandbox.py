@@ -34,7 +34,7 @@ from ..arch import amd64
 from . import abi
 from .blocks import split_blocks
 from .compiled import CompiledExpr, fault_fixup
-from .errors import ErrorCode, EvalError, EvalResult, MemoryFault
+from .errors import ErrorCode, EvalError, EvalResult, UnreadableMemory
 from .interp import DEFAULT_LOOP_BUDGET
 from .opcodes import OpClass
 from .printf_format import format_printf
@@ -70,7 +70,7 @@ def _native_counter() -> int:
 
 
 @dataclass
-class NativeRun:
+class SandboxResult:
     """What one call of compiled code produced."""
 
     result: EvalResult
@@ -134,7 +134,7 @@ class Sandbox:
         try:
             return bytes(self.uc.mem_read(address, n))
         except UcError:
-            raise MemoryFault(address, n) from None
+            raise UnreadableMemory(address, n) from None
 
     def load(self, compiled: CompiledExpr) -> None:
         if not (CODE_BASE <= compiled.base and compiled.end <= TRAP_ADDR):
@@ -175,7 +175,7 @@ class Sandbox:
         loop_budget: int = DEFAULT_LOOP_BUDGET,
         printf: bool = True,
         live: Mapping[int, int] | None = None,
-    ) -> NativeRun:
+    ) -> SandboxResult:
         """Call `compiled` once. `registers`: values of GDB regnums 0..23 (missing ones are 0). The callee-saved
         registers hold the same values at entry (as at a probe site), unless `live` says otherwise."""
         uc = self.uc
@@ -238,4 +238,4 @@ class Sandbox:
             result = EvalResult(None, error)
         else:
             result = EvalResult(uc.reg_read(UC_X86_REG_RAX))
-        return NativeRun(result, trace, values, list(self._output), self._counter.value)
+        return SandboxResult(result, trace, values, list(self._output), self._counter.value)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
-from kgtp_sim.tracing.engine import Tracer
+from kgtp_sim.tracing import Tracer
 from kgtp_sim.tracing.probes import plan_probe
 
 from .record import FIXTURE, load

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ..rsp.dispatch import E_TRACE, Binary, Reply, RspError, handles
 from ..rsp.packets import trace as t
-from ..tracing.engine import TraceError, Tracer
+from ..tracing import TraceError, Tracer
 from ..arch import amd64
 from ..tracing.frames import FrameView, TraceFrame
 from ..tracing.tfile import SavePathError, resolve_save_path, write_tfile

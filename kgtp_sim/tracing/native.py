@@ -97,7 +97,7 @@ class NativeProbe:
 
 
 @dataclass
-class NativeRun:
+class CompiledRun:
     """Per-run shared state in emulated memory: ring routines, the agent context and the TSV array."""
 
     machine: Machine

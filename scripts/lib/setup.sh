@@ -1,19 +1,55 @@
 # Shared set-up for scripts/*: a project venv with the package installed, redone only when pyproject changes.
 # Source it from the repository root; it defines `ensure_venv [extras]` and `ensure_gdb`.
+# What pip and apt print goes to .venv/setup.log (or /tmp for the first venv); it is shown only on failure.
+
+_setup_log() {
+    if [ -d .venv ]; then echo ".venv/setup.log"; else echo "${TMPDIR:-/tmp}/kgtp-sim-setup.log"; fi
+}
+
+# run QUIETLY: the command's output goes to the set-up log, which is named (and its tail shown) only on failure.
+_quietly() {
+    local log
+    log="$(_setup_log)"
+    if ! "$@" >>"$log" 2>&1; then
+        echo "set-up step failed: $*" >&2
+        echo "--- last lines of $log ---" >&2
+        tail -n 30 "$log" >&2
+        return 1
+    fi
+}
+
+# True when an earlier install of the same pyproject.toml covered every extra asked for now: `scripts/serve`
+# after `scripts/test` reuses the test install (its extras are a superset) instead of installing again.
+_installed_covers() {
+    local want="$1" extras="$2" stamp have
+    for stamp in .venv/.kgtp-installed*; do
+        [ -f "$stamp" ] || continue
+        [ "$(cat "$stamp")" = "$want" ] || continue
+        have=",${stamp#.venv/.kgtp-installed-},"
+        [ "$stamp" = ".venv/.kgtp-installed" ] && have=","
+        local extra ok=1
+        for extra in ${extras//,/ }; do
+            case "$have" in *",$extra,"*) ;; *) ok=0 ;; esac
+        done
+        [ "$ok" = 1 ] && return 0
+    done
+    return 1
+}
 
 ensure_venv() {
     local extras="${1:-}"
     local python="${PYTHON:-python3}"
     if [ ! -x .venv/bin/python ]; then
-        "$python" -m venv .venv
+        _quietly "$python" -m venv .venv
     fi
-    local stamp=".venv/.kgtp-installed${extras:+-$extras}"
     local want
     want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
-    if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-        .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null
-        .venv/bin/python -m pip install --quiet -e ".${extras:+[$extras]}"
-        echo "$want" > "$stamp"
+    if ! _installed_covers "$want" "$extras"; then
+        echo "setting up .venv (first run, or pyproject.toml changed)..." >&2
+        _quietly .venv/bin/python -m pip install --upgrade pip
+        _quietly .venv/bin/python -m pip install -e ".${extras:+[$extras]}"
+        rm -f .venv/.kgtp-installed*
+        echo "$want" > ".venv/.kgtp-installed${extras:+-$extras}"
     fi
 }
 
@@ -24,6 +60,6 @@ ensure_gdb() {
     echo "gdb is missing: installing Debian's gdb" >&2
     local sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq gdb >/dev/null
+    _quietly $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive _quietly $sudo apt-get install -y -qq gdb
 }

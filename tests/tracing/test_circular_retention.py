@@ -18,7 +18,7 @@ from kgtp_sim.agent.opcodes import assemble
 from kgtp_sim.arch import amd64
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
-from kgtp_sim.tracing.engine import Tracer
+from kgtp_sim.tracing import Tracer
 from kgtp_sim.tracing.frames import FRAME_HEADER
 from kgtp_sim.tracing.ring import ENTRY_HEADER
 

@@ -7,7 +7,7 @@ import pytest
 from kgtp_sim.agent.opcodes import assemble
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
-from kgtp_sim.tracing.engine import Tracer, TraceError
+from kgtp_sim.tracing import Tracer, TraceError
 
 from ..conftest import VMLINUX
 

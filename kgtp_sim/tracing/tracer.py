@@ -18,18 +18,18 @@ from unicorn import UC_HOOK_CODE, Uc
 from unicorn.x86_const import UC_X86_REG_RIP, UC_X86_REG_RSP
 
 from ..agent.abi import CTX_ERROR, CTX_SIZE, CTX_TRACE_PTR, AgentCtx
-from ..agent.errors import BytecodeError, ErrorCode, EvalError, MemoryFault
+from ..agent.errors import BytecodeError, ErrorCode, EvalError, UnreadableMemory
 from ..agent.interp import evaluate
 from ..agent.verify import Program, verify
 from ..arch import amd64
 from ..machine import Machine, Marker
-from ..machine import MemoryFault as MachineMemoryFault
+from ..machine import MemoryFault
 from ..rsp.packets import trace as t
 from .builtins import BUILTIN_VARIABLES, BuiltinContext
 from .clock import Tsc
 from .fastregs import RegisterReader
 from .detour import COUNTERS
-from .native import ENGINES, NativeProbe, NativeRun, faults_lose_a_block
+from .native import ENGINES, NativeProbe, CompiledRun, faults_lose_a_block
 from .frames import MemoryBlock, StaticBlock, TraceFrame, encode_block, encode_frame
 from .sdata import build_entry, render
 from .model import Definitions, Tracepoint
@@ -97,15 +97,15 @@ class HitContext:
     def try_read(self, addr: int, n: int) -> bytes | None:
         try:
             return self.read_memory(addr, n)
-        except MemoryFault:
+        except UnreadableMemory:
             return None
 
     def read_memory(self, addr: int, n: int) -> bytes:
         # Through the machine, not uc.mem_read: absent demand pages read as zeros from unicorn but must fault.
         try:
             return self.tracer.machine.read_memory(addr, n)
-        except MachineMemoryFault:
-            raise MemoryFault(addr, n) from None
+        except MemoryFault:
+            raise UnreadableMemory(addr, n) from None
 
     def register(self, n: int) -> int:
         return self.regs[n] if n < len(self.regs) else 0
@@ -138,7 +138,7 @@ class Tracer:
         #: "auto": compiled engines jump to their detour where it is safe (optimized kprobes); "int3": always
         #: trap into it (plain kprobes), e.g. to measure the difference. ftrace always needs the jump.
         self.probe = probe
-        self.native: NativeRun | None = None
+        self.native: CompiledRun | None = None
         self._retired = RetiredCode(machine)
         self.definitions = Definitions()
         self.running = False
@@ -229,7 +229,7 @@ class Tracer:
             return
         assert self.ring is not None
         slots = max(self.definitions.variables, default=0) + 1
-        self.native = NativeRun(self.machine, self.engine, self.ring.ctl, slots)
+        self.native = CompiledRun(self.machine, self.engine, self.ring.ctl, slots)
         self.native.reset(self.values)
 
     def stop(self, reason: t.StopReason, note: str | None = None, tracepoint: int = 0) -> None:
@@ -678,7 +678,7 @@ class Tracer:
             length = min(action.length, MAX_COLLECT)
             try:
                 data = hit.read_memory(address, length)
-            except MemoryFault:
+            except UnreadableMemory:
                 return  # not collected: GDB shows <unavailable>, like a DProbes fault token
             hit.blocks.append(encode_block(MemoryBlock(address, data)))
         elif isinstance(action, t.CollectStaticData) and hit.marker is not None:
