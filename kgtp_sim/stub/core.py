@@ -9,7 +9,7 @@ from ..arch import amd64
 from ..rsp.dispatch import E_MEMORY, E_PERMISSION, Binary, Deferred, Reply, RspError, handles
 from ..rsp.packets import connect as c
 from ..rsp.packets import data as d
-from .view import StateView, ViewError
+from ..tracing.frames import StateView, ViewError
 
 log = logging.getLogger(__name__)
 

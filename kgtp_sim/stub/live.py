@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..machine import Machine, MemoryFault
-from .view import ViewError
+from ..tracing.frames import ViewError
 
 _PAGE = 0x1000
 

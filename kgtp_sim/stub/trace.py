@@ -1,4 +1,10 @@
-"""Tracepoint packets: definitions, run control, status, frame selection and the trace buffer upload."""
+"""Tracepoint packets: definitions, run control, status, frame selection and the trace buffer upload.
+
+Translation between the wire (`kgtp_sim/rsp/packets/trace.py`) and the tracer (`kgtp_sim/tracing`): each handler
+turns a packet into calls on `TracerApi` and the answer into a reply. The frame cursor (`tfind`), the gating of
+`qTSTMat` and the upload sequences (`qTfP`/`qTsP`, `qTfV`/`qTsV`, `qTfSTM`/`qTsSTM`) are this module's own
+state, one debugger's worth. Runs on the server thread.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +14,12 @@ from dataclasses import dataclass, field
 
 from ..rsp.dispatch import E_TRACE, Binary, Reply, RspError, handles
 from ..rsp.packets import trace as t
-from ..tracing import TraceError, Tracer
+from ..tracing import TraceError
+from ..tracing.api import TracerApi
 from ..arch import amd64
 from ..tracing.frames import FrameView, TraceFrame
 from ..tracing.tfile import SavePathError, resolve_save_path, write_tfile
-from ..tracing.model import MAX_BUFFER_SIZE, MIN_BUFFER_SIZE, DEFAULT_BUFFER_SIZE
+from ..tracing.model import DEFAULT_BUFFER_SIZE, MAX_BUFFER_SIZE, MIN_BUFFER_SIZE, Definitions, VariableSpec
 from .core import ViewHolder
 
 log = logging.getLogger(__name__)
@@ -23,7 +30,7 @@ MIN_FAST_TRACEPOINT_LENGTH = 5
 
 @dataclass
 class TraceHandlers:
-    tracer: Tracer
+    tracer: TracerApi
     views: ViewHolder
     save_dir: Path | None = None
     name_markers_always: bool = False  # diagnostic only: reproduces the GDB client crash (see marker_at)
@@ -121,9 +128,7 @@ class TraceHandlers:
 
     @handles(t.SetCircularBuffer)
     def circular_buffer(self, packet: t.SetCircularBuffer) -> Reply:
-        self.tracer.definitions.circular = packet.circular
-        if self.tracer.ring is not None and self.tracer.running:
-            self.tracer.ring.set_circular(packet.circular)
+        self.tracer.set_circular(packet.circular)
         return b"OK"
 
     @handles(t.SetTraceBufferSize)
@@ -142,9 +147,7 @@ class TraceHandlers:
         if packet.notes is not None:
             definitions.notes = packet.notes
         if packet.stop_note is not None:
-            definitions.stop_note = packet.stop_note
-            if not self.tracer.running and self.tracer.stop_reason is t.StopReason.STOP_COMMAND:
-                self.tracer.stop_note = packet.stop_note
+            self.tracer.set_stop_note(packet.stop_note)
         return b"OK"
 
     # ---- run control ----------------------------------------------------------------------------------------
@@ -184,7 +187,7 @@ class TraceHandlers:
 
     @handles(t.FirstTracepointPiece)
     def first_tracepoint_piece(self, packet: t.FirstTracepointPiece) -> Reply:
-        self._upload = self.tracer.definitions.upload_pieces()
+        self._upload = upload_pieces(self.tracer.definitions)
         return self._next_piece(self._upload)
 
     @handles(t.NextTracepointPiece)
@@ -193,7 +196,7 @@ class TraceHandlers:
 
     @handles(t.FirstTraceVariable)
     def first_variable(self, packet: t.FirstTraceVariable) -> Reply:
-        self._variables = self.tracer.definitions.upload_variables()
+        self._variables = upload_variables(self.tracer.definitions)
         return self._next_piece(self._variables)
 
     @handles(t.NextTraceVariable)
@@ -300,7 +303,7 @@ class TraceHandlers:
     @handles(t.FirstStaticMarkers)
     def first_markers(self, packet: t.FirstStaticMarkers) -> Reply:
         """One marker per reply: every marker record of the kernel image, nothing hard-coded."""
-        self._markers = [t.encode_static_markers([self._static_marker(m)]) for m in self.tracer.machine.image.markers]
+        self._markers = [t.encode_static_markers([self._static_marker(m)]) for m in self.tracer.markers()]
         return self._next_piece(self._markers)
 
     @handles(t.NextStaticMarkers)
@@ -348,8 +351,8 @@ class TraceHandlers:
                 path,
                 regblock_size=amd64.G_PACKET_SIZE,
                 status_reply=t.encode_trace_status(tracer.status()),
-                variables=tracer.definitions.upload_variables(),
-                tracepoints=tracer.definitions.upload_pieces(),
+                variables=upload_variables(tracer.definitions),
+                tracepoints=upload_pieces(tracer.definitions),
                 usage=usage,
                 tdesc=amd64.target_xml(),
                 frames=b"".join(map(tracer.saved_frame, tracer.frames())),
@@ -359,17 +362,39 @@ class TraceHandlers:
         return b"OK"
 
 
-def register_trace_commands(monitor, tracer: Tracer) -> None:
+def upload_pieces(definitions: Definitions) -> list[bytes]:
+    """qTfP/qTsP replies: each tracepoint, its actions, stepping actions and source strings."""
+    pieces: list[bytes] = []
+    for tp in definitions.tracepoints.values():
+        pieces.append(t.encode_tracepoint_definition(tp))
+        for action in tp.actions:
+            pieces.append(t.encode_tracepoint_actions(tp.number, tp.address, [action]))
+        for action in tp.stepping_actions:
+            pieces.append(t.encode_tracepoint_actions(tp.number, tp.address, [action], stepping=True))
+        for source in tp.sources:
+            pieces.append(t.encode_tracepoint_source(source))
+    return pieces
+
+
+def upload_variables(definitions: Definitions) -> list[bytes]:
+    """qTfV/qTsV replies, by variable number."""
+    return [
+        t.encode_trace_variable(VariableSpec(v.number, v.initial, v.builtin, v.name))
+        for v in sorted(definitions.variables.values(), key=lambda v: v.number)
+    ]
+
+
+def register_trace_commands(monitor, tracer: TracerApi) -> None:
     """`monitor engine` and `monitor probes`."""
-    from ..tracing.native import ENGINES
     from .monitor import MonitorUsageError
 
     @monitor.register("engine", "engine [interp|naive|opt]", "show or set how conditions and actions run (next tstart)")
     def engine(args: list[str]) -> str:
         if args:
-            if args[0] not in ENGINES:
-                raise MonitorUsageError(f"engine must be one of {', '.join(ENGINES)}")
-            tracer.engine = args[0]
+            try:
+                tracer.set_engine(args[0])
+            except ValueError as error:
+                raise MonitorUsageError(str(error)) from None
         return f"engine {tracer.engine}" + (" (takes effect at the next tstart)" if tracer.running else "")
 
     @monitor.register("frames", "frames [FIRST [COUNT]]",
@@ -406,11 +431,9 @@ def register_trace_commands(monitor, tracer: Tracer) -> None:
 
     @monitor.register("probes", "probes", "armed tracepoint locations: probe kind, engine, fired/hit counts")
     def probes(args: list[str]) -> str:
-        rows = []
-        for item in list(tracer.installed.values()) + list(tracer._stopped_installed.values()):
-            fired, hits, usage = tracer.counters(item)
-            kind = item.native.kind if item.native is not None else "int3"
-            armed = "armed" if item.tracepoint.key in tracer.installed else "removed"
-            rows.append(f"{item.tracepoint.number:>3}  {item.site.address:#x}  {kind:5} {armed:8} "
-                        f"fired {fired}  hits {hits}  bytes {usage}  ({item.site.function})")
+        rows = [
+            f"{row.number:>3}  {row.address:#x}  {row.kind:5} {'armed' if row.armed else 'removed':8} "
+            f"fired {row.fired}  hits {row.hits}  bytes {row.usage}  ({row.function})"
+            for row in tracer.probe_rows()
+        ]
         return "\n".join(rows) if rows else "no probes"

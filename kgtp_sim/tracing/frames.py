@@ -11,13 +11,28 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
+from typing import Protocol
+
+from ..agent.blocks import MEMORY_HEADER, TSV_BLOCK, memory_block, tsv_block
 from ..arch import amd64
-from ..stub.view import StateView, ViewError
 
 FRAME_HEADER = struct.Struct("<HI")
-MEMORY_HEADER = struct.Struct("<QH")
-TSV_BLOCK = struct.Struct("<iq")
 STATIC_HEADER = struct.Struct("<H")
+
+
+class ViewError(Exception):
+    """Memory that this view cannot supply (unmapped live memory, or not collected in the frame)."""
+
+
+class StateView(Protocol):
+    """What `g`, `p` and `m` read from: the live kernel, or (once a trace frame is selected) that frame."""
+
+    def registers(self) -> dict[str, int | None]:
+        """Register values by amd64 name; None (or absent) = unavailable."""
+
+    def read_memory(self, address: int, length: int) -> bytes:
+        """The bytes at `address`; a shorter result means only that prefix is available; raises ViewError
+        when not even the first byte is."""
 
 
 class FrameFormatError(ValueError):
@@ -55,9 +70,9 @@ def encode_block(block: Block) -> bytes:
             raise FrameFormatError(f"register block of {len(block.data)} bytes, expected {amd64.G_PACKET_SIZE}")
         return b"R" + block.data
     if isinstance(block, MemoryBlock):
-        return b"M" + MEMORY_HEADER.pack(block.address, len(block.data)) + block.data
+        return memory_block(block.address, block.data)
     if isinstance(block, TsvBlock):
-        return b"V" + TSV_BLOCK.pack(block.number, block.value)
+        return tsv_block(block.number, block.value)
     return b"S" + STATIC_HEADER.pack(len(block.data)) + block.data
 
 
@@ -177,8 +192,8 @@ class FrameView(StateView):
         return bytes(out)
 
     def _chunk_at(self, cursor: int, end: int) -> bytes:
-        # Later blocks win: GDB's own tfile reader scans blocks in order and uses the first match, and a frame
-        # never holds two different values for one address, so order does not matter in practice.
+        # The first block that holds the address wins, as in GDB's own tfile reader, which scans blocks in
+        # order; a frame never holds two different values for one address, so the order rarely matters.
         for block in self.frame.blocks:
             if isinstance(block, MemoryBlock) and block.address <= cursor < block.address + len(block.data):
                 offset = cursor - block.address

@@ -1,19 +1,117 @@
-"""What GDB has defined: tracepoints (with conditions, actions, sources), trace state variables, settings.
+"""The tracer's vocabulary: what GDB can define (tracepoints, their actions and sources, trace state variables,
+settings), why a run stops and what its status says.
 
-Pure state built from the QTDP / QTDPsrc / QTDV / QTBuffer / QTNotes packets, and turned back into the upload
-replies (qTfP/qTsP, qTfV/qTsV) a reconnecting GDB uses to learn what is defined. Nothing here runs code.
+Everything else speaks these words: the packet parsers in `kgtp_sim/rsp/packets/trace.py` build them (a packet
+*is* one of these specs plus its wire details), the stub turns them back into upload replies, the tracer runs
+them. Pure state, no code runs here; any thread may read it, the server thread writes it (definitions change
+only between runs or under `Tracer.arm`/`disarm`).
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
-
-from ..rsp.packets import trace as t
 
 #: GDB's default when `QTBuffer:size:-1` asks for "the target's default".
 DEFAULT_BUFFER_SIZE = 0x100000
 MAX_BUFFER_SIZE = 0x4000000  # 64 MiB
 MIN_BUFFER_SIZE = 0x1000
+
+
+class TraceError(Exception):
+    """tstart (or a definition) cannot be honoured; the text reaches the user through GDB."""
+
+
+# --- actions -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CollectRegisters:
+    """`R<mask>`: collect the registers whose bit is set; bit n is GDB's (remote) register number n."""
+
+    mask: int
+
+
+@dataclass(frozen=True)
+class CollectMemory:
+    """`M<basereg>,<offset>,<length>`: collect `length` bytes at register `basereg` + `offset`.
+
+    `basereg` -1 means `offset` is an absolute address (globals). A negative frame offset is kept as its
+    unsigned 64-bit two's complement; the address arithmetic wraps modulo 2**64.
+    """
+
+    basereg: int
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class EvalExpression:
+    """`X<len>,<bytecode>`: run an agent expression (locals, `$tsv`, `teval`, complex expressions)."""
+
+    bytecode: bytes
+
+
+@dataclass(frozen=True)
+class CollectStaticData:
+    """`L`: collect the static tracepoint marker's data (`collect $_sdata`)."""
+
+
+Action = CollectRegisters | CollectMemory | EvalExpression | CollectStaticData
+
+
+# --- what GDB defines -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TracepointSpec:
+    """One location of a tracepoint as GDB defines it (QTDP): where, enabled, step and pass counts, fast
+    (`ftrace`, with the instruction length GDB expects replaced), static (`strace`), condition bytecode."""
+
+    number: int = 0
+    address: int = 0
+    enabled: bool = True
+    step_count: int = 0
+    pass_count: int = 0
+    fast_insn_length: int | None = None
+    static: bool = False
+    condition: bytes | None = None
+
+
+@dataclass(frozen=True)
+class ActionList:
+    """Actions for the location `number`/`address`; `stepping` starts its while-stepping list."""
+
+    number: int = 0
+    address: int = 0
+    actions: tuple[Action, ...] = ()
+    stepping: bool = False
+
+
+SOURCE_KINDS = ("at", "cond", "cmd")
+
+
+@dataclass(frozen=True)
+class TracepointSource:
+    """The user's text for a location (`at`), its condition (`cond`) or one action line (`cmd`), kept for the
+    upload to a reconnecting GDB and for naming collected values. `length` is the whole string's length."""
+
+    number: int = 0
+    address: int = 0
+    kind: str = "at"
+    start: int = 0
+    length: int = 0
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class VariableSpec:
+    """A trace state variable as GDB defines it (`tvariable $name = value`)."""
+
+    number: int = 0
+    value: int = 0
+    builtin: bool = False
+    name: str = ""
 
 
 @dataclass
@@ -28,44 +126,31 @@ class Tracepoint:
     fast_insn_length: int | None = None
     static: bool = False
     condition: bytes | None = None
-    actions: list[t.Action] = field(default_factory=list)
-    stepping_actions: list[t.Action] = field(default_factory=list)
-    sources: list[t.TracepointSource] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)
+    stepping_actions: list[Action] = field(default_factory=list)
+    sources: list[TracepointSource] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[int, int]:
         return (self.number, self.address)
 
     @classmethod
-    def from_packet(cls, packet: t.DefineTracepoint) -> Tracepoint:
+    def from_spec(cls, spec: TracepointSpec) -> Tracepoint:
         return cls(
-            packet.number,
-            packet.address,
-            packet.enabled,
-            packet.step_count,
-            packet.pass_count,
-            packet.fast_insn_length,
-            packet.static,
-            packet.condition,
-        )
-
-    def as_packet(self) -> t.DefineTracepoint:
-        return t.DefineTracepoint(
-            number=self.number,
-            address=self.address,
-            enabled=self.enabled,
-            step_count=self.step_count,
-            pass_count=self.pass_count,
-            fast_insn_length=self.fast_insn_length,
-            static=self.static,
-            condition=self.condition,
-            more=False,
+            spec.number,
+            spec.address,
+            spec.enabled,
+            spec.step_count,
+            spec.pass_count,
+            spec.fast_insn_length,
+            spec.static,
+            spec.condition,
         )
 
     def expressions(self) -> list[bytes]:
         """Every bytecode this location runs: condition first, then actions, then while-stepping actions."""
         found = [self.condition] if self.condition is not None else []
-        found += [a.bytecode for a in (*self.actions, *self.stepping_actions) if isinstance(a, t.EvalExpression)]
+        found += [a.bytecode for a in (*self.actions, *self.stepping_actions) if isinstance(a, EvalExpression)]
         return found
 
 
@@ -75,9 +160,6 @@ class TraceVariable:
     initial: int
     builtin: bool
     name: str
-
-    def as_packet(self) -> t.DefineTraceVariable:
-        return t.DefineTraceVariable(number=self.number, value=self.initial, builtin=self.builtin, name=self.name)
 
 
 @dataclass
@@ -101,47 +183,94 @@ class Definitions:
         self.variables = {n: v for n, v in self.variables.items() if v.builtin}
         self.read_only.clear()
 
-    def define(self, packet: t.DefineTracepoint) -> Tracepoint:
-        tracepoint = Tracepoint.from_packet(packet)
+    def define(self, spec: TracepointSpec) -> Tracepoint:
+        tracepoint = Tracepoint.from_spec(spec)
         self.tracepoints[tracepoint.key] = tracepoint
         self._stepping = False
         return tracepoint
 
-    def add_actions(self, packet: t.TracepointActions) -> Tracepoint:
-        tracepoint = self.tracepoints.get((packet.number, packet.address))
+    def add_actions(self, actions: ActionList) -> Tracepoint:
+        tracepoint = self.tracepoints.get((actions.number, actions.address))
         if tracepoint is None:
-            raise KeyError(f"actions for undefined tracepoint {packet.number} at {packet.address:#x}")
+            raise KeyError(f"actions for undefined tracepoint {actions.number} at {actions.address:#x}")
         # GDB marks only the first while-stepping piece with 'S'; the following ones are stepping too.
-        self._stepping = self._stepping or packet.stepping
-        (tracepoint.stepping_actions if self._stepping else tracepoint.actions).extend(packet.actions)
+        self._stepping = self._stepping or actions.stepping
+        (tracepoint.stepping_actions if self._stepping else tracepoint.actions).extend(actions.actions)
         return tracepoint
 
-    def add_source(self, packet: t.TracepointSource) -> None:
-        tracepoint = self.tracepoints.get((packet.number, packet.address))
+    def add_source(self, source: TracepointSource) -> None:
+        tracepoint = self.tracepoints.get((source.number, source.address))
         if tracepoint is None:
-            raise KeyError(f"source for undefined tracepoint {packet.number} at {packet.address:#x}")
-        tracepoint.sources.append(packet)
+            raise KeyError(f"source for undefined tracepoint {source.number} at {source.address:#x}")
+        tracepoint.sources.append(source)
 
-    def define_variable(self, packet: t.DefineTraceVariable) -> None:
-        existing = self.variables.get(packet.number)
+    def define_variable(self, spec: VariableSpec) -> None:
+        existing = self.variables.get(spec.number)
         if existing is not None and existing.builtin:
-            existing.initial = packet.value  # GDB may re-send a built-in (e.g. `tvariable $ignore_error = 1`)
+            existing.initial = spec.value  # GDB may re-send a built-in (e.g. `tvariable $ignore_error = 1`)
             return
         # only the stub's own variables are built-in: a client's flag must not make one outlive QTinit
-        self.variables[packet.number] = TraceVariable(packet.number, packet.value, False, packet.name)
+        self.variables[spec.number] = TraceVariable(spec.number, spec.value, False, spec.name)
 
-    def upload_pieces(self) -> list[bytes]:
-        """qTfP/qTsP replies: each tracepoint, its actions, stepping actions and source strings."""
-        pieces: list[bytes] = []
-        for tp in self.tracepoints.values():
-            pieces.append(t.encode_tracepoint_definition(tp.as_packet()))
-            for action in tp.actions:
-                pieces.append(t.encode_tracepoint_actions(tp.number, tp.address, [action]))
-            for action in tp.stepping_actions:
-                pieces.append(t.encode_tracepoint_actions(tp.number, tp.address, [action], stepping=True))
-            for source in tp.sources:
-                pieces.append(t.encode_tracepoint_source(source))
-        return pieces
 
-    def upload_variables(self) -> list[bytes]:
-        return [t.encode_trace_variable(v.as_packet()) for v in sorted(self.variables.values(), key=lambda v: v.number)]
+# --- what a run reports ---------------------------------------------------------------------------------
+
+
+class StopReason(enum.Enum):
+    """Why the run is not going, as the first qTStatus field names it (stop_reason_names in GDB)."""
+
+    NOT_RUN = "tnotrun"
+    STOP_COMMAND = "tstop"
+    BUFFER_FULL = "tfull"
+    DISCONNECTED = "tdisconnected"
+    PASSCOUNT = "tpasscount"
+    ERROR = "terror"
+    UNKNOWN = "tunknown"
+
+
+@dataclass(frozen=True)
+class TraceStatus:
+    """What qTStatus reports. None fields are left out (GDB then shows them as unknown).
+
+    `stop_note`: for tstop, the user's note (None sends the old `tstop:0`, which GDB prints without
+    parentheses, while "" prints "()"), for terror the error text. `stopping_tracepoint` goes with
+    tpasscount and terror. Times are microseconds since the epoch.
+    """
+
+    running: bool = False
+    stop_reason: StopReason = StopReason.NOT_RUN
+    stop_note: str | None = None
+    stopping_tracepoint: int = 0
+    frames: int | None = None
+    created: int | None = None
+    buffer_free: int | None = None
+    buffer_size: int | None = None
+    circular: bool | None = None
+    disconnected: bool | None = None
+    start_time: int | None = None
+    stop_time: int | None = None
+    user: str | None = None
+    notes: str | None = None
+
+
+@dataclass(frozen=True)
+class StaticMarker:
+    """A static tracepoint marker as GDB lists it: its address, id (`strace -m ID`) and free-form extra text."""
+
+    address: int
+    id: str
+    extra: str = ""
+
+
+@dataclass(frozen=True)
+class ProbeRow:
+    """One location's probe as `monitor probes` lists it: its kind (jump or int3), armed or removed, counters."""
+
+    number: int
+    address: int
+    kind: str
+    armed: bool
+    fired: int
+    hits: int
+    usage: int
+    function: str

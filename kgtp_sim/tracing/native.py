@@ -26,11 +26,11 @@ from ..agent.opcodes import OpClass
 from ..agent.verify import Program
 from ..arch import amd64
 from ..machine import Machine
-from ..rsp.packets import trace as t
+from . import model as t
 from . import detour as d
 from . import fastpath
 from .builtins import BUILTIN_VARIABLES
-from .frames import MEMORY_HEADER, TSV_BLOCK
+from ..agent.blocks import MEMORY_BLOCK_OVERHEAD, TSV_BLOCK_SIZE
 from .probes import INT3, JUMP_SIZE, ProbeSite, jump, relocate, relocated_size_bound
 from .retire import in_use
 
@@ -58,11 +58,11 @@ def traced_bytes_bound(program: Program) -> int | None:
     for i in traces:
         insn = program.insns[i]
         if insn.name in ("trace_quick", "trace16"):
-            total += 1 + MEMORY_HEADER.size + insn.operands[0]
+            total += MEMORY_BLOCK_OVERHEAD + insn.operands[0]
         elif insn.name == "tracev":
-            total += 1 + TSV_BLOCK.size
+            total += TSV_BLOCK_SIZE
         elif (length := _constant_length(program, i)) is not None:  # GDB's `const16 176; trace` (struct, array)
-            total += 1 + MEMORY_HEADER.size + length
+            total += MEMORY_BLOCK_OVERHEAD + length
         else:
             return None
     return total

@@ -107,7 +107,7 @@ def test_neighbouring_probes_never_patch_over_each_other():
         tracer.definitions.add_actions(t.TracepointActions.parse(b"%d:%x:R01ffff" % (number, address)))
     before = machine.read_symbol("kgtp_counter")
     tracer.start()
-    kinds = {item.site.address: item.native.kind for item in tracer.installed.values()}
+    kinds = {item.site.address: item.native.kind for item in tracer.probes.installed.values()}
     machine.call("kgtp_bench_loop", 25)
     tracer.stop(t.StopReason.STOP_COMMAND)
     assert machine.read_symbol("kgtp_counter") == before + 25

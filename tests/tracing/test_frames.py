@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kgtp_sim.arch import amd64
-from kgtp_sim.stub.view import ViewError
+from kgtp_sim.tracing.frames import ViewError
 from kgtp_sim.tracing.frames import (
     FrameFormatError,
     FrameView,

@@ -71,7 +71,7 @@ def traced_run(engine: str, *, condition: str | bytes | None = None, actions=(),
     except TraceError as error:
         refused = error
     if refused is not None:
-        assert not tracer.running and not tracer.installed
+        assert not tracer.running and not tracer.probes.installed
     assert machine.call("kgtp_bench_loop", calls, max_instructions=50_000_000) == calls
     status, frames, hits = tracer.status(), tracer.frames(), tracer.location_status(1, SITE)
     tracer.stop(t.StopReason.STOP_COMMAND)

@@ -153,10 +153,10 @@ def traced_workload(engine: str, addresses: list[int], actions: bytes = b"") -> 
             tracer.definitions.add_actions(t.TracepointActions.parse(b"%x:%x:%s" % (number, address, actions)))
     tracer.start()
     kinds: dict[str, int] = {}
-    for item in tracer.installed.values():
+    for item in tracer.probes.installed.values():
         kind = item.native.kind if item.native is not None else "int3"
         kinds[kind] = kinds.get(kind, 0) + 1
-    assert len(tracer.installed) == len(addresses)
+    assert len(tracer.probes.installed) == len(addresses)
     state = workload(machine)
     running = tracer.running
     hits = {address: tracer.location_status(number, address)[0] for number, address in enumerate(addresses, 1)}
@@ -191,7 +191,7 @@ def test_the_refused_placements_are_refused_by_the_tracer_too():
         tracer.definitions.define(t.DefineTracepoint(number=1, address=refused[0]))
         with pytest.raises(TraceError, match="already a breakpoint"):
             tracer.start()
-        assert not tracer.installed and machine.read_memory(refused[0], 1) == b"\xcc"
+        assert not tracer.probes.installed and machine.read_memory(refused[0], 1) == b"\xcc"
     # and every byte that is not an instruction boundary, in the functions of the hot paths
     boundaries = set(SWEPT)
     for name in HOT:
@@ -278,7 +278,7 @@ def test_two_tracepoints_at_one_address_both_collect_or_are_refused(engine):
         tracer.start()
     except TraceError as error:
         assert "already" in str(error) and f"{site:#x}" in str(error), error
-        assert not tracer.installed and machine.read_memory(site, 8) == IMAGE.read_code(site, 8)
+        assert not tracer.probes.installed and machine.read_memory(site, 8) == IMAGE.read_code(site, 8)
         return
     assert machine.call("kgtp_bench_loop", 5) == 5
     assert tracer.location_status(1, site)[0] == 5 and tracer.location_status(2, site)[0] == 5

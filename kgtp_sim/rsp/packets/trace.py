@@ -15,11 +15,26 @@ buffer) lives in a different bucket from `QTBuffer:circular:`/`QTBuffer:size:`.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Self
 
+from ...tracing.model import (
+    SOURCE_KINDS,
+    Action,
+    ActionList,
+    CollectMemory,
+    CollectRegisters,
+    CollectStaticData,
+    EvalExpression,
+    StaticMarker,
+    StopReason,
+    TraceStatus,
+    Tracepoint,
+    TracepointSource as SourceSpec,
+    TracepointSpec,
+    VariableSpec,
+)
 from .base import U64_MASK, Packet, PacketError, parse_hex, parse_signed_hex, split_exact
 
 _HEX = frozenset(b"0123456789abcdefABCDEF")
@@ -97,43 +112,10 @@ def _xfer_window(body: bytes, what: str) -> tuple[int, int]:
 # --- tracepoint actions (the `action...` part of QTDP:-) -----------------------------------------------
 
 
-@dataclass(frozen=True)
-class CollectRegisters:
-    """`R<mask>`: collect the registers whose bit is set; bit n is GDB's (remote) register number n.
-
-    GDB writes the mask most significant byte first, two digits a byte, leading zero bytes dropped.
-    """
-
-    mask: int
-
-
-@dataclass(frozen=True)
-class CollectMemory:
-    """`M<basereg>,<offset>,<length>`: collect `length` bytes at register `basereg` + `offset`.
-
-    `basereg` -1 means `offset` is an absolute address (globals). GDB prints `offset` with phex_nz, so a
-    negative frame offset arrives as its 64-bit two's complement; it is kept unsigned here, the address
-    arithmetic wraps modulo 2**64.
-    """
-
-    basereg: int
-    offset: int
-    length: int
-
-
-@dataclass(frozen=True)
-class EvalExpression:
-    """`X<len>,<hex bytecode>`: run an agent expression (locals, `$tsv`, `teval`, complex expressions)."""
-
-    bytecode: bytes
-
-
-@dataclass(frozen=True)
-class CollectStaticData:
-    """`L`: collect the static tracepoint marker's data (`collect $_sdata`)."""
-
-
-Action = CollectRegisters | CollectMemory | EvalExpression | CollectStaticData
+# The actions themselves (CollectRegisters, CollectMemory, EvalExpression, CollectStaticData) are the tracer's
+# words (kgtp_sim/tracing/model.py); this section reads and writes their wire form. `R` masks arrive most
+# significant byte first, two digits a byte, leading zero bytes dropped; `M` offsets are printed with phex_nz,
+# so a negative frame offset arrives as its 64-bit two's complement.
 
 
 def _parse_agent_expr(text: bytes, start: int, what: str) -> tuple[bytes, int]:
@@ -217,7 +199,7 @@ class TraceInit(Packet):
 
 
 @dataclass(frozen=True)
-class DefineTracepoint(Packet):
+class DefineTracepoint(TracepointSpec, Packet):
     """`QTDP:<n>:<addr>:<E|D>:<step>:<pass>[:F<len>][:S][:X<len>,<cond>][-]`: create one tracepoint location.
 
     `more` (trailing '-') says action packets follow. Conditions only arrive when ConditionalTracepoints+ is
@@ -227,14 +209,6 @@ class DefineTracepoint(Packet):
 
     PREFIX = b"QTDP:"
     FEATURES = ("ConditionalTracepoints+", "InstallInTrace+")
-    number: int = 0
-    address: int = 0
-    enabled: bool = True
-    step_count: int = 0
-    pass_count: int = 0
-    fast_insn_length: int | None = None
-    static: bool = False
-    condition: bytes | None = None
     more: bool = False
 
     @classmethod
@@ -273,7 +247,7 @@ class DefineTracepoint(Packet):
 
 
 @dataclass(frozen=True)
-class TracepointActions(Packet):
+class TracepointActions(ActionList, Packet):
     """`QTDP:-<n>:<addr>:[S]<action>...[-]`: actions for the tracepoint just defined.
 
     `stepping` is set on the packet that starts the while-stepping list (its leading 'S'); GDB does not
@@ -284,10 +258,6 @@ class TracepointActions(Packet):
 
     PREFIX = b"QTDP:-"
     FEATURES = ("tracenz+",)
-    number: int = 0
-    address: int = 0
-    actions: tuple[Action, ...] = ()
-    stepping: bool = False
     more: bool = False
 
     @classmethod
@@ -303,11 +273,8 @@ class TracepointActions(Packet):
         return cls(_number(number), parse_hex(address, "address"), actions, stepping, more)
 
 
-SOURCE_KINDS = ("at", "cond", "cmd")
-
-
 @dataclass(frozen=True)
-class TracepointSource(Packet):
+class TracepointSource(SourceSpec, Packet):
     """`QTDPsrc:<n>:<addr>:<at|cond|cmd>:<start>:<len>:<hex>`: the user's text, kept only for upload.
 
     One packet per string: the location (`at`), the condition (`cond`) and every action line (`cmd`,
@@ -317,12 +284,6 @@ class TracepointSource(Packet):
 
     PREFIX = b"QTDPsrc:"
     FEATURES = ("TracepointSource+",)
-    number: int = 0
-    address: int = 0
-    kind: str = "at"
-    start: int = 0
-    length: int = 0
-    source: str = ""
 
     @classmethod
     def parse(cls, body: bytes) -> Self:
@@ -337,7 +298,7 @@ class TracepointSource(Packet):
 
 
 @dataclass(frozen=True)
-class DefineTraceVariable(Packet):
+class DefineTraceVariable(VariableSpec, Packet):
     """`QTDV:<n>:<value>:<builtin>:<hexname>`: a trace state variable (`tvariable $name = value`).
 
     GDB sends the initial value as 16 hex digits of its two's complement; `value` is signed here. qTfV/qTsV
@@ -345,10 +306,6 @@ class DefineTraceVariable(Packet):
     """
 
     PREFIX = b"QTDV:"
-    number: int = 0
-    value: int = 0
-    builtin: bool = False
-    name: str = ""
 
     @classmethod
     def parse(cls, body: bytes) -> Self:
@@ -792,43 +749,6 @@ class ReadStaticTraceData(Packet):
 # --- reply encoders ------------------------------------------------------------------------------------
 
 
-class StopReason(enum.Enum):
-    """Why the run is not going, as the first qTStatus field names it (stop_reason_names in GDB)."""
-
-    NOT_RUN = "tnotrun"
-    STOP_COMMAND = "tstop"
-    BUFFER_FULL = "tfull"
-    DISCONNECTED = "tdisconnected"
-    PASSCOUNT = "tpasscount"
-    ERROR = "terror"
-    UNKNOWN = "tunknown"
-
-
-@dataclass(frozen=True)
-class TraceStatus:
-    """What qTStatus reports. None fields are left out (GDB then shows them as unknown).
-
-    `stop_note`: for tstop, the user's note (None sends the old `tstop:0`, which GDB prints without
-    parentheses, while "" prints "()"), for terror the error text. `stopping_tracepoint` goes with
-    tpasscount and terror. Times are microseconds since the epoch.
-    """
-
-    running: bool = False
-    stop_reason: StopReason = StopReason.NOT_RUN
-    stop_note: str | None = None
-    stopping_tracepoint: int = 0
-    frames: int | None = None
-    created: int | None = None
-    buffer_free: int | None = None
-    buffer_size: int | None = None
-    circular: bool | None = None
-    disconnected: bool | None = None
-    start_time: int | None = None
-    stop_time: int | None = None
-    user: str | None = None
-    notes: str | None = None
-
-
 def encode_trace_status(status: TraceStatus) -> bytes:
     """`T<0|1>;<reason>;tframes:..;tcreated:..;tfree:..;tsize:..;circular:..;disconn:..;starttime:..;...`
 
@@ -870,7 +790,7 @@ def encode_tracepoint_status(hits: int, usage: int) -> bytes:
     return b"V%x:%x" % (hits, usage)
 
 
-def encode_tracepoint_definition(tp: DefineTracepoint) -> bytes:
+def encode_tracepoint_definition(tp: TracepointSpec | Tracepoint) -> bytes:
     """qTfP/qTsP piece `T<n>:<addr>:<E|D>:<step>:<pass>[:F<len>][:S][:X<len>,<hex>]` (no trailing '-')."""
     out = b"T%x:%x:%s:%x:%x" % (tp.number, tp.address, b"E" if tp.enabled else b"D", tp.step_count, tp.pass_count)
     if tp.fast_insn_length is not None:
@@ -889,14 +809,14 @@ def encode_tracepoint_actions(
     return b"%s%x:%x:" % (b"S" if stepping else b"A", number, address) + encode_actions(actions)
 
 
-def encode_tracepoint_source(src: TracepointSource) -> bytes:
+def encode_tracepoint_source(src: SourceSpec) -> bytes:
     """qTfP/qTsP piece `Z<n>:<addr>:<at|cond|cmd>:<start>:<len>:<hex>`; GDB rebuilds commands from these."""
     return b"Z%x:%x:%s:%x:%x:" % (src.number, src.address, src.kind.encode(), src.start, src.length) + _hex_text(
         src.source
     )
 
 
-def encode_trace_variable(tsv: DefineTraceVariable) -> bytes:
+def encode_trace_variable(tsv: VariableSpec) -> bytes:
     """qTfV/qTsV reply `<n>:<value>:<builtin>:<hexname>`; negative values as 64-bit two's complement."""
     return b"%x:%x:%x:" % (tsv.number, tsv.value & U64_MASK, tsv.builtin) + _hex_text(tsv.name)
 
@@ -909,15 +829,6 @@ def encode_trace_variable_value(value: int | None) -> bytes:
 def encode_frame_reply(frame: int | None, tracepoint: int = 0) -> bytes:
     """QTFrame reply: `F<frame>T<tracepoint>` when found, `F-1` when not (`tfind none` gets plain `OK`)."""
     return b"F-1" if frame is None else b"F%xT%x" % (frame, tracepoint)
-
-
-@dataclass(frozen=True)
-class StaticMarker:
-    """A static tracepoint marker: its address, id (`strace -m ID`) and free-form extra text."""
-
-    address: int
-    id: str
-    extra: str = ""
 
 
 def encode_static_markers(markers: Sequence[StaticMarker]) -> bytes:

@@ -1,0 +1,69 @@
+"""What the stub may ask of a tracer: the narrow interface between packet handlers and the tracing layer.
+
+`Tracer` implements it; the handler tests in `tests/stub/` implement it with a fake that has no machine. A
+handler needs nothing else: definitions are the tracer's `Definitions` (pure state), frames are `TraceFrame`s,
+status is a `TraceStatus`. Called from the server thread.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..machine import Marker
+from .clock import Tsc
+from .frames import TraceFrame
+from .model import Definitions, ProbeRow, StopReason, Tracepoint, TraceStatus
+
+
+class TracerApi(Protocol):
+    definitions: Definitions
+    running: bool
+    stop_reason: StopReason
+    engine: str
+    tsc: Tsc
+    start_time: int | None  # microseconds since the epoch, of the last tstart
+
+    # run control
+    def start(self) -> None:
+        """tstart: install every enabled location; raises TraceError with a message for the user."""
+
+    def stop(self, reason: StopReason, note: str | None = None, tracepoint: int = 0) -> None:
+        """End the run; frames stay."""
+
+    def arm(self, tp: Tracepoint) -> None:
+        """Install one location during a run (nothing when not running)."""
+
+    def disarm(self, key: tuple[int, int]) -> None:
+        """Remove one location's probe during a run."""
+
+    # settings
+    def set_engine(self, engine: str) -> None:
+        """Engine for the next tstart; ValueError for an unknown name."""
+
+    def set_circular(self, circular: bool) -> None: ...
+
+    def set_stop_note(self, note: str) -> None: ...
+
+    # questions
+    def status(self) -> TraceStatus: ...
+
+    def location_status(self, number: int, address: int) -> tuple[int, int] | None:
+        """(hits, bytes) of a location; None when GDB never defined it."""
+
+    def variable_value(self, number: int) -> int | None:
+        """A trace state variable's current value; None when unknown (never run, or no such variable)."""
+
+    def frames(self) -> list[TraceFrame]:
+        """Every frame in the buffer, oldest first; frame numbers are list indexes."""
+
+    def saved_frame(self, frame: TraceFrame) -> bytes:
+        """The frame's bytes as a trace file holds them."""
+
+    def markers(self) -> list[Marker]: ...
+
+    def marker_at(self, address: int) -> Marker | None: ...
+
+    def rendered_sdata(self, frame: TraceFrame) -> str | None:
+        """The frame's `$_sdata` rendered by its marker's format; None without static data."""
+
+    def probe_rows(self) -> list[ProbeRow]: ...

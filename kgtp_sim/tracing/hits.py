@@ -1,0 +1,233 @@
+"""The hit path in Python: what runs when an int3 of the interpreting engine (or a shared address, or a
+while-stepping location) fires, and the single-stepping that follows a while-stepping hit.
+
+Runs on the CPU thread, inside the machine's int3 hook (or, while stepping, inside a code hook). A hit never
+raises: a failing condition or action records `terror` on its tracepoint through `Tracer.check` (or is ignored
+under `$ignore_error`), and the kernel continues as if the probe were not there. The compiled engines' hits
+never come here: their detours run in the emulated kernel (`native.py`, `detour.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from unicorn import UC_HOOK_CODE, Uc
+from unicorn.x86_const import UC_X86_REG_RIP, UC_X86_REG_RSP
+
+from ..agent.errors import UnreadableMemory
+from ..agent.interp import evaluate
+from ..arch import amd64
+from ..machine import Marker, MemoryFault
+from . import model as t
+from .frames import MemoryBlock, StaticBlock, encode_block
+from .placement import Installed
+from .probes import INT3
+from .sdata import build_entry
+
+if TYPE_CHECKING:
+    from .tracer import Tracer
+
+log = logging.getLogger(__name__)
+
+#: Largest memory range one `collect` may record in a frame (GDB never asks for more than 64 KiB at once).
+MAX_COLLECT = 0xFFFF
+
+
+@dataclass
+class HitContext:
+    """What one evaluation of agent bytecode sees at a hit: live memory, the hit's registers, trace variables."""
+
+    uc: Uc
+    regs: list[int]
+    tracer: Tracer
+    blocks: list[bytes] = field(default_factory=list)
+    room: int = MAX_COLLECT * 4
+    marker: Marker | None = None
+
+    def try_read(self, addr: int, n: int) -> bytes | None:
+        try:
+            return self.read_memory(addr, n)
+        except UnreadableMemory:
+            return None
+
+    def read_memory(self, addr: int, n: int) -> bytes:
+        # Through the machine, not uc.mem_read: absent demand pages read as zeros from unicorn but must fault.
+        try:
+            return self.tracer.machine.read_memory(addr, n)
+        except MemoryFault:
+            raise UnreadableMemory(addr, n) from None
+
+    def register(self, n: int) -> int:
+        return self.regs[n] if n < len(self.regs) else 0
+
+    def tsv_get(self, n: int) -> int:
+        return self.tracer.variable_value(n, self) or 0
+
+    def tsv_set(self, n: int, value: int) -> None:
+        self.tracer.set_variable(n, value)
+
+    def trace_room(self) -> int | None:
+        return self.room - sum(len(b) for b in self.blocks)
+
+    def trace_block(self, block: bytes) -> None:
+        self.blocks.append(block)
+
+    def printf(self, text: str) -> None:
+        self.tracer.printed.append(text)
+        log.info("tracepoint printf: %s", text.rstrip("\n"))
+
+
+def hit_registers(tracer: Tracer, uc: Uc, pc: int) -> list[int]:
+    """The hit's registers in GDB's order, with the PC GDB must see and eflags as the 32 bits GDB reads."""
+    regs = tracer.registers.read(uc)
+    regs[amd64.PC_REGNUM] = pc
+    regs[amd64.REGISTER_INDEX["eflags"]] &= 0xFFFFFFFF
+    return regs
+
+
+def interpreted_hit(tracer: Tracer, uc: Uc, item: Installed) -> None:
+    """One int3 hit: condition, actions, a frame in the ring, then passcount or while-stepping."""
+    uc.reg_write(UC_X86_REG_RIP, item.out_of_line)  # whatever happens, the kernel goes on
+    if not tracer.running:
+        return
+    item.fired += 1
+    hit = HitContext(uc, hit_registers(tracer, uc, item.site.address), tracer, room=tracer.room, marker=item.marker)
+    tp = item.tracepoint
+    if item.condition is not None:
+        result = evaluate(item.condition, hit)
+        if not tracer.check(result.error, tp):
+            return
+        if not result.value:
+            return
+    item.hits += 1
+    for action, program in item.actions:
+        if program is not None:
+            result = evaluate(program, hit)
+            if tracer.lost_block(result.error, program):
+                continue
+            if not tracer.check(result.error, tp):
+                return
+        else:
+            collect(action, hit)
+    if not commit(tracer, tp.number, hit, item):
+        return
+    if tp.pass_count and item.hits >= tp.pass_count:
+        tracer.stop(t.StopReason.PASSCOUNT, tracepoint=tp.number)
+    elif tp.step_count and tracer.running and not tracer.stepper.active:
+        tracer.stepper.start(uc, item)
+
+
+def commit(tracer: Tracer, number: int, hit: HitContext, item: Installed) -> bool:
+    """Append the hit's blocks as one frame; a full linear buffer ends the run (`tfull`)."""
+    blocks = b"".join(hit.blocks)
+    assert tracer.ring is not None
+    if not tracer.ring.append(number, blocks, tracer.tsc.now()):
+        if not tracer.definitions.circular:
+            tracer.stop(t.StopReason.BUFFER_FULL)
+        return False
+    item.usage += len(blocks) + 6
+    return True
+
+
+def collect(action: t.Action, hit: HitContext) -> None:
+    """A collection that is not bytecode: registers, a memory range, or the marker's static data."""
+    if isinstance(action, t.CollectRegisters):
+        hit.blocks.append(b"R" + amd64.encode_general(hit.regs))
+    elif isinstance(action, t.CollectMemory):
+        base = 0 if action.basereg < 0 else hit.register(action.basereg)
+        address = (base + action.offset) & ((1 << 64) - 1)
+        length = min(action.length, MAX_COLLECT)
+        try:
+            data = hit.read_memory(address, length)
+        except UnreadableMemory:
+            return  # not collected: GDB shows <unavailable>, like a DProbes fault token
+        hit.blocks.append(encode_block(MemoryBlock(address, data)))
+    elif isinstance(action, t.CollectStaticData) and hit.marker is not None:
+        entry = build_entry(hit.marker, hit.regs, hit.try_read)
+        hit.blocks.append(encode_block(StaticBlock(entry)))
+
+
+class Stepper:
+    """While-stepping: after a hit, collect before each of the next `step_count` instructions of the hit task.
+
+    The int3 is lifted so the original instruction executes where it is; a code hook over kernel text (in
+    Python, only while stepping) sees every next instruction; the int3 returns when the steps are done.
+    Interrupt handlers and other tasks are never stepped (a CPU clears TF on interrupt entry, and TF lives in
+    the stepped task's saved flags).
+    """
+
+    def __init__(self, tracer: Tracer) -> None:
+        self.tracer = tracer
+        self._hook: int | None = None
+        self._listener = None
+
+    @property
+    def active(self) -> bool:
+        return self._hook is not None
+
+    def start(self, uc: Uc, item: Installed) -> None:
+        machine = self.tracer.machine
+        site = item.site
+        uc.mem_write(site.address, site.original)
+        low, high = machine.image.text_range
+        uc.ctl_remove_cache(low, high)  # blocks translated before the hook existed would not call it
+        state = {"remaining": item.tracepoint.step_count, "started": False}
+        interrupted: list[tuple[int, int]] = []  # where the stepped task resumes after its interrupt handlers
+        current = machine.image.address_of("current")
+        task = uc.mem_read(current, 8)  # stepping follows this task, as TF lives in its saved flags
+
+        def on_interrupt(vector: int, rip: int, rsp: int) -> None:
+            if uc.mem_read(current, 8) == task:
+                interrupted.append((rip, rsp))
+
+        def step(uc: Uc, address: int, size: int, _data: object) -> None:
+            if uc.mem_read(current, 8) != task:
+                return  # another task runs (the stepped one was preempted)
+            if interrupted:
+                rip, rsp = interrupted[-1]
+                if address != rip or uc.reg_read(UC_X86_REG_RSP) != rsp:
+                    return
+                interrupted.pop()
+            if not state["started"]:
+                state["started"] = True  # the instruction at the tracepoint itself is about to run
+                return
+            self._collect(uc, item, address)
+            state["remaining"] -= 1
+            if state["remaining"] <= 0 or not self.tracer.running:
+                self.end(uc, item)
+
+        self._listener = on_interrupt
+        machine.cpu.delivery_listeners.append(on_interrupt)
+        self._hook = uc.hook_add(UC_HOOK_CODE, step, begin=low, end=high - 1)
+        uc.reg_write(UC_X86_REG_RIP, site.address)
+
+    def end(self, uc: Uc, item: Installed) -> None:
+        machine = self.tracer.machine
+        if self._hook is not None:
+            uc.hook_del(self._hook)
+            self._hook = None
+            machine.cpu.delivery_listeners.remove(self._listener)
+        if self.tracer.running and self.tracer.is_armed(item.tracepoint.key):
+            uc.mem_write(item.site.address, INT3)
+        low, high = machine.image.text_range
+        uc.ctl_remove_cache(low, high)
+        uc.reg_write(UC_X86_REG_RIP, uc.reg_read(UC_X86_REG_RIP))  # re-translate the current block too
+
+    def _collect(self, uc: Uc, item: Installed, address: int) -> None:
+        tracer = self.tracer
+        regs = hit_registers(tracer, uc, address)
+        hit = HitContext(uc, regs, tracer, room=tracer.room)
+        has_registers = False
+        for action, program in item.stepping:
+            if program is not None:
+                result = evaluate(program, hit)
+                if not tracer.check(result.error, item.tracepoint):
+                    return
+            else:
+                has_registers |= isinstance(action, t.CollectRegisters)
+                collect(action, hit)
+        if not has_registers:  # GDB tells a stepping frame from the hit by its PC: always record it
+            hit.blocks.insert(0, b"R" + amd64.encode_general(regs))
+        commit(tracer, item.tracepoint.number, hit, item)

@@ -1,0 +1,162 @@
+"""Placement: from a defined location to a planned probe, before anything is written into the kernel.
+
+At tstart (and for a location armed during a run) each enabled tracepoint's bytecode is verified, its probe is
+planned (a 5-byte jump where it is safe and wanted, else an int3), and the plans are checked against each other
+so that no probe patches over another. Nothing here touches the machine's memory; the result, `Installed`, is
+what `installer.py` then puts into the kernel. Runs on the CPU thread (inside `Tracer.start`/`arm`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..agent.errors import BytecodeError, ErrorCode
+from ..agent.verify import Program, verify
+from ..machine import KernelImage, Marker
+from . import model as t
+from .builtins import BUILTIN_VARIABLES
+from .model import TraceError, Tracepoint
+from .native import NativeProbe
+from .probes import ProbePlacementError, ProbeSite, plan_probe
+
+
+@dataclass
+class Installed:
+    """A tracepoint location armed in the kernel (or planned to be), with its run's counters."""
+
+    tracepoint: Tracepoint
+    site: ProbeSite
+    condition: Program | None
+    actions: list[tuple[t.Action, Program | None]]
+    out_of_line: int = 0  # int3 path: the relocated copy of the probed instruction
+    native: NativeProbe | None = None  # compiled engines: the detour and its counters
+    want_jump: bool = False
+    stepping: list[tuple[t.Action, Program | None]] = field(default_factory=list)
+    marker: Marker | None = None  # static tracepoints: the TRACE_EVENT site they enable
+    shared: bool = False  # another tracepoint has the same address: both run from one int3, in Python
+    fired: int = 0
+    hits: int = 0
+    usage: int = 0
+
+    def programs(self) -> list[Program]:
+        """The condition and every action's program, in the order a hit runs them."""
+        return [p for p in (self.condition, *(p for _, p in self.actions)) if p is not None]
+
+
+def prepare(
+    tp: Tracepoint, image: KernelImage, tsv_slots: int, *, compiled: bool, probe: str, marker: Marker | None
+) -> Installed:
+    """Verify a location's bytecode and plan its probe. `compiled`: a native engine runs it (and so wants a jump
+    where `probe` is "auto"); `marker`: the static marker at its address, if any."""
+    where = f"tracepoint {tp.number} at {tp.address:#x}"
+    try:
+        condition = verify(tp.condition, tsv_slots=tsv_slots, require_value=True) if tp.condition else None
+    except BytecodeError as error:
+        raise TraceError(f"{where}: condition rejected: {error}") from None
+    actions = verified_actions(tp.actions, tsv_slots, f"{where}: action")
+    bt = BUILTIN_VARIABLES.by_name("bt").number
+    if any(p is not None and any(i.name == "tracev" and i.operands[0] == bt for i in p.insns) for _, p in actions):
+        # KGTP's `collect $bt`: also record $bt bytes of stack from rsp, so GDB can unwind the frame
+        stack = bytes((0x26, 0x00, 0x07, 0x2C)) + bt.to_bytes(2, "big") + bytes((0x0C, 0x27))
+        actions.append((t.EvalExpression(stack), verify(stack, tsv_slots=tsv_slots)))
+    stepping = verified_actions(tp.stepping_actions, tsv_slots, f"{where}: while-stepping action")
+    if tp.step_count and tp.fast_insn_length is not None:
+        raise TraceError(f"{where}: while-stepping needs single-stepping; use trace, not ftrace")
+    if tp.static:
+        if marker is None:
+            raise TraceError(f"{where}: no static tracepoint marker at this address")
+    else:
+        marker = None
+        if any(isinstance(a, t.CollectStaticData) for a in tp.actions):
+            raise TraceError(f"{where}: $_sdata exists only at static tracepoints (strace)")
+    want_jump = ((compiled and probe == "auto") or tp.fast_insn_length is not None) and not tp.step_count
+    try:
+        site = plan_probe(image, tp.address, "jump" if want_jump else "int3")
+    except ProbePlacementError as error:
+        if tp.fast_insn_length is not None:  # ftrace: a jump or nothing, as gdbserver's fast tracepoints
+            raise TraceError(f"{where}: fast tracepoint impossible: {error}") from None
+        try:
+            site = plan_probe(image, tp.address, "int3")
+        except ProbePlacementError as error2:
+            raise TraceError(f"{where}: {error2}") from None
+        want_jump = False
+    return Installed(tp, site, condition, actions, want_jump=want_jump, stepping=stepping, marker=marker)
+
+
+def resolve_overlaps(image: KernelImage, new: list[Installed], armed: list[Installed]) -> None:
+    """Probes must not patch over each other (as kprobes refuses to optimize over another probe).
+
+    A jump whose window covers another probe's address becomes an int3 (re-planned: its detour then runs
+    only the one instruction); a probe inside an armed jump's window, or a second tracepoint at an address
+    that already has one, is refused with a message.
+    """
+    armed_at = {item.site.address: item for item in armed}
+    addresses = [item.site.address for item in new] + list(armed_at)
+    for item in new:
+        where = f"tracepoint {item.tracepoint.number} at {item.site.address:#x}"
+        if addresses.count(item.site.address) > 1:
+            # several tracepoints at one address (GDB allows it): one int3 runs them all, in Python
+            other = armed_at.get(item.site.address)
+            if other is not None and other.native is not None:
+                raise TraceError(f"{where}: tracepoint {other.tracepoint.number} already has a compiled "
+                                 "probe here; define both before tstart")
+            if item.tracepoint.fast_insn_length is not None:
+                raise TraceError(f"{where}: fast tracepoint impossible: another tracepoint at this address")
+            item.shared = True
+            item.site = plan_probe(image, item.site.address, "int3")
+            item.want_jump = False
+            continue
+        for other in armed:
+            if other.native is not None and other.native.kind == "jump" and \
+                    other.site.address < item.site.address < other.site.address + other.site.length:
+                raise TraceError(f"{where}: inside the 5-byte jump of tracepoint {other.tracepoint.number}")
+        if item.site.kind == "jump":
+            window = range(item.site.address + 1, item.site.address + item.site.length)
+            if any(address in window for address in addresses):
+                if item.tracepoint.fast_insn_length is not None:
+                    raise TraceError(f"{where}: fast tracepoint impossible: another probe inside its window")
+                item.site = plan_probe(image, item.site.address, "int3")
+                item.want_jump = False
+
+
+def verified_actions(actions: list[t.Action], tsv_slots: int, what: str) -> list[tuple[t.Action, Program | None]]:
+    """Each action with its verified program (expressions only); bad bytecode fails tstart with a message."""
+    out: list[tuple[t.Action, Program | None]] = []
+    for action in actions:
+        program = None
+        if isinstance(action, t.EvalExpression):
+            try:
+                program = verify(action.bytecode, tsv_slots=tsv_slots)
+            except BytecodeError as error:
+                raise TraceError(f"{what} rejected: {error}") from None
+        out.append((action, program))
+    return out
+
+
+_COMPUTED = {b.number: b.name for b in BUILTIN_VARIABLES if b.computed}
+
+
+def builtin_slots(programs: list[Program]) -> tuple[tuple[int, str], ...]:
+    """Computed built-in variables the bytecode reads: the detour refreshes their slots at each hit."""
+    found: dict[int, str] = {}
+    for program in programs:
+        for insn in program.insns:
+            if insn.name in ("getv", "tracev") and insn.operands[0] in _COMPUTED:
+                found[insn.operands[0]] = _COMPUTED[insn.operands[0]]
+    return tuple(sorted(found.items()))
+
+
+_FAILING_OPS = {
+    ErrorCode.DIVIDE_BY_ZERO: {"div_signed", "div_unsigned", "rem_signed", "rem_unsigned"},
+    ErrorCode.DIVIDE_OVERFLOW: {"div_signed", "rem_signed"},
+    ErrorCode.MEMORY_FAULT: {"ref8", "ref16", "ref32", "ref64", "trace", "trace_quick", "trace16", "tracenz"},
+}
+
+
+def fails_that_way(program: Program, offset: int, code: ErrorCode) -> bool:
+    """Could `program`'s op at `offset` raise `code`? (Tells which of a location's programs a native error
+    came from, so the message names the op like the interpreter's does.)"""
+    if offset not in program.index:
+        return False
+    names = _FAILING_OPS.get(code)
+    return names is None or program.at(offset).name in names
