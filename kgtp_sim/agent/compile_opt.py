@@ -25,6 +25,9 @@ At block boundaries (jump targets, branches) the stack is put in a canonical pla
 entries in fixed frame slots, one per stack position (the verifier guarantees one depth per instruction).
 The pieces: `opt_ir` (values and trees), `opt_codegen` (register allocation and tree code generation), this
 module (blocks, effects, the compiler's entry point).
+
+Why this module is long: the translation of each opcode class and of each effect has to see the virtual stack
+and the block state at once; split further, every piece would pass the same compiler state around.
 """
 
 from __future__ import annotations

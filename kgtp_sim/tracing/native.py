@@ -124,6 +124,12 @@ class CompiledRun:
         raw = self.machine.read_memory(self.tsv_array + 8 * number, 8)
         return struct.unpack("<q", raw)[0]
 
+    def write_tsv(self, number: int, value: int) -> None:
+        """The one store of this run's variables: a Python hit (int3 of a shared address, while-stepping) writes
+        where the compiled detours read. Data, not code: no translated block to drop."""
+        data = struct.pack("<Q", value & (2**64 - 1))
+        self.machine.run_on_cpu(lambda uc: uc.mem_write(self.tsv_array + 8 * number, data))
+
     def counters(self, probe: NativeProbe) -> tuple[int, int, int]:
         fired, hits, usage, _ = d.COUNTERS.unpack(self.machine.read_memory(probe.counters, d.COUNTERS.size))
         return fired, hits, usage

@@ -112,7 +112,13 @@ class Tracer:
         return self.running or self.stop_reason is not StopReason.NOT_RUN
 
     def set_variable(self, number: int, value: int) -> None:
-        self.values[number] = value - (1 << 64) if value >> 63 else value
+        """Write a variable where every path of this run reads it: the compiled engines' array in emulated
+        memory when the run has one (so Python hits and detours share it), else the tracer's own table."""
+        value = value - (1 << 64) if value >> 63 else value
+        if self.native is not None and number < self.native.tsv_slots and self._has_run:
+            self.native.write_tsv(number, value)
+        else:
+            self.values[number] = value
 
     @property
     def ignore_errors(self) -> bool:

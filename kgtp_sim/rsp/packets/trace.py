@@ -11,6 +11,11 @@ from a real GDB 13.1.
 Prefix collisions are resolved by the dispatcher's longest-prefix rule: `QTDP:-` (actions) beats `QTDP:`
 (create), `QTFrame:pc:`/`tdp:`/`range:`/`outside:` beat `QTFrame:`, and `qTBuffer:` (lower-case q, read the
 buffer) lives in a different bucket from `QTBuffer:circular:`/`QTBuffer:size:`.
+
+Why this module is long: it is the whole tracepoint family of the protocol, about forty packets, each parser next
+to the reply encoder GDB reads back and to the model of GDB's own reader the tests use; the small strict readers
+at the top are shared by all of them. The words themselves (actions, specs, status) are the tracer's
+(`kgtp_sim/tracing/model.py`); this module only reads and writes their wire form.
 """
 
 from __future__ import annotations

@@ -1,0 +1,84 @@
+"""One trace-variable store: every engine and every probe path reads and writes the same `$hits`.
+
+The scenario: `teval $hits = $hits + 1` and `collect $hits` at kgtp_test_function, beside whatever makes the
+location take another path (a second tracepoint at the same address, an int3, a static marker, while-stepping,
+a passcount). Under interp, naive and opt alike the frames must read 1, 2, 3... and the variable's value after
+the run must be the number of hits: the compiled code, the Python hit path and `qTV` share one store.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kgtp_sim.agent.opcodes import assemble
+from kgtp_sim.machine import KernelImage, Machine
+from kgtp_sim.rsp.packets import trace as t
+from kgtp_sim.tracing import Tracer
+from kgtp_sim.tracing.frames import TsvBlock
+
+from ..conftest import VMLINUX
+
+IMAGE = KernelImage.load(VMLINUX)
+SITE = IMAGE.address_of("kgtp_test_function")
+MARKER = next(m for m in IMAGE.markers if m.name == "kgtp_module_event")
+HITS = 8  # the first number GDB gives a user variable after the stub's built-ins
+CALLS = 12
+# GDB 13's bytecode for `teval $hits = $hits + 1` and `collect $hits` (tests/agent/data/gdb13_corpus.json)
+INCREMENT = assemble(f"getv {HITS}; const8 1; add; ext 64; setv {HITS}; pop; end")
+COLLECT = assemble(f"getv {HITS}; tracev {HITS}; pop; end")
+NEVER = assemble("reg 5; const8 0; less_signed; end")  # counter1 < 0
+
+
+def _x(code: bytes) -> bytes:
+    return b"X%x,%s" % (len(code), code.hex().encode())
+
+
+def _define(tracer: Tracer, number: int, address: int, actions: bytes, *, static=False, step=0, passcount=0,
+            condition: bytes | None = None, stepping: bytes = b"") -> None:
+    cond = b":" + _x(condition) if condition else b""
+    flags = b":S" if static else b""
+    tracer.definitions.define(t.DefineTracepoint.parse(b"%x:%x:E:%x:%x%s%s-" % (number, address, step, passcount,
+                                                                              flags, cond)))
+    tracer.definitions.add_actions(t.TracepointActions.parse(b"%x:%x:%s%s" % (number, address, actions,
+                                                                              b"-" if stepping else b"")))
+    if stepping:
+        tracer.definitions.add_actions(t.TracepointActions.parse(b"%x:%x:S%s" % (number, address, stepping)))
+
+
+def _counting(tracer: Tracer, number: int = 1, address: int = SITE, **kw) -> None:
+    _define(tracer, number, address, _x(INCREMENT) + _x(COLLECT), **kw)
+
+
+PATHS = {
+    "jump": lambda tr: _counting(tr),
+    "int3": lambda tr: _counting(tr),
+    "shared": lambda tr: (_counting(tr), _define(tr, 2, SITE, b"M-1,%x,4" % IMAGE.address_of("kgtp_counter"),
+                                                 condition=NEVER)),
+    "marker": lambda tr: _counting(tr, address=MARKER.site, static=True),
+    "stepping": lambda tr: _counting(tr, step=2, stepping=b"R01"),
+    "passcount": lambda tr: _counting(tr, passcount=5),
+}
+
+
+def _run(engine: str, path: str):
+    machine = Machine(IMAGE)
+    machine.call("kgtp_bench_loop", 0)
+    tracer = Tracer(machine, engine, probe="int3" if path == "int3" else "auto")
+    tracer.definitions.define_variable(t.DefineTraceVariable(number=HITS, value=0, name="hits"))
+    PATHS[path](tracer)
+    tracer.start()
+    machine.call("kgtp_bench_loop", CALLS)
+    frames = tracer.frames()
+    value_during = tracer.variable_value(HITS)
+    tracer.stop(t.StopReason.STOP_COMMAND)
+    collected = [b.value for f in frames if f.tracepoint == 1 for b in f.blocks if isinstance(b, TsvBlock)]
+    return collected, value_during, tracer.variable_value(HITS)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("engine", ["interp", "naive", "opt"])
+def test_hits_count_one_two_three_on_every_path(engine, path):
+    collected, during, after = _run(engine, path)
+    hits = 5 if path == "passcount" else CALLS
+    assert collected == list(range(1, hits + 1)), (engine, path)
+    assert during == after == hits, (engine, path)
