@@ -13,8 +13,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from unicorn import UC_HOOK_CODE, Uc
-from unicorn.x86_const import UC_X86_REG_RIP, UC_X86_REG_RSP
+from unicorn import Uc
+from unicorn.x86_const import UC_X86_REG_EFLAGS, UC_X86_REG_RIP
 
 from ..agent.errors import UnreadableMemory
 from ..agent.interp import evaluate
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+EFLAGS_TF = 1 << 8
 #: Largest memory range one `collect` may record in a frame (GDB never asks for more than 64 KiB at once).
 MAX_COLLECT = 0xFFFF
 
@@ -152,68 +153,56 @@ def collect(action: t.Action, hit: HitContext) -> None:
 class Stepper:
     """While-stepping: after a hit, collect before each of the next `step_count` instructions of the hit task.
 
-    The int3 is lifted so the original instruction executes where it is; a code hook over kernel text (in
-    Python, only while stepping) sees every next instruction; the int3 returns when the steps are done.
-    Interrupt handlers and other tasks are never stepped (a CPU clears TF on interrupt entry, and TF lives in
-    the stepped task's saved flags).
+    As a CPU single-steps: the int3 is lifted so the probed instruction runs in place, and EFLAGS.TF makes the CPU
+    trap (#DB, `Cpu.debug_trap`) after every instruction with RIP at the next one, where the step is collected.
+    The emulator translates code run with TF apart from code run without it, so no translated block can skip a
+    step, however emulation is cut between instructions. Interrupt handlers are never stepped: entering one
+    clears TF and `iretq` restores it, as on hardware. The kernel's context switch keeps the flags, so a task
+    switch inside the steps would hand TF to the next task: the first trap in another task ends the stepping
+    (the steps taken so far stay recorded) and clears TF there.
     """
 
     def __init__(self, tracer: Tracer) -> None:
         self.tracer = tracer
-        self._hook: int | None = None
-        self._listener = None
+        self._item: Installed | None = None
+        self._task = b""
+        self._remaining = 0
 
     @property
     def active(self) -> bool:
-        return self._hook is not None
+        return self._item is not None
 
     def start(self, uc: Uc, item: Installed) -> None:
         machine = self.tracer.machine
         site = item.site
         uc.mem_write(site.address, site.original)
-        low, high = machine.image.text_range
-        uc.ctl_remove_cache(low, high)  # blocks translated before the hook existed would not call it
-        state = {"remaining": item.tracepoint.step_count, "started": False}
-        interrupted: list[tuple[int, int]] = []  # where the stepped task resumes after its interrupt handlers
-        current = machine.image.address_of("current")
-        task = uc.mem_read(current, 8)  # stepping follows this task, as TF lives in its saved flags
-
-        def on_interrupt(vector: int, rip: int, rsp: int) -> None:
-            if uc.mem_read(current, 8) == task:
-                interrupted.append((rip, rsp))
-
-        def step(uc: Uc, address: int, size: int, _data: object) -> None:
-            if uc.mem_read(current, 8) != task:
-                return  # another task runs (the stepped one was preempted)
-            if interrupted:
-                rip, rsp = interrupted[-1]
-                if address != rip or uc.reg_read(UC_X86_REG_RSP) != rsp:
-                    return
-                interrupted.pop()
-            if not state["started"]:
-                state["started"] = True  # the instruction at the tracepoint itself is about to run
-                return
-            self._collect(uc, item, address)
-            state["remaining"] -= 1
-            if state["remaining"] <= 0 or not self.tracer.running:
-                self.end(uc, item)
-
-        self._listener = on_interrupt
-        machine.cpu.delivery_listeners.append(on_interrupt)
-        self._hook = uc.hook_add(UC_HOOK_CODE, step, begin=low, end=high - 1)
+        uc.ctl_remove_cache(site.address, site.address + len(site.original))
+        self._item = item
+        self._task = uc.mem_read(machine.image.address_of("current"), 8)
+        self._remaining = item.tracepoint.step_count
+        machine.cpu.debug_trap = self._trap
+        uc.reg_write(UC_X86_REG_EFLAGS, uc.reg_read(UC_X86_REG_EFLAGS) | EFLAGS_TF)
         uc.reg_write(UC_X86_REG_RIP, site.address)
 
-    def end(self, uc: Uc, item: Installed) -> None:
-        machine = self.tracer.machine
-        if self._hook is not None:
-            uc.hook_del(self._hook)
-            self._hook = None
-            machine.cpu.delivery_listeners.remove(self._listener)
-        if self.tracer.running and self.tracer.is_armed(item.tracepoint.key):
+    def _trap(self, uc: Uc) -> None:
+        item = self._item
+        if item is None or not self.tracer.running:
+            self._stop_stepping(uc)
+            return
+        if uc.mem_read(self.tracer.machine.image.address_of("current"), 8) != self._task:
+            self._stop_stepping(uc)  # TF followed a context switch into another task
+            return
+        self._collect(uc, item, uc.reg_read(UC_X86_REG_RIP))
+        self._remaining -= 1
+        if self._remaining <= 0:
+            self._stop_stepping(uc)
+
+    def _stop_stepping(self, uc: Uc) -> None:
+        uc.reg_write(UC_X86_REG_EFLAGS, uc.reg_read(UC_X86_REG_EFLAGS) & ~EFLAGS_TF)
+        item, self._item = self._item, None
+        if item is not None and self.tracer.running and self.tracer.is_armed(item.tracepoint.key):
             uc.mem_write(item.site.address, INT3)
-        low, high = machine.image.text_range
-        uc.ctl_remove_cache(low, high)
-        uc.reg_write(UC_X86_REG_RIP, uc.reg_read(UC_X86_REG_RIP))  # re-translate the current block too
+            uc.ctl_remove_cache(item.site.address, item.site.address + len(INT3))
 
     def _collect(self, uc: Uc, item: Installed, address: int) -> None:
         tracer = self.tracer
