@@ -12,8 +12,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-#: GDB's default when `QTBuffer:size:-1` asks for "the target's default".
-DEFAULT_BUFFER_SIZE = 0x100000
+#: The target's trace buffer when GDB sets none (or `QTBuffer:size:-1` asks for the default): 5 MiB, the size of
+#: gdbserver's buffer and of each of KGTP's per-CPU ring buffers.
+DEFAULT_BUFFER_SIZE = 5 * 1024 * 1024
 MAX_BUFFER_SIZE = 0x4000000  # 64 MiB
 MIN_BUFFER_SIZE = 0x1000
 
