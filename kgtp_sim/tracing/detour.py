@@ -81,6 +81,15 @@ class FastPath:
 
 
 @dataclass(frozen=True)
+class SdataPlan:
+    """`collect $_sdata` built in place: the `S` block of a marker whose fields are all VALUE fields (TP_ARGS in
+    registers, no memory to read), as (entry offset, field size, register block offset, argument width)."""
+
+    entry_size: int
+    fields: tuple[tuple[int, int, int, int], ...]
+
+
+@dataclass(frozen=True)
 class DetourPlan:
     """Everything one detour needs to know, all addresses absolute."""
 
@@ -90,7 +99,8 @@ class DetourPlan:
     runtime: Runtime
     condition: int | None  # entry of the compiled condition
     collect_registers: bool
-    actions: tuple[tuple[int | None, bool, bool], ...]  # (entry, faults lose a block, loops); None = $_sdata
+    #: (entry, faults lose a block, loops); None = $_sdata through a hypercall, SdataPlan = $_sdata built in place
+    actions: tuple[tuple[int | SdataPlan | None, bool, bool], ...]
     max_frame: int  # bytes of blocks a frame may take
     pass_count: int
     builtin_slots: tuple[tuple[int, str], ...]  # (tsv number, how to compute) refreshed at entry
@@ -289,6 +299,9 @@ def build(plan: DetourPlan, base: int) -> Detour:
         if entry is None:  # $_sdata: a hypercall writes the entry at ctx.trace_ptr
             lines += ["int3", f"movabs ${ctx:#x}, %rsi"]
             continue
+        if isinstance(entry, SdataPlan):
+            lines += _sdata_in_place(entry, index)
+            continue
         if loops:
             lines.append(f"movq ${plan.loop_budget:#x}, {abi.CTX_LOOP_BUDGET:#x}(%rsi)")
         lines += [
@@ -345,13 +358,49 @@ def build(plan: DetourPlan, base: int) -> Detour:
     # The hypercall int3s, in source order: [pass_call,] error_call, full_call (decoded, so an 0xcc inside an
     # immediate is never mistaken for one).
     calls = [insn.address for insn in decode(code[COUNTERS.size :], entry) if insn.mnemonic == "int3"]
-    sdata = sum(1 for entry, *_ in plan.actions if entry is None)
+    sdata = sum(1 for entry, *_ in plan.actions if entry is None)  # only the hypercall form has an int3
     sdata_calls, calls = tuple(calls[:sdata]), calls[sdata:]
     if plan.pass_count:
         pass_call, error_call, full_call = calls
     else:
         (error_call, full_call), pass_call = calls, 0
     return Detour(entry, code, error_call, full_call, pass_call, sdata_calls, counters=base)
+
+
+_LOAD = {8: "mov {src}, %rax", 4: "mov {src}, %eax", 2: "movzwl {src}, %eax", 1: "movzbl {src}, %eax"}
+_STORE = {8: "%rax", 4: "%eax", 2: "%ax", 1: "%al"}
+
+
+def _sdata_in_place(sdata: SdataPlan, index: int) -> list[str]:
+    """The `S` block at ctx.trace_ptr (ctx in %rsi, the register block at %rsp): header, the entry zeroed, each
+    field from its argument register (zero-extended from the argument's width, stored in the field's size). A
+    frame without room for it goes on without it, as the hypercall form does."""
+    size = 3 + sdata.entry_size
+    lines = [
+        f"mov {abi.CTX_TRACE_PTR:#x}(%rsi), %rdi",
+        f"lea {size:#x}(%rdi), %rdx",
+        f"cmp {abi.CTX_TRACE_LIMIT:#x}(%rsi), %rdx",
+        f"ja sdata{index}_done",
+        "movb $0x53, (%rdi)",
+        f"movw ${sdata.entry_size:#x}, 0x1(%rdi)",
+    ]
+    covered = set()
+    for offset, field_size, _, _ in sdata.fields:
+        covered.update(range(offset, offset + field_size))
+    gaps = [i for i in range(sdata.entry_size) if i not in covered]
+    if gaps:  # padding and unassigned bytes read as zero
+        lines.append("xor %eax, %eax")
+        position = 0
+        while position < sdata.entry_size:
+            step = next(w for w in (8, 4, 2, 1) if position % w == 0 and position + w <= sdata.entry_size)
+            if any(position <= g < position + step for g in gaps):
+                lines.append(f"mov {_STORE[step]}, {3 + position:#x}(%rdi)")
+            position += step
+    for offset, field_size, block_offset, width in sdata.fields:
+        lines.append(_LOAD[width].format(src=f"{block_offset:#x}(%rsp)"))
+        lines.append(f"mov {_STORE[field_size]}, {3 + offset:#x}(%rdi)")
+    lines += [f"mov %rdx, {abi.CTX_TRACE_PTR:#x}(%rsi)", f"sdata{index}_done:"]
+    return lines
 
 
 def collect_memory_bytecode(basereg: int, offset: int, length: int) -> bytes:

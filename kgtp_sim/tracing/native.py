@@ -25,7 +25,7 @@ from ..agent.interp import DEFAULT_LOOP_BUDGET
 from ..agent.opcodes import OpClass
 from ..agent.verify import Program
 from ..arch import amd64
-from ..machine import Machine
+from ..machine import FieldKind, Machine
 from . import model as t
 from . import detour as d
 from . import fastpath
@@ -33,6 +33,7 @@ from .builtins import BUILTIN_VARIABLES
 from ..agent.blocks import MEMORY_BLOCK_OVERHEAD, TSV_BLOCK_SIZE
 from .probes import INT3, JUMP_SIZE, ProbeSite, jump, relocate, relocated_size_bound
 from .retire import in_use
+from .sdata import SdataError, argument_register
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,21 @@ def _constant_length(program: Program, index: int) -> int | None:
     if previous is None or not previous.name.startswith("const") or insn.offset in program.jump_targets:
         return None
     return previous.operands[0]
+
+
+def sdata_in_place(marker) -> d.SdataPlan | None:
+    """The marker's entry as generated code can build it, or None when a field needs memory (LOAD, ARRAY,
+    STRING: a read that may fault, left to the hypercall, which zero-fills what it cannot read)."""
+    fields = []
+    for field in marker.fields:
+        if field.kind is not FieldKind.VALUE or field.size not in (1, 2, 4, 8):
+            return None
+        try:
+            number, width = argument_register(marker.arg_locations[field.arg])
+        except SdataError:
+            return None
+        fields.append((field.offset, field.size, amd64.OFFSETS[number], width))
+    return d.SdataPlan(marker.entry_size, tuple(fields))
 
 
 ENGINES = ("interp", "naive", "opt")
@@ -182,7 +198,8 @@ class CompiledRun:
                 bound = traced_bytes_bound(program)
                 max_frame += frame_room if bound is None else bound  # the room: what the interpreter allows
             elif isinstance(action, t.CollectStaticData) and marker is not None:
-                entries.append((None, False, False))  # a hypercall builds the entry (Python), in action order
+                # built in place when every field is a register value; else a hypercall builds it (Python)
+                entries.append((sdata_in_place(marker), False, False))
                 max_frame += 3 + marker.entry_size
                 continue
             else:

@@ -14,7 +14,10 @@ from kgtp_sim.agent.opcodes import assemble
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.tracing import Tracer
+from kgtp_sim.arch import amd64
 from kgtp_sim.tracing.frames import TsvBlock
+from kgtp_sim.tracing.native import sdata_in_place
+from kgtp_sim.tracing.sdata import build_entry
 
 from ..conftest import VMLINUX
 
@@ -82,3 +85,51 @@ def test_hits_count_one_two_three_on_every_path(engine, path):
     hits = 5 if path == "passcount" else CALLS
     assert collected == list(range(1, hits + 1)), (engine, path)
     assert during == after == hits, (engine, path)
+
+
+
+REGISTER_MARKERS = [m.name for m in IMAGE.markers if sdata_in_place(m) is not None]
+
+
+def test_some_markers_are_built_in_place_and_some_by_the_hypercall():
+    assert "kgtp_module_event" in REGISTER_MARKERS and len(REGISTER_MARKERS) < len(IMAGE.markers)
+
+
+@pytest.mark.parametrize("engine", ["naive", "opt"])
+@pytest.mark.parametrize("marker", REGISTER_MARKERS)
+def test_sdata_built_in_place_is_the_entry_of_the_hit_registers(engine, marker):
+    """`collect $_sdata` in generated code: each frame's entry is what the interpreter's builder makes from the
+    same hit's registers (collected beside it), at every marker whose fields are register values."""
+    import time
+
+    found = next(m for m in IMAGE.markers if m.name == marker)
+    machine = Machine(IMAGE, hz=1000)
+    tracer = Tracer(machine, engine)
+    _define(tracer, 1, found.site, b"R01ffffL", static=True)
+    tracer.start()
+    machine.start()
+    try:
+        deadline = time.monotonic() + 60
+        while tracer.status().created < 5:  # the kernel's own activity reaches every marker
+            assert time.monotonic() < deadline, marker
+            time.sleep(0.01)
+        tracer.stop(t.StopReason.STOP_COMMAND)
+    finally:
+        machine.shutdown()
+    for frame in tracer.frames():
+        regs = frame.registers
+        ordered = [regs[r.name] for r in amd64.GENERAL_REGISTERS]
+        assert frame.static_data() == build_entry(found, ordered, lambda a, n: None), (marker, frame.number)
+
+
+@pytest.mark.parametrize("engine", ["interp", "naive", "opt"])
+def test_sdata_at_the_benchmark_marker_counts_along(engine):
+    machine = Machine(IMAGE)
+    machine.call("kgtp_bench_loop", 0)
+    tracer = Tracer(machine, engine)
+    _define(tracer, 1, MARKER.site, b"L", static=True)
+    tracer.start()
+    machine.call("kgtp_bench_loop", 4)
+    tracer.stop(t.StopReason.STOP_COMMAND)
+    assert [tracer.rendered_sdata(f) for f in tracer.frames()] == [
+        f"counter1={n + 1} counter2={n}" for n in range(4)]
