@@ -1,109 +1,44 @@
-"""Shared fixtures: the bundled kernel, a running stub subprocess, and the real GDB clients."""
+"""Shared fixtures: the bundled kernel, a running stub subprocess, and the real GDB clients.
+
+Starting the stub, speaking RSP to it and running GDB are kgtp_sim.client's; the names the test modules import
+from here come from there.
+"""
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
 import socket
-import subprocess
-import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-VMLINUX = ROOT / "fixtures" / "vmlinux"
+from kgtp_sim.client import (
+    GDB_CLIENTS,
+    ROOT,
+    VMLINUX,
+    GdbClient,
+    RspClient,
+    StubProcess,
+    run_gdb,
+    start_stub,
+)
 
-
-@dataclass(frozen=True)
-class GdbClient:
-    version: str
-    path: str
-
-
-def _gdb_clients() -> list[GdbClient]:
-    clients = []
-    system = shutil.which("gdb", path="/usr/bin:/bin:/usr/local/bin")
-    if system:
-        clients.append(GdbClient("13", system))
-    wheel = Path(sys.executable).parent / "gdb"
-    if wheel.exists():
-        clients.append(GdbClient("18", str(wheel)))
-    return clients
-
-
-GDB_CLIENTS = _gdb_clients()
-
-
-@dataclass
-class StubProcess:
-    proc: subprocess.Popen
-    port: int
-    output: list[str]
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+__all__ = ["GDB_CLIENTS", "ROOT", "VMLINUX", "GdbClient", "StubProcess", "assert_kernel_ticks", "connect_when_free",
+           "run_gdb", "start_stub", "wait_for_hits", "wait_for_trace_stop"]
 
 
 def connect_when_free(stub: StubProcess, timeout: float = 10) -> socket.socket:
-    """A raw RSP connection that got past qSupported, retrying while the stub's one debugger slot is still held
-    (often by the GDB of the previous test, which has quit but not yet been let go)."""
-    from kgtp_sim.rsp.codec import Decoder, EventKind, encode_packet
+    """The socket of `RspClient.connect_when_free`, for tests that write and read the raw bytes themselves (the
+    qSupported reply is not yet acknowledged)."""
+    return RspClient.connect_when_free(stub, timeout).sock
 
+
+def assert_kernel_ticks(client: RspClient, jiffies_address: int, timeout: float = 5) -> None:
+    """The kernel is still alive: jiffies moves on within `timeout` seconds."""
+    start = client.read_u64(jiffies_address)
     deadline = time.monotonic() + timeout
-    while True:
-        sock = socket.create_connection(("127.0.0.1", stub.port), timeout=timeout)
-        sock.sendall(b"+" + encode_packet(b"qSupported"))
-        decoder, replies = Decoder(), []
-        while not replies and (data := sock.recv(4096)):
-            replies = [e.payload for e in decoder.feed(data) if e.kind is EventKind.PACKET]
-        if replies and b"PacketSize=" in replies[0]:
-            return sock
-        sock.close()
-        assert time.monotonic() < deadline, f"the stub kept refusing a debugger: {replies!r}"
-        time.sleep(0.05)
-
-
-def start_stub(*extra: str, timeout: float = 30) -> StubProcess:
-    """`kgtp-sim serve --port 0` as a user runs it; returns once it prints the port it listens on."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kgtp_sim", "serve", "--port", "0", *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=ROOT,
-    )
-    output: list[str] = []
-    deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        output.append(line)
-        match = re.search(r"listening on [\d.]+:(\d+)", line)
-        if match:
-            stub = StubProcess(proc, int(match.group(1)), output)
-            # keep draining output so the stub never blocks on a full pipe
-            import threading
-
-            threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True).start()
-            return stub
-    proc.kill()
-    raise RuntimeError("stub did not start:\n" + "".join(output))
+    while client.read_u64(jiffies_address) == start:
+        assert time.monotonic() < deadline, "jiffies stopped: the kernel is no longer running"
+        time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
@@ -119,28 +54,6 @@ def fresh_stub():
     server = start_stub()
     yield server
     server.stop()
-
-
-def run_gdb(client: GdbClient, stub: StubProcess | None, *commands: str, timeout: float = 90,
-            attach: bool = True) -> str:
-    """Run GDB in batch mode with the kernel's symbols, attached to the stub, executing `commands` from a command
-    file (so multi-line commands such as `actions` ... `end` work); returns everything it printed."""
-    import tempfile
-
-    lines = ["set pagination off", "set confirm off"]
-    if attach:
-        assert stub is not None
-        lines.append(f"target remote {stub.address}")
-    lines += commands
-    with tempfile.NamedTemporaryFile("w", suffix=".gdb", delete=False) as script:
-        script.write("\n".join(lines) + "\n")
-    argv = [client.path, "-nx", "-batch", str(VMLINUX), "-x", script.name]
-    env = dict(os.environ, TERM="dumb")
-    try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
-    finally:
-        os.unlink(script.name)
-    return result.stdout + result.stderr
 
 
 def _gdb_wait(setup: tuple[str, ...], done: str, failure: str, timeout: float) -> tuple[str, ...]:

@@ -32,13 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..agent.opcodes import assemble
+from ..client import TRANSCRIPTS, VMLINUX
 from ..rsp.codec import Decoder, EventKind, checksum, encode_packet
 from ..rsp.packets.base import Packet
 from .transcript import load
-
-ROOT = Path(__file__).resolve().parent.parent.parent
-VMLINUX = ROOT / "fixtures" / "vmlinux"
-TRANSCRIPTS = ROOT / "fixtures" / "transcripts"
 
 _HEX = b"0123456789abcdef"
 _SEPARATORS = b":,;=-"

@@ -9,48 +9,26 @@ the bundled kernel's symbols and the given GDB arguments, and writes what went o
 from __future__ import annotations
 
 import argparse
-import re
-import subprocess
 import sys
 from pathlib import Path
 
+from ..client import gdb_batch, gdb_version, start_stub, system_gdb
 from .transcript import RecordingProxy
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def start_stub(extra: list[str] | None = None) -> tuple[subprocess.Popen, int]:
-    """Start `kgtp-sim serve --port 0` and return it with the port it printed."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kgtp_sim", "serve", "--port", "0", *(extra or [])],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=ROOT,
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        match = re.search(r"listening on [\d.]+:(\d+)", line)
-        if match:
-            return proc, int(match.group(1))
-    proc.wait()
-    raise RuntimeError("the stub exited before listening")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
-    parser.add_argument("--gdb", default="/usr/bin/gdb")
+    parser.add_argument("--gdb", default=system_gdb() or "gdb")
     parser.add_argument("gdb_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     gdb_args = [a for a in args.gdb_args if a != "--"]
-    stub, port = start_stub()
+    stub = start_stub()
     try:
-        proxy = RecordingProxy(("127.0.0.1", port))
-        version = subprocess.run([args.gdb, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
-        command = [args.gdb, "-nx", "-batch", str(ROOT / "fixtures" / "vmlinux"),
-                   "-ex", f"target remote 127.0.0.1:{proxy.port}", *gdb_args, "-ex", "detach"]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        proxy = RecordingProxy(("127.0.0.1", stub.port))
+        version = gdb_version(args.gdb)
+        result = gdb_batch(args.gdb, "-ex", f"target remote 127.0.0.1:{proxy.port}", *gdb_args, "-ex", "detach",
+                           timeout=120)
         proxy.wait()
         shown = " ".join(a if a.startswith("-") else repr(a) for a in gdb_args)
         proxy.write(args.out, [f"recorded from a real session of {version}", f"gdb arguments: {shown}"])
@@ -58,8 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(result.stderr)
         return result.returncode
     finally:
-        stub.terminate()
-        stub.wait(10)
+        stub.stop()
 
 
 if __name__ == "__main__":

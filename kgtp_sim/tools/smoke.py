@@ -7,15 +7,11 @@ whole GDB output so a broken CI run says what went wrong without a rerun.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 
-from .record_transcript import ROOT, start_stub
-
-VMLINUX = ROOT / "fixtures" / "vmlinux"
+from ..client import gdb_each, start_stub, system_gdb
 
 
 def _numbers(text: str) -> list[int]:
@@ -33,23 +29,17 @@ CHECKS: list[tuple[str, Callable[[str], bool]]] = [
 
 
 def main() -> int:
-    gdb = shutil.which("gdb")
+    gdb = system_gdb()
     if gdb is None:
         print("smoke: gdb not found", file=sys.stderr)
         return 2
     started = time.monotonic()
-    stub, port = start_stub()
+    stub = start_stub()
     try:
-        command = [
-            gdb, "-nx", "-batch", str(VMLINUX), "-ex", f"target remote 127.0.0.1:{port}",
-            "-ex", "print jiffies", "-ex", "shell sleep 0.3", "-ex", "print jiffies",
-            "-ex", "info registers rip", "-ex", "print tasks[1].comm", "-ex", "monitor stats", "-ex", "detach",
-        ]
-        out = subprocess.run(command, capture_output=True, text=True, timeout=60)
-        text = out.stdout + out.stderr
+        text = gdb_each(gdb, stub, "print jiffies", "shell sleep 0.3", "print jiffies", "info registers rip",
+                        "print tasks[1].comm", "monitor stats", "detach", timeout=60)
     finally:
-        stub.terminate()
-        stub.wait(10)
+        stub.stop()
     failed = [name for name, check in CHECKS if not check(text)]
     for name, _ in CHECKS:
         print(f"{'FAIL' if name in failed else 'PASS'}: {name}")

@@ -21,27 +21,16 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import re
-import shutil
-import signal
-import socket
 import statistics
-import subprocess
-import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..rsp.codec import Decoder, EventKind, encode_packet
+from ..client import VMLINUX, GdbMi, MiError, RspClient, StubProcess, run_gdb, start_stub, system_gdb
 from ..rsp.packets.trace import StopReason, decode_trace_status
-from .gdbmi import GdbMi, MiError
-
-ROOT = Path(__file__).resolve().parents[2]
-VMLINUX = ROOT / "fixtures" / "vmlinux"
 
 #: This stub's ring keeps whole entries of 8-byte multiples (tracing/ring.py), so `tsize - tfree` is one too.
 ENTRY_ALIGNMENT = 8
@@ -49,6 +38,8 @@ ENTRY_ALIGNMENT = 8
 MIN_ENTRY_BYTES = 32
 #: Kernel calls the workload thread makes per tick: far more than it can make, so it never sleeps.
 FULL_SPEED_PACE = 1_000_000
+#: Log lines of the stub kept in the report (the last ones).
+STUB_LOG_LINES = 400
 #: The system call numbers the kernel's syscall_test thread uses (fixtures/kernel/syscall.c).
 KERNEL_SYSCALLS = frozenset({1, 24, 35, 39, 500})
 SYSCALL_VECTOR = 0x80
@@ -84,64 +75,7 @@ def tracepoint_specs(sched_switch_site: int) -> list[TracepointSpec]:
     ]
 
 
-# ---- the stub ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class StubProcess:
-    """`python -m kgtp_sim serve --port 0` as users start it; its output is drained so it never blocks."""
-
-    proc: subprocess.Popen
-    port: int
-    log: collections.deque = field(default_factory=lambda: collections.deque(maxlen=400))
-
-    @classmethod
-    def start(cls, engine: str, timeout: float = 60) -> StubProcess:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kgtp_sim", "serve", "--port", "0", "--engine", engine, "--verbose"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-        )
-        assert proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        seen: list[str] = []
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            seen.append(line)
-            match = re.search(r"listening on [\d.]+:(\d+)", line)
-            if match:
-                stub = cls(proc, int(match.group(1)))
-                threading.Thread(target=stub._drain, daemon=True).start()
-                return stub
-        proc.kill()
-        proc.wait()
-        raise RuntimeError("the stub did not start:\n" + "".join(seen))
-
-    def _drain(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.log.append(line.rstrip("\n"))
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def dump_threads(self, settle_s: float = 1.0) -> None:
-        """Have the stub print every thread's Python stack into its log (SIGUSR1): what it was doing when the
-        soak gave up on it."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGUSR1)
-            time.sleep(settle_s)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+# ---- the stub's memory ---------------------------------------------------------------------------------------
 
 
 def process_memory_kib(pid: int) -> tuple[int, int]:
@@ -152,75 +86,6 @@ def process_memory_kib(pid: int) -> tuple[int, int]:
         if name in ("VmRSS", "VmHWM"):
             fields[name] = int(rest.split()[0])
     return fields.get("VmRSS", 0), fields.get("VmHWM", 0)
-
-
-class RspClient:
-    """The sampler's own debugger connection: plain request/reply over the socket, acks on, no GDB needed.
-
-    It asks only what GDB's `tstatus` and `info tracepoints` ask (qTStatus, qTP), reads memory (`m`) and runs
-    `monitor stats` (qRcmd), so sampling costs the run what a user polling the run would.
-    """
-
-    def __init__(self, port: int, timeout: float = 30.0) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.decoder = Decoder()
-        self.pending: list[bytes] = []
-
-    @classmethod
-    def connect(cls, port: int, patience: float = 30.0) -> RspClient:
-        """Connect once the previous debugger's session is over (the stub serves one debugger at a time)."""
-        deadline = time.monotonic() + patience
-        while True:
-            client = cls(port)
-            reply, _ = client.ask(b"qTStatus")
-            if not reply.startswith(b"E."):
-                return client
-            client.close()
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the stub kept refusing the sampler: {reply.decode(errors='replace')}")
-            time.sleep(0.2)
-
-    def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-    def _packet(self) -> bytes:
-        while not self.pending:
-            data = self.sock.recv(65536)
-            if not data:
-                raise ConnectionError("the stub closed the connection")
-            self.pending += [e.payload for e in self.decoder.feed(data) if e.kind is EventKind.PACKET]
-        self.sock.sendall(b"+")
-        return self.pending.pop(0)
-
-    def ask(self, payload: bytes) -> tuple[bytes, str]:
-        """Send a packet; return the final reply and any console output (`O` packets) that came before it."""
-        self.sock.sendall(encode_packet(payload))
-        console: list[str] = []
-        while True:
-            reply = self._packet()
-            if reply.startswith(b"O") and reply != b"OK":
-                try:
-                    console.append(bytes.fromhex(reply[1:].decode()).decode(errors="replace"))
-                    continue
-                except ValueError:
-                    pass
-            return reply, "".join(console)
-
-    def monitor(self, command: str) -> str:
-        reply, text = self.ask(b"qRcmd," + command.encode().hex().encode())
-        if reply != b"OK":
-            raise RuntimeError(f"monitor {command}: {reply.decode(errors='replace')}")
-        return text
-
-    def read_u64(self, address: int) -> int:
-        reply, _ = self.ask(b"m%x,8" % address)
-        data = bytes.fromhex(reply.decode())
-        if len(data) != 8:
-            raise RuntimeError(f"m{address:#x},8: {reply.decode(errors='replace')}")
-        return int.from_bytes(data, "little")
 
 
 # ---- samples and the invariants over them --------------------------------------------------------------------
@@ -521,19 +386,14 @@ def _status(mi: GdbMi) -> dict[str, str]:
     return {k: v for k, v in result.results.items() if isinstance(v, str)}
 
 
-def final_walk(gdb: str, port: int, specs: Sequence[TracepointSpec], addresses: dict[int, int],
+def final_walk(gdb: str, stub: StubProcess, specs: Sequence[TracepointSpec], addresses: dict[int, int],
                jiffies_address: int, walk_limit: int) -> tuple[FinalFigures, list[Check]]:
     """Attach real GDB, stop the run and check the whole buffer (or, past `walk_limit` frames, first, last and
     evenly spaced frames): pcs, values, frame count, sequence numbers, and `tdump` on a sample."""
     figures = FinalFigures()
     checks: list[Check] = []
     with GdbMi(gdb, VMLINUX, timeout=120) as mi:
-        deadline = time.monotonic() + 30
-        while True:
-            result = mi.command(f"-target-select remote 127.0.0.1:{port}", check=False)
-            if result.klass == "connected" or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+        result = mi.attach(stub.address, patience=30)
         if result.klass != "connected":
             return figures, [Check("GDB attaches at the end", False, str(result.get("msg")))]
         local = _tracepoints_by_local_number(mi)
@@ -661,26 +521,18 @@ class SoakResult:
         return all(check.passed for check in self.checks)
 
 
-def set_up_tracing(gdb: str, port: int, config: SoakConfig,
+def set_up_tracing(gdb: str, stub: StubProcess, config: SoakConfig,
                    specs: Sequence[TracepointSpec]) -> tuple[dict[int, int], str]:
     """Define the tracepoints with real GDB in batch mode, start a disconnected circular run, and leave.
 
     Returns each tracepoint's address as GDB placed it, and what GDB printed.
     """
-    lines = ["set pagination off", "set confirm off", f"target remote 127.0.0.1:{port}",
-             f"monitor pace {config.pace}", "set disconnected-tracing on", "set circular-trace-buffer on",
+    lines = [f"monitor pace {config.pace}", "set disconnected-tracing on", "set circular-trace-buffer on",
              f"set trace-buffer-size {config.buffer_size}"]
     for spec in specs:
         lines += [spec.command, "actions", *spec.actions, "end"]
     lines += ["tstart", "tstatus", "detach"]
-    script = Path(os.environ.get("TMPDIR", "/tmp")) / f"kgtp-soak-{os.getpid()}.gdb"
-    script.write_text("\n".join(lines) + "\n")
-    try:
-        result = subprocess.run([gdb, "-nx", "-batch", str(VMLINUX), "-x", str(script)], capture_output=True,
-                                text=True, timeout=120, env=dict(os.environ, TERM="dumb"))
-    finally:
-        script.unlink(missing_ok=True)
-    output = result.stdout + result.stderr
+    output = run_gdb(gdb, stub, *lines, timeout=120)
     addresses = {int(n): int(a, 16) for n, a in
                  re.findall(r"^(?:Static )?[Tt]racepoint (\d+) at (0x[0-9a-f]+)", output, re.M)}
     if len(addresses) != len(specs) or "Trace is running on the target" not in output:
@@ -692,7 +544,7 @@ def take_sample(client: RspClient, pid: int, elapsed: float, tracepoints: dict[i
                 jiffies_address: int) -> Sample:
     rss, hwm = process_memory_kib(pid)
     sample = Sample(elapsed, rss, hwm)
-    reply, _ = client.ask(b"qTStatus")
+    reply = client.request(b"qTStatus")
     try:
         status = decode_trace_status(reply)
     except ValueError:
@@ -703,7 +555,7 @@ def take_sample(client: RspClient, pid: int, elapsed: float, tracepoints: dict[i
         sample.frames, sample.created = status.frames, status.created
         sample.free, sample.size = status.buffer_free, status.buffer_size
     for number, address in tracepoints.items():
-        reply, _ = client.ask(b"qTP:%x:%x" % (number, address))
+        reply = client.request(b"qTP:%x:%x" % (number, address))
         match = re.fullmatch(rb"V([0-9a-f]+):([0-9a-f]+)", reply)
         if match:
             sample.hits[number], sample.usage[number] = int(match.group(1), 16), int(match.group(2), 16)
@@ -756,17 +608,17 @@ def run_soak(config: SoakConfig, progress: Callable[[str], None] = print) -> Soa
     site = next(m.site for m in image.markers if m.id == "sched::sched_switch")
     jiffies_address = image.address_of("jiffies")
     specs = tracepoint_specs(site)
-    stub = StubProcess.start(config.engine)
+    stub = start_stub("--engine", config.engine, "--verbose", timeout=60)
     samples: list[Sample] = []
     final = FinalFigures()
     checks: list[Check] = []
     try:
-        addresses, _ = set_up_tracing(config.gdb, stub.port, config, specs)
+        addresses, _ = set_up_tracing(config.gdb, stub, config, specs)
         progress(f"soak: stub pid {stub.pid} port {stub.port}, engine {config.engine}, "
                  f"{len(specs)} tracepoints, {config.buffer_size}-byte circular buffer; running "
                  f"{config.duration_s:.0f}s, sampling every {config.sample_s:g}s")
         run_started = time.monotonic()
-        client = RspClient.connect(stub.port)
+        client = RspClient.connect_when_free(stub, timeout=30)
         try:
             next_at = 0.0
             while True:
@@ -784,7 +636,7 @@ def run_soak(config: SoakConfig, progress: Callable[[str], None] = print) -> Soa
             client.close()
         progress("soak: sampler disconnected; GDB attaches to stop the run and walk the buffer")
         try:
-            final, checks = final_walk(config.gdb, stub.port, specs, addresses, jiffies_address, config.walk_limit)
+            final, checks = final_walk(config.gdb, stub, specs, addresses, jiffies_address, config.walk_limit)
         except MiError as error:
             checks = [Check("GDB walks the final buffer", False, str(error))]
             stub.dump_threads()
@@ -796,16 +648,17 @@ def run_soak(config: SoakConfig, progress: Callable[[str], None] = print) -> Soa
         stub.dump_threads()
     finally:
         alive = stub.proc.poll() is None
-        stub.stop()
+        stub.stop(timeout=15)
+    log = [line.rstrip("\n") for line in stub.output]
     memory = memory_figures(samples, config.duration_s, config.warmup_s)
-    errors = [line for line in stub.log if " ERROR " in line or "Traceback" in line]
+    errors = [line for line in log if " ERROR " in line or "Traceback" in line]
     all_checks = (check_samples(samples, config.buffer_size, config.limits) + check_memory(memory, config.limits)
                   + checks + [Check("stub alive to the end, no errors logged", alive and not errors,
                                     _first(errors) if errors else ("alive" if alive else "the stub exited"))])
     tracepoints = [{"number": n, "address": hex(a), "name": specs[n - 1].name, "command": specs[n - 1].command,
                     "actions": list(specs[n - 1].actions)} for n, a in sorted(addresses.items())]
     return SoakResult(config, tracepoints, samples, memory, throughput(samples, config.buffer_size), final,
-                      all_checks, list(stub.log), time.monotonic() - started)
+                      all_checks, log[-STUB_LOG_LINES:], time.monotonic() - started)
 
 
 # ---- reporting -----------------------------------------------------------------------------------------------
@@ -884,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss-growth-limit", type=float, default=Limits.rss_growth_mib, help="MiB")
     parser.add_argument("--frames-band", type=float, default=Limits.frames_band,
                         help="allowed relative spread of tframes around its median once wrapped")
-    parser.add_argument("--gdb", default=shutil.which("gdb", path="/usr/bin:/bin:/usr/local/bin") or "gdb")
+    parser.add_argument("--gdb", default=system_gdb() or "gdb")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the figures as JSON")
     args = parser.parse_args(argv)
     duration = args.seconds if args.seconds is not None else args.minutes * 60

@@ -14,22 +14,20 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import tempfile
 
+from ..client import GDB_CLIENTS, VMLINUX, command_file, gdb_batch, gdb_version, session_lines, start_stub
 from ..machine import KernelImage
-from .record_transcript import ROOT, start_stub
 
-VMLINUX = ROOT / "fixtures" / "vmlinux"
 SITES = ("module::kgtp_module_event", "module::module_load", "sched::sched_switch", "syscalls::sys_enter")
 
 
-def session_script(port: int) -> str:
+def session_commands() -> list[str]:
+    """One session: a static tracepoint on each of SITES collecting `$_sdata`, a short run, and detach."""
     markers = {m.id: m for m in KernelImage.load(VMLINUX).markers}
-    lines = ["set pagination off", "set confirm off", f"target remote 127.0.0.1:{port}"]
+    commands = []
     for marker_id in SITES:
-        lines += [f"strace *{markers[marker_id].site:#x}", "actions", "collect $_sdata", "end"]
-    lines += ["tstart", "shell sleep 0.1", "tstop", "tstatus", "detach"]
-    return "\n".join(lines) + "\n"
+        commands += [f"strace *{markers[marker_id].site:#x}", "actions", "collect $_sdata", "end"]
+    return [*commands, "tstart", "shell sleep 0.1", "tstop", "tstatus", "detach"]
 
 
 def crashed(result: subprocess.CompletedProcess) -> bool:
@@ -38,25 +36,22 @@ def crashed(result: subprocess.CompletedProcess) -> bool:
 
 
 def measure(gdb: str, sessions: int, naive: bool, timeout: float = 30) -> tuple[int, int]:
-    stub, port = start_stub(["--name-markers-at-strace"] if naive else [])
+    stub = start_stub(*(["--name-markers-at-strace"] if naive else []))
     failures = crashes = 0
     try:
-        with tempfile.NamedTemporaryFile("w", suffix=".gdb", delete=False) as script:
-            script.write(session_script(port))
-        for _ in range(sessions):
-            try:
-                result = subprocess.run([gdb, "-nx", "-batch", str(VMLINUX), "-x", script.name],
-                                        capture_output=True, text=True, timeout=timeout)
-            except subprocess.TimeoutExpired:
-                crashes += 1  # GDB hung (seen with 18.1 after the corrupted construction): as bad as a crash
-                continue
-            if crashed(result):
-                crashes += 1
-            elif "Trace stopped by a tstop command" not in result.stdout:
-                failures += 1
+        with command_file(session_lines(stub.address, session_commands())) as script:
+            for _ in range(sessions):
+                try:
+                    result = gdb_batch(gdb, "-x", str(script), timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    crashes += 1  # GDB hung (seen with 18.1 after the corrupted construction): as bad as a crash
+                    continue
+                if crashed(result):
+                    crashes += 1
+                elif "Trace stopped by a tstop command" not in result.stdout:
+                    failures += 1
     finally:
-        stub.terminate()
-        stub.wait(10)
+        stub.stop()
     return crashes, failures
 
 
@@ -67,10 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--naive-sessions", type=int, default=None, help="sessions for the naive way (default: same)")
     parser.add_argument("--only", choices=("ours", "naive"), default=None)
     args = parser.parse_args(argv)
-    gdbs = args.gdb or ["/usr/bin/gdb", str(ROOT / ".venv" / "bin" / "gdb")]
+    gdbs = args.gdb or [client.path for client in GDB_CLIENTS]
     print("| GDB | qTSTMat served | sessions | GDB crashed or hung | other failures |\n|---|---|---|---|---|")
     for gdb in gdbs:
-        version = subprocess.run([gdb, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+        version = gdb_version(gdb)
         for naive in (False, True):
             if args.only and (args.only == "naive") != naive:
                 continue

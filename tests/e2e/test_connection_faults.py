@@ -32,10 +32,21 @@ from pathlib import Path
 
 import pytest
 
+from kgtp_sim.client import (
+    GDB_CLIENTS,
+    VMLINUX,
+    GdbClient,
+    RspClient,
+    StubProcess,
+    run_gdb,
+    session_lines,
+    start_gdb,
+    start_stub,
+)
 from kgtp_sim.machine import KernelImage
 from kgtp_sim.rsp.codec import Decoder, EventKind, encode_packet
 
-from ..conftest import GDB_CLIENTS, VMLINUX, GdbClient, StubProcess, run_gdb, start_stub, wait_for_hits
+from ..conftest import wait_for_hits
 
 pytestmark = pytest.mark.gdb
 
@@ -195,12 +206,10 @@ def kill_gdb_at(client: GdbClient, stub: StubProcess, cut: Cut, commands: tuple[
     """
     proxy = FaultProxy(stub.port, cut)
     script = workdir / "killed-gdb.gdb"
-    script.write_text("\n".join(["set pagination off", "set confirm off",
-                                 f"target remote 127.0.0.1:{proxy.port}", *commands]) + "\n")
+    script.write_text("\n".join(session_lines(f"127.0.0.1:{proxy.port}", commands)) + "\n")
     log = workdir / "killed-gdb.out"
     with log.open("w") as output:
-        victim = subprocess.Popen([client.path, "-nx", "-batch", str(VMLINUX), "-x", str(script)], stdout=output,
-                                  stderr=subprocess.STDOUT, env=dict(os.environ, TERM="dumb"))
+        victim = start_gdb(client, "-x", str(script), stdout=output, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
         while not proxy.cut_done.wait(0.02):
@@ -384,30 +393,18 @@ def test_gdb_killed_mid_qtbuffer(gdb: GdbClient, paced_stub: StubProcess, tmp_pa
 
 # ---- other clients ---------------------------------------------------------------------------------------------
 
-def _first_answer(sock: socket.socket, deadline: float = 5) -> bytes | None:
-    """The first packet the stub sends on `sock`, or None if it hangs up first."""
-    decoder = Decoder()
-    sock.settimeout(deadline)
-    while data := sock.recv(4096):
-        packets = [e.payload for e in decoder.feed(data) if e.kind is EventKind.PACKET]
-        if packets:
-            return packets[0]
-    return None
-
-
 def test_second_client_is_refused_while_the_first_keeps_its_run(gdb: GdbClient, paced_stub: StubProcess,
                                                                 tmp_path: Path) -> None:
     """A second debugger gets a clear refusal and nothing else: the attached GDB's run neither stops nor loses a
     frame, since a refused connection is not the attached client disconnecting."""
     started, resume = tmp_path / "started", tmp_path / "resume"
     script = tmp_path / "first.gdb"
-    script.write_text("\n".join([
-        "set pagination off", "set confirm off", f"target remote {paced_stub.address}", *TRACE_COMMANDS, "tstart",
+    script.write_text("\n".join(session_lines(paced_stub.address, [
+        *TRACE_COMMANDS, "tstart",
         f"shell touch {started}",
         f"shell for i in $(seq 1000); do [ -e {resume} ] && break; sleep 0.01; done",
-        "tstatus", "tstop", "tstatus", *WALK_COMMANDS]) + "\n")
-    first = subprocess.Popen([gdb.path, "-nx", "-batch", str(VMLINUX), "-x", str(script)], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, env=dict(os.environ, TERM="dumb"))
+        "tstatus", "tstop", "tstatus", *WALK_COMMANDS])) + "\n")
+    first = start_gdb(gdb, "-x", str(script), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 30
         while not started.exists():
@@ -415,10 +412,10 @@ def test_second_client_is_refused_while_the_first_keeps_its_run(gdb: GdbClient, 
             time.sleep(0.02)
         second = run_gdb(gdb, paced_stub, "tstatus")
         assert BUSY in second and "Trace is running" not in second, second
-        with socket.create_connection(("127.0.0.1", paced_stub.port), timeout=5) as raw:
-            raw.sendall(b"+" + encode_packet(b"qSupported"))
-            assert _first_answer(raw) == b"E.kgtp-sim: " + BUSY.encode()
-            assert raw.recv(4096) == b""  # and it hangs up
+        with RspClient.connect(paced_stub.port, timeout=5) as raw:
+            raw.send(b"qSupported")
+            assert raw.packet() == b"E.kgtp-sim: " + BUSY.encode()
+            assert raw.sock.recv(4096) == b""  # and it hangs up
         resume.touch()
         out, _ = first.communicate(timeout=60)
     finally:
@@ -450,16 +447,19 @@ def test_a_client_that_sends_nothing_does_not_lock_out_the_debugger(paced_stub: 
 def _storm_connect(index: int, port: int) -> bytes | None:
     """One connection of the storm. One in four asks qSupported and returns the answer; the others close at once
     (with a reset, or gracefully) or send half a packet and close."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+    with RspClient.connect(port, timeout=5) as client:
         kind = index % 4
         if kind == 0:
-            sock.sendall(b"+" + encode_packet(b"qSupported"))
-            return _first_answer(sock)
+            client.send(b"qSupported")
+            try:
+                return client.packet()
+            except ConnectionError:  # hung up without a word
+                return None
         if kind == 1:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
         elif kind == 2:
             packet = encode_packet(b"qTStatus")
-            sock.sendall(b"+" + packet[: len(packet) // 2])
+            client.send_raw(b"+" + packet[: len(packet) // 2])
         return None
 
 

@@ -3,90 +3,63 @@
 from __future__ import annotations
 
 import re
-import socket
-import subprocess
-import sys
-import time
 
 import pytest
 
-from kgtp_sim.rsp.codec import Decoder, EventKind, encode_packet
+from kgtp_sim.client import ROOT, VMLINUX, RspClient, run_gdb, serve_until_exit, start_stub
 
-from ..conftest import ROOT, connect_when_free, run_gdb, start_stub
-
-
-def _connect(stub) -> socket.socket:
-    return connect_when_free(stub, timeout=5)
+from ..conftest import assert_kernel_ticks
 
 
-def _exchange(sock: socket.socket, payload: bytes | None = None, raw: bytes | None = None) -> list[bytes]:
-    sock.sendall(raw if raw is not None else encode_packet(payload))
-    decoder = Decoder()
-    packets: list[bytes] = []
-    deadline = time.monotonic() + 5
-    while not packets and time.monotonic() < deadline:
-        data = sock.recv(65536)
-        if not data:
-            break
-        packets += [e.payload for e in decoder.feed(data) if e.kind is EventKind.PACKET]
-    return packets
-
-
-def _jiffies(sock: socket.socket, address: int) -> int:
-    (reply,) = _exchange(sock, b"m%x,8" % address)
-    return int.from_bytes(bytes.fromhex(reply.decode()), "little")
+def _connect(stub) -> RspClient:
+    return RspClient.connect_when_free(stub, timeout=5)
 
 
 @pytest.fixture(scope="module")
 def jiffies_address():
     from kgtp_sim.machine import KernelImage
 
-    from ..conftest import VMLINUX
-
     return KernelImage.load(VMLINUX).symbols["jiffies"].address
 
 
 def test_malformed_packets_get_errors_and_the_kernel_keeps_running(stub, jiffies_address):
-    with _connect(stub) as sock:
-        before = _jiffies(sock, jiffies_address)
+    with _connect(stub) as client:
         for bad in (b"m", b"mzz,4", b"m1,fffffffffffffffff", b"Mffffffff81000000,2:00", b"qRcmd,zz", b"p999",
                     b"qXfer:features:read:target.xml:zz", b"Hz1"):
-            (reply,) = _exchange(sock, bad)
+            (reply,) = client.exchange(bad)
             assert reply.startswith(b"E"), (bad, reply)
-        assert _exchange(sock, b"vNoSuchPacket") == [b""]
-        deadline = time.monotonic() + 10
-        while _jiffies(sock, jiffies_address) == before:  # the kernel still ticks
-            assert time.monotonic() < deadline, "jiffies stopped moving"
-            time.sleep(0.02)
+        assert client.exchange(b"vNoSuchPacket") == [b""]
+        assert_kernel_ticks(client, jiffies_address, timeout=10)
 
 
 def test_bad_checksum_is_nacked_then_the_retransmit_is_served(stub, jiffies_address):
-    with _connect(stub) as sock:
-        sock.sendall(b"$m%x,8#00" % jiffies_address)
-        assert sock.recv(16) == b"-"
-        assert _jiffies(sock, jiffies_address) > 0
+    with _connect(stub) as client:
+        client.send_raw(b"$m%x,8#00" % jiffies_address)
+        assert client.sock.recv(16) == b"-"
+        assert client.read_u64(jiffies_address) > 0
 
 
 def test_client_vanishing_mid_packet_leaves_the_server_serving(stub, jiffies_address):
-    sock = _connect(stub)
-    sock.sendall(b"+$m%x,8#" % jiffies_address)  # no checksum: cut off mid-packet
-    sock.close()
+    client = _connect(stub)
+    client.send_raw(b"+$m%x,8#" % jiffies_address)  # no checksum: cut off mid-packet
+    client.close()
     with _connect(stub) as again:
-        assert _jiffies(again, jiffies_address) > 0
+        assert again.read_u64(jiffies_address) > 0
 
 
 def test_garbage_flood_does_not_break_framing(stub, jiffies_address):
-    with _connect(stub) as sock:
+    with _connect(stub) as client:
         # '$' would open a packet and '-' legitimately asks for a retransmission; everything else is noise
-        sock.sendall(bytes(range(256)).replace(b"$", b"").replace(b"-", b"") * 64)
-        assert _jiffies(sock, jiffies_address) > 0
+        client.send_raw(bytes(range(256)).replace(b"$", b"").replace(b"-", b"") * 64)
+        assert client.read_u64(jiffies_address) > 0
 
 
 def test_continue_then_ctrl_c_gives_a_stop_reply(stub):
-    with _connect(stub) as sock:
-        sock.sendall(b"+" + encode_packet(b"c"))
-        time.sleep(0.1)
-        assert _exchange(sock, raw=b"\x03") == [b"T05thread:1;"]
+    with _connect(stub) as client:
+        client.send(b"c")
+        client.acknowledged()  # the stub has the `c` and waits for the interrupt
+        client.send_raw(b"\x03")
+        assert client.answer() == [b"T05thread:1;"]
 
 
 #: GDB Python: read kgtp_counter until two reads 50 ms apart agree (the call in flight when pace 0 came is done)
@@ -116,23 +89,18 @@ def test_monitor_knobs(gdb, stub):
     assert "unknown command 'frobnicate'" in out
 
 
-def _serve(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kgtp_sim", "serve", "--port", "0", *args],
-                          capture_output=True, text=True, timeout=30, cwd=ROOT)
-
-
 def test_bad_kernel_is_a_one_line_error(tmp_path):
     bogus = tmp_path / "vmlinux"
     bogus.write_bytes(b"\x7fELF not really")
     for path in (bogus, tmp_path / "missing", ROOT / "README.md"):
-        result = _serve("--kernel", str(path))
+        result = serve_until_exit("--kernel", str(path))
         assert result.returncode == 1
         assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
         assert result.stderr.startswith("kgtp-sim: ")
 
 
 def test_non_loopback_bind_needs_explicit_flag():
-    result = _serve("--host", "0.0.0.0")
+    result = serve_until_exit("--host", "0.0.0.0")
     assert result.returncode == 2 and "--allow-remote" in result.stderr
 
 

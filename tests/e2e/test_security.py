@@ -12,20 +12,26 @@ import ipaddress
 import os
 import re
 import socket
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from kgtp_sim.client import (
+    ROOT,
+    VMLINUX,
+    GdbClient,
+    RspClient,
+    StubProcess,
+    gdb_each,
+    serve_until_exit,
+    start_stub,
+)
 from kgtp_sim.machine import KernelImage
-from kgtp_sim.rsp.codec import Decoder, EventKind, encode_packet
 
-from ..conftest import ROOT, VMLINUX, GdbClient, StubProcess, connect_when_free, start_stub
+from ..conftest import assert_kernel_ticks
 
 pytestmark = pytest.mark.gdb
 
@@ -51,86 +57,6 @@ def symbols() -> KernelSymbols:
     table = KernelImage.load(VMLINUX).symbols
     return KernelSymbols(table["jiffies"].address, table["hello.0"].address, table["hello.0"].size,
                          table["kgtp_test_function"].address)
-
-
-@dataclass
-class RawClient:
-    """A hand-written RSP client, for what GDB never sends (or sends only after checking it is supported)."""
-
-    sock: socket.socket
-    decoder: Decoder = field(default_factory=Decoder)
-
-    @classmethod
-    def connect(cls, stub: StubProcess) -> RawClient:
-        """Connect, retrying while the previous client (often a GDB that just quit) still holds the one slot."""
-        return cls(connect_when_free(stub, timeout=10))
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def __enter__(self) -> RawClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def request(self, payload: bytes, *, binary: bool = False) -> bytes:
-        """Send one packet, return the final reply (console `O` packets of `monitor` are skipped)."""
-        return self.exchange(payload, binary=binary)[-1]
-
-    def exchange(self, payload: bytes, *, binary: bool = False) -> list[bytes]:
-        """Send one packet, return every packet of the answer: `O<hex>` console lines, then the final reply."""
-        self.sock.sendall(b"+" + encode_packet(payload, binary=binary))
-        packets: list[bytes] = []
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            data = self.sock.recv(65536)
-            assert data, f"the stub hung up on {payload[:60]!r}"
-            for event in self.decoder.feed(data):
-                if event.kind is EventKind.PACKET:
-                    packets.append(event.payload)
-                    if not (event.payload.startswith(b"O") and event.payload != b"OK"):
-                        return packets
-        raise AssertionError(f"no reply to {payload[:60]!r}")
-
-    def monitor(self, line: bytes | str) -> str:
-        """`monitor LINE` as GDB sends it (qRcmd with the line in hex); returns the console text."""
-        raw = line.encode() if isinstance(line, str) else line
-        packets = self.exchange(b"qRcmd," + raw.hex().encode())
-        assert packets[-1] == b"OK", packets[-1][:200]
-        return "".join(bytes.fromhex(p[1:].decode()).decode("utf-8", "replace") for p in packets[:-1])
-
-    def read(self, address: int, length: int) -> bytes:
-        reply = self.request(b"m%x,%x" % (address, length))
-        assert not reply.startswith(b"E"), reply
-        return bytes.fromhex(reply.decode())
-
-    def jiffies(self, symbols: KernelSymbols) -> int:
-        return int.from_bytes(self.read(symbols.jiffies, 8), "little")
-
-    def assert_kernel_ticks(self, symbols: KernelSymbols) -> None:
-        """The kernel is still alive: jiffies moves on within a few seconds."""
-        start = self.jiffies(symbols)
-        deadline = time.monotonic() + 5
-        while self.jiffies(symbols) == start:
-            assert time.monotonic() < deadline, "jiffies stopped: the kernel is no longer running"
-            time.sleep(0.02)
-
-
-def gdb_each(client: GdbClient, stub: StubProcess, *commands: str, timeout: float = 60) -> str:
-    """Run GDB in batch mode with one `-ex` per command, so every command runs even after an earlier one failed
-    (a command file stops at the first error, and here most commands are expected to fail)."""
-    argv = [client.path, "-nx", "-batch", str(VMLINUX)]
-    for command in ("set pagination off", "set confirm off", f"target remote {stub.address}", *commands):
-        argv += ["-ex", command]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, TERM="dumb"))
-    return result.stdout + result.stderr
-
-
-def serve_and_exit(*args: str) -> subprocess.CompletedProcess:
-    """`kgtp-sim serve` for a command line that must be refused before anything listens."""
-    return subprocess.run([sys.executable, "-m", "kgtp_sim", "serve", "--port", "0", *args],
-                          capture_output=True, text=True, timeout=30, cwd=ROOT)
 
 
 def listeners(port: int) -> list[tuple[str, str]]:
@@ -187,7 +113,7 @@ def test_listening_socket_is_bound_to_loopback_only(stub: StubProcess) -> None:
 def test_wildcard_and_unusual_hosts_are_refused_without_allow_remote(host: str) -> None:
     """Anything that is not a loopback address (wildcards, the empty string and "0" that mean "any" to the
     socket layer, names that could resolve anywhere) is refused with a message that names the way out."""
-    result = serve_and_exit("--host", host)
+    result = serve_until_exit("--host", host)
     assert result.returncode == 2, result
     assert result.stderr.startswith("kgtp-sim: refusing to listen on non-loopback address"), result.stderr
     assert "--allow-remote" in result.stderr and "Traceback" not in result.stderr
@@ -199,7 +125,7 @@ def test_this_hosts_own_addresses_are_refused_without_allow_remote() -> None:
     if not others:
         pytest.skip("this host has no non-loopback IPv4 address to try")
     for address in others:
-        result = serve_and_exit("--host", address)
+        result = serve_until_exit("--host", address)
         assert result.returncode == 2 and "--allow-remote" in result.stderr, result.stderr
 
 
@@ -211,9 +137,8 @@ def test_allow_remote_is_the_explicit_and_loudly_warned_way_out() -> None:
     server = start_stub("--host", others[0], "--allow-remote")
     try:
         assert re.search(r"WARNING: listening on .*controls the kernel", "".join(server.output)), server.output
-        with socket.create_connection((others[0], server.port), timeout=5) as sock:
-            sock.sendall(b"+" + encode_packet(b"qSupported"))
-            assert b"PacketSize=" in sock.recv(4096)
+        with RspClient.connect(server.port, host=others[0], timeout=5) as client:
+            assert b"PacketSize=" in client.request(b"qSupported")
     finally:
         server.stop()
 
@@ -234,9 +159,9 @@ def test_raw_memory_register_and_breakpoint_packets_change_nothing_by_default(
     all answered E03 and the bytes read back are the ones before. Z0 to Z4 (software and hardware breakpoints,
     watchpoints) are not implemented at all (empty reply), so the stub never patches memory on its own: GDB then
     falls back to writing an int3 with M/X, which the same write guard refuses."""
-    with RawClient.connect(stub) as client:
-        banner = client.read(symbols.banner, symbols.banner_size)
-        code = client.read(symbols.text, 16)
+    with RspClient.connect_when_free(stub) as client:
+        banner = client.read_memory(symbols.banner, symbols.banner_size)
+        code = client.read_memory(symbols.text, 16)
         registers = client.request(b"g").replace(b"x", b"0")  # unavailable registers read as "xx"
         attempts = [
             (b"M%x,5:50574e4544" % symbols.banner, False),
@@ -253,9 +178,9 @@ def test_raw_memory_register_and_breakpoint_packets_change_nothing_by_default(
             assert client.request(payload, binary=binary) == b"E03", payload[:40]
         for kind in (b"0", b"1", b"2", b"3", b"4"):
             assert client.request(b"Z%s,%x,1" % (kind, symbols.text)) == b"", kind  # unsupported, not patched
-        assert client.read(symbols.banner, symbols.banner_size) == banner
-        assert client.read(symbols.text, 16) == code
-        client.assert_kernel_ticks(symbols)
+        assert client.read_memory(symbols.banner, symbols.banner_size) == banner
+        assert client.read_memory(symbols.text, 16) == code
+        assert_kernel_ticks(client, symbols.jiffies)
 
 
 def test_gdb_cannot_write_memory_registers_or_plant_breakpoints_by_default(
@@ -264,9 +189,9 @@ def test_gdb_cannot_write_memory_registers_or_plant_breakpoints_by_default(
     file, register assignment, and a breakpoint (GDB cannot insert it, so `continue` does not resume)."""
     payload = tmp_path / "payload.bin"
     payload.write_bytes(b"PWNED-BY-RESTORE")
-    with RawClient.connect(stub) as client:
-        banner = client.read(symbols.banner, symbols.banner_size)
-        code = client.read(symbols.text, 16)
+    with RspClient.connect_when_free(stub) as client:
+        banner = client.read_memory(symbols.banner, symbols.banner_size)
+        code = client.read_memory(symbols.text, 16)
     out = gdb_each(gdb, stub, "set var jiffies = 0", f"set {{char}}{symbols.banner:#x} = 65",
                    f"restore {payload} binary {symbols.banner:#x}", "print $rax = 1", "set var $pc = 0",
                    "break kgtp_test_function", "continue", "print 6*7", timeout=30)
@@ -276,11 +201,11 @@ def test_gdb_cannot_write_memory_registers_or_plant_breakpoints_by_default(
     assert re.search(r'Could not write register "rax"', out) and re.search(r'Could not write register "rip"', out)
     assert "Cannot insert breakpoint 1" in out, out
     assert re.search(r"^\$\d+ = 42$", out, re.M), out  # GDB stayed attached and usable after every refusal
-    with RawClient.connect(stub) as client:
-        assert client.read(symbols.banner, symbols.banner_size) == banner
-        assert client.read(symbols.text, 16) == code  # no int3 left behind
-        assert client.jiffies(symbols) > 0
-        client.assert_kernel_ticks(symbols)
+    with RspClient.connect_when_free(stub) as client:
+        assert client.read_memory(symbols.banner, symbols.banner_size) == banner
+        assert client.read_memory(symbols.text, 16) == code  # no int3 left behind
+        assert client.read_u64(symbols.jiffies) > 0
+        assert_kernel_ticks(client, symbols.jiffies)
 
 
 def test_allow_writes_makes_gdb_writes_land_but_never_registers(
@@ -290,9 +215,9 @@ def test_allow_writes_makes_gdb_writes_land_but_never_registers(
     write to unmapped memory is a clean error."""
     payload = tmp_path / "payload.bin"
     payload.write_bytes(b"RESTORED")
-    with RawClient.connect(writable_stub) as client:
-        banner = client.read(symbols.banner, symbols.banner_size)
-        before = client.jiffies(symbols)
+    with RspClient.connect_when_free(writable_stub) as client:
+        banner = client.read_memory(symbols.banner, symbols.banner_size)
+        before = client.read_u64(symbols.jiffies)
     leap = 1_000_000_000  # forwards, so no sleeping kernel thread ever waits for time to come back
     out = gdb_each(gdb, writable_stub, f"set var jiffies = jiffies + {leap}", "print jiffies",
                    f"set {{char}}{symbols.banner:#x} = 83", f"restore {payload} binary {symbols.banner + 1:#x}",
@@ -303,14 +228,14 @@ def test_allow_writes_makes_gdb_writes_land_but_never_registers(
         assert re.search(r'<hello\.0>:\s+"SRESTOREDest: hello from int', out), out
         assert 'Could not write register "rax"' in out and "Cannot access memory at address 0x0" in out, out
         assert re.search(r"^\$\d+ = 42$", out, re.M), out
-        with RawClient.connect(writable_stub) as client:
-            assert client.read(symbols.banner, 9) == b"SRESTORED"
+        with RspClient.connect_when_free(writable_stub) as client:
+            assert client.read_memory(symbols.banner, 9) == b"SRESTORED"
             assert client.request(b"M%x,%x:%s" % (symbols.banner, len(banner), banner.hex().encode())) == b"OK"
-            assert client.read(symbols.banner, symbols.banner_size) == banner
-            assert client.jiffies(symbols) >= before + leap
-            client.assert_kernel_ticks(symbols)
+            assert client.read_memory(symbols.banner, symbols.banner_size) == banner
+            assert client.read_u64(symbols.jiffies) >= before + leap
+            assert_kernel_ticks(client, symbols.jiffies)
     finally:
-        with RawClient.connect(writable_stub) as client:  # leave the module's stub as it started
+        with RspClient.connect_when_free(writable_stub) as client:  # leave the module's stub as it started
             client.request(b"M%x,%x:%s" % (symbols.banner, len(banner), banner.hex().encode()))
 
 
@@ -320,14 +245,14 @@ def test_allow_writes_still_never_sets_breakpoints_itself(writable_stub: StubPro
     unsupported, so with --allow-writes a breakpoint really is an int3 in kernel text, and the kernel (whose int3
     handler is fatal outside its exception table) panics and powers off when it runs it: not tried here, it is
     the user's explicit choice."""
-    with RawClient.connect(writable_stub) as client:
-        code = client.read(symbols.text, 16)
+    with RspClient.connect_when_free(writable_stub) as client:
+        code = client.read_memory(symbols.text, 16)
         for kind in (b"0", b"1"):
             assert client.request(b"Z%s,%x,1" % (kind, symbols.text)) == b""
             assert client.request(b"z%s,%x,1" % (kind, symbols.text)) == b""
         assert client.request(b"P10=0000000000000000") == b"E03"
         assert client.request(b"G" + client.request(b"g").replace(b"x", b"0")) == b"E03"
-        assert client.read(symbols.text, 16) == code
+        assert client.read_memory(symbols.text, 16) == code
 
 
 # ---- monitor -----------------------------------------------------------------------------------------------------
@@ -369,7 +294,7 @@ def hostile_arguments(secrets: HostSecrets) -> list[str]:
     ]
 
 
-def monitor_command_names(client: RawClient) -> list[str]:
+def monitor_command_names(client: RspClient) -> list[str]:
     text = client.monitor("help")
     names = re.findall(r"^  (\w+)", text, re.M)
     assert "help" in names and len(names) >= 5, text
@@ -380,7 +305,7 @@ def test_every_monitor_command_survives_hostile_arguments(stub: StubProcess, sec
                                                           symbols: KernelSymbols) -> None:
     """Each command listed by `monitor help`, with each hostile argument, answers (an error or its normal output)
     without running host code or printing host files, changes no setting, and leaves the stub serving."""
-    with RawClient.connect(stub) as client:
+    with RspClient.connect_when_free(stub) as client:
         names = monitor_command_names(client)
         settings = [client.monitor(name) for name in ("hz", "pace", "engine")]
         for name in names:
@@ -389,7 +314,7 @@ def test_every_monitor_command_survives_hostile_arguments(stub: StubProcess, sec
                 secrets.assert_untouched(text)
                 assert text.strip(), (name, argument)
         assert [client.monitor(name) for name in ("hz", "pace", "engine")] == settings
-        client.assert_kernel_ticks(symbols)
+        assert_kernel_ticks(client, symbols.jiffies)
     assert stub.proc.poll() is None
 
 
@@ -397,7 +322,7 @@ def test_monitor_refuses_arguments_beyond_the_usage(stub: StubProcess, secrets: 
     """`monitor hz 100 $(touch FILE)` runs nothing, but it is answered as if it were `monitor hz 100`: a line the
     command does not understand should be refused with its usage, as `stats` already does, not half-obeyed."""
     trailer = f"$(touch {secrets.canary})"
-    with RawClient.connect(stub) as client:
+    with RspClient.connect_when_free(stub) as client:
         current = {name: client.monitor(name).split()[1] for name in ("hz", "pace", "engine")}
         lines = [f"hz {current['hz']} {trailer}", f"pace {current['pace']} {trailer}",
                  f"engine {current['engine']} {trailer}", f"frames 0 1 {trailer}", f"sdata 0 1 {trailer}",
@@ -416,7 +341,7 @@ def test_monitor_refuses_arguments_beyond_the_usage(stub: StubProcess, secrets: 
 ])
 def test_commands_outside_the_table_are_unknown(stub: StubProcess, secrets: HostSecrets, line: str) -> None:
     """Command names are looked up exactly: nothing that looks like a shell, an interpreter or a file loader runs."""
-    with RawClient.connect(stub) as client:
+    with RspClient.connect_when_free(stub) as client:
         text = client.monitor(line)
     secrets.assert_untouched(text)
     assert "unknown command" in text, (line, text)
@@ -430,11 +355,11 @@ def test_monitor_lines_that_are_not_utf8_or_oversized_are_answered(stub: StubPro
                                                                    symbols: KernelSymbols, raw: bytes) -> None:
     """qRcmd carries raw bytes: invalid UTF-8, NUL, escape sequences and a line longer than PacketSize all get an
     answer (GDB would print it) and the stub keeps serving."""
-    with RawClient.connect(stub) as client:
+    with RspClient.connect_when_free(stub) as client:
         text = client.monitor(raw)
         secrets.assert_untouched(text)
         assert text.strip()
-        client.assert_kernel_ticks(symbols)
+        assert_kernel_ticks(client, symbols.jiffies)
 
 
 def test_gdb_monitor_with_hostile_lines(gdb: GdbClient, stub: StubProcess, secrets: HostSecrets) -> None:
@@ -541,7 +466,7 @@ def test_tsave_r_replaces_existing_files_without_writing_through_links(gdb: GdbC
     assert re.search(r"^\$\d+ = 42$", out, re.M), out
 
 
-def qtsave(client: RawClient, name: bytes) -> bytes:
+def qtsave(client: RspClient, name: bytes) -> bytes:
     return client.request(b"QTSave:" + name.hex().encode())
 
 
@@ -551,7 +476,7 @@ def test_qtsave_never_writes_through_a_hard_link_planted_at_the_temporary_name(s
     victim = save_area.outside / "part-hard-victim"
     victim.write_bytes(b"outside, not to be written")
     os.link(victim, save_area.saves / "linked.tf.part")
-    with RawClient.connect(save_area.stub) as client:
+    with RspClient.connect_when_free(save_area.stub) as client:
         qtsave(client, b"linked.tf")
     assert victim.read_bytes() == b"outside, not to be written"
 
@@ -560,7 +485,7 @@ def test_a_failed_save_leaves_no_temporary_file(save_area: SaveArea) -> None:
     """Saving onto an existing directory fails with a message; the half-done temporary should not stay behind."""
     (save_area.saves / "a-directory").mkdir()
     before = {p.name for p in save_area.saves.iterdir()}  # other tests planted .part links of their own
-    with RawClient.connect(save_area.stub) as client:
+    with RspClient.connect_when_free(save_area.stub) as client:
         assert qtsave(client, b"a-directory").startswith(b"E.cannot write")
     assert {p.name for p in save_area.saves.iterdir()} == before
 
@@ -575,7 +500,7 @@ def test_raw_qtsave_refuses_nul_and_escapes_and_never_writes_outside(save_area: 
     elsewhere = b"/tmp/kgtp-sec-%s-\xff.tf" % uuid.uuid4().hex.encode()
     refused = [b"a\x00b.tf", b"\x00", b"ok.tf\x00/../../escape.tf", b"../\x00", b"../escape\xff.tf", elsewhere,
                b"link/\xfe.tf"]
-    with RawClient.connect(save_area.stub) as client:
+    with RspClient.connect_when_free(save_area.stub) as client:
         for name in refused:
             reply = qtsave(client, name)
             assert reply.startswith(b"E."), (name, reply)
@@ -585,7 +510,7 @@ def test_raw_qtsave_refuses_nul_and_escapes_and_never_writes_outside(save_area: 
         assert client.request(b"QTSave:6") == b"E01"
         assert client.request(b"QTSave:zz") == b"E01"
         assert qtsave(client, b"raw-\xff\xfe.tf") == b"OK"  # any byte a file name may hold, inside the directory
-        client.assert_kernel_ticks(symbols)
+        assert_kernel_ticks(client, symbols.jiffies)
     assert (save_area.saves / os.fsdecode(b"raw-\xff\xfe.tf")).read_bytes().startswith(TFILE_MAGIC)
     assert save_area.outside_snapshot() == before
     assert save_area.root_entries() == root_before
@@ -595,7 +520,7 @@ def test_raw_qtsave_refuses_nul_and_escapes_and_never_writes_outside(save_area: 
 def test_raw_qtsave_newline_names_stay_inside_the_save_dir(save_area: SaveArea) -> None:
     """Whatever is decided about control characters, a name holding them never leaves the directory."""
     root_before = save_area.root_entries()
-    with RawClient.connect(save_area.stub) as client:
+    with RspClient.connect_when_free(save_area.stub) as client:
         for name in (b"../nl\n.tf", b"\n/../../nl.tf", b"nested/\n/../../../nl.tf"):
             assert qtsave(client, name).startswith(b"E."), name
     assert save_area.root_entries() == root_before
@@ -604,7 +529,7 @@ def test_raw_qtsave_newline_names_stay_inside_the_save_dir(save_area: SaveArea) 
 def test_raw_qtsave_refuses_control_characters_in_names(save_area: SaveArea) -> None:
     """A name with a newline or a terminal escape is never one a user meant; it garbles listings and logs, so
     like NUL it should be refused with an error rather than created."""
-    with RawClient.connect(save_area.stub) as client:
+    with RspClient.connect_when_free(save_area.stub) as client:
         replies = {name: qtsave(client, name) for name in (b"nl\nname.tf", b"cr\rname.tf", b"esc\x1b[2Jname.tf")}
     created = sorted(p.name for p in save_area.saves.iterdir() if any(c in p.name for c in "\n\r\x1b"))
     assert all(reply.startswith(b"E.") for reply in replies.values()) and not created, (replies, created)
@@ -615,7 +540,7 @@ def test_qtsave_without_save_dir_is_refused_for_every_name(stub: StubProcess, tm
     working directory), absolute ones and escapes are all refused, and none is created."""
     probe = f"kgtp-sec-{uuid.uuid4().hex}.tf"
     names = [probe.encode(), str(tmp_path / probe).encode(), f"../{probe}".encode(), f"fixtures/{probe}".encode()]
-    with RawClient.connect(stub) as client:
+    with RspClient.connect_when_free(stub) as client:
         for name in names:
             assert qtsave(client, name) == (
                 b"E.target-side saving is disabled (start the stub with --save-dir DIR)"), name
@@ -648,7 +573,7 @@ def test_no_packet_reads_or_writes_host_files(stub: StubProcess, symbols: Kernel
     ]
     traversals = [b"../../etc/passwd", b"/etc/passwd", b"target.xml/../../../../etc/passwd",
                   b"..%2f..%2fetc%2fpasswd", b"../../../../proc/self/environ", b"i386-64bit.xml", b""]
-    with RawClient.connect(stub) as client:
+    with RspClient.connect_when_free(stub) as client:
         features = client.request(b"qSupported:multiprocess+;xmlRegisters=i386")
         for feature in (b"vFile", b"exec-file", b"multiprocess", b"auxv", b"libraries", b"osdata"):
             assert feature not in features, feature
@@ -659,7 +584,7 @@ def test_no_packet_reads_or_writes_host_files(stub: StubProcess, symbols: Kernel
             assert reply.startswith(b"E") and PASSWD_MARK.encode() not in reply, (annex, reply)
         document = client.request(b"qXfer:features:read:target.xml:0,3fff")
         assert document.startswith(b"l<?xml") and PASSWD_MARK.encode() not in document
-        client.assert_kernel_ticks(symbols)
+        assert_kernel_ticks(client, symbols.jiffies)
     assert victim.read_bytes() == b"must survive"
 
 

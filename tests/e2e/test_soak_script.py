@@ -14,11 +14,9 @@ import sys
 
 import pytest
 
+from kgtp_sim.client import GDB_CLIENTS, ROOT, SCRIPTS, parse_cstring, parse_results
 from kgtp_sim.tools import soak
-from kgtp_sim.tools.gdbmi import parse_cstring, parse_results
 from kgtp_sim.tools.soak import Check, FrameRecord, Limits, Sample
-
-from ..conftest import GDB_CLIENTS, ROOT
 
 SIZE = 0x20000
 
@@ -131,7 +129,7 @@ def test_gdb_mi_records_parse_including_tracepoint_scripts():
 
 
 def test_the_script_runs_the_tool():
-    script = ROOT / "scripts" / "soak"
+    script = SCRIPTS / "soak"
     assert os.access(script, os.X_OK)
     assert "-m kgtp_sim.tools.soak" in script.read_text()
 

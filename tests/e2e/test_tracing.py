@@ -232,9 +232,9 @@ def test_tsave_r_refused_without_save_dir(gdb, fresh_stub):
 
 
 def _kernel_module_catalog() -> set[str]:
-    from ..conftest import ROOT
+    from kgtp_sim.client import KERNEL_SOURCES
 
-    source = (ROOT / "fixtures" / "kernel" / "module.c").read_text()
+    source = (KERNEL_SOURCES / "module.c").read_text()
     return set(re.findall(r'\{ "(\w+)", (?:0x)?[0-9a-f]+ \}', source))
 
 

@@ -15,13 +15,13 @@ from elftools.elf.constants import SH_FLAGS
 from elftools.elf.elffile import ELFFile
 
 from kgtp_sim.app import Stub
+from kgtp_sim.client import TRANSCRIPTS as TRANSCRIPT_DIR
+from kgtp_sim.client import VMLINUX
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.codec import Decoder, EventKind, encode_packet
 from kgtp_sim.tools.transcript import load
 
-from ..conftest import ROOT, VMLINUX
-
-TRANSCRIPTS = sorted((ROOT / "fixtures" / "transcripts").glob("*.rsp"))
+TRANSCRIPTS = sorted(TRANSCRIPT_DIR.glob("*.rsp"))
 
 
 def _read_only_ranges() -> list[tuple[int, int]]:

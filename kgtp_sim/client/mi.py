@@ -4,17 +4,25 @@ The soak's final check walks every trace frame of the buffer. In a batch command
 ends the file, so one unavailable value would hide the rest of the buffer; through MI every command answers
 `^done` or `^error` on its own and the walk goes on, and results come as structured records instead of text
 meant for people.
+
+Commands are sent and their result records awaited on the caller's thread; one daemon thread per GDB reads its
+output into a queue. Records are matched to commands by token, so a command's answer is never confused with
+output that came before it. (pygdbmi does not serve here: its parser drops the names of results inside lists,
+`body=[bkpt={...}]`, fails on the tuple of bare strings GDB gives a tracepoint's actions, `script={"...",...}`,
+and its controller gathers output for a time window instead of waiting for the command's own result record.)
 """
 
 from __future__ import annotations
 
-import os
 import queue
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .gdb import Gdb, gdb_environment, gdb_path
+from .paths import VMLINUX
 
 MiValue = str | list["MiValue"] | dict[str, "MiValue"]
 
@@ -168,8 +176,8 @@ class MiResult:
 class GdbMi:
     """A GDB process under MI. Use as a context manager; `command` raises MiError on `^error` when asked to."""
 
-    gdb: str
-    program: Path
+    gdb: Gdb
+    program: Path = VMLINUX
     timeout: float = 60.0
     _proc: subprocess.Popen | None = field(init=False, default=None)
     _lines: queue.Queue = field(init=False, default_factory=queue.Queue)
@@ -178,9 +186,9 @@ class GdbMi:
 
     def __enter__(self) -> GdbMi:
         self._proc = subprocess.Popen(
-            [self.gdb, "-nx", "-q", "--interpreter=mi3", str(self.program)],
+            [gdb_path(self.gdb), "-nx", "-q", "--interpreter=mi3", str(self.program)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-            env=dict(os.environ, TERM="dumb"),
+            env=gdb_environment(),
         )
         threading.Thread(target=self._pump, daemon=True).start()
         self._until_prompt()
@@ -248,6 +256,16 @@ class GdbMi:
                 if check and klass == "error":
                     raise MiError(f"{text}: {result.get('msg')}")
                 return result
+
+    def attach(self, address: str, patience: float = 30.0) -> MiResult:
+        """`-target-select remote ADDRESS`, tried again while the stub refuses (its one debugger slot is still held
+        by the previous client) until `patience` seconds have passed; the last result, `connected` on success."""
+        deadline = time.monotonic() + patience
+        while True:
+            result = self.command(f"-target-select remote {address}", check=False)
+            if result.klass == "connected" or time.monotonic() > deadline:
+                return result
+            time.sleep(0.5)
 
     def console(self, text: str, *, timeout: float | None = None) -> MiResult:
         """A CLI command through MI: its printed text is in `.console`, an error in `.klass`/`msg`."""
