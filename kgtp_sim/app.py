@@ -64,3 +64,9 @@ class Stub:
 
     def server(self, host: str, port: int) -> RspServer:
         return RspServer(self.make_session, host, port, on_connect=self.on_connect, on_disconnect=self.on_disconnect)
+
+    def follow_server(self, host: str, port: int):
+        """The read-only follow channel beside the RSP port (kgtp_sim/stub/follow.py)."""
+        from .stub.follow import FollowServer
+
+        return FollowServer(self.tracer, host, port)

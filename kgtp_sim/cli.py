@@ -21,6 +21,9 @@ def _parser() -> argparse.ArgumentParser:
     from .bench import cli as bench_cli
 
     bench_cli.add_parser(commands)
+    from .view import cli as view_cli
+
+    view_cli.add_parsers(commands)
     serve = commands.add_parser("serve", help="start the simulated kernel and the GDB stub")
     serve.add_argument("--kernel", type=Path, default=BUNDLED_KERNEL, help="static x86_64 kernel ELF (default: bundled)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
@@ -37,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="directory where `tsave -r` may write trace files (default: target-side saving refused)")
     serve.add_argument("--name-markers-at-strace", action="store_true",
                        help="diagnostic: name the marker when `strace` asks (triggers GDB 13-18's crash; see README)")
+    serve.add_argument("--follow-port", type=int, default=None,
+                       help="port of the read-only follow channel (default: the RSP port + 1, or a free one with "
+                            "--port 0; -1 disables it)")
     serve.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeat for packet traces)")
     return parser
 
@@ -53,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import cli as bench_cli
 
         return bench_cli.run(args)
+    from .view import cli as view_cli
+
+    if args.command in view_cli.COMMANDS:
+        return view_cli.run(args)
     return 2
 
 
@@ -86,6 +96,22 @@ def serve(args: argparse.Namespace) -> int:
     except OSError as error:
         print(f"kgtp-sim: cannot listen on {args.host}:{args.port}: {error.strerror or error}", file=sys.stderr)
         return 1
+    follow = None
+    follow_port = args.follow_port if args.follow_port is not None else (port + 1 if args.port else 0)
+    if follow_port >= 0:
+        follow = stub.follow_server(host, follow_port)
+        try:
+            follow.bind()
+        except OSError as error:
+            print(f"kgtp-sim: cannot listen on {host}:{follow_port} for followers: {error.strerror or error}",
+                  file=sys.stderr)
+            if args.follow_port is not None:  # asked for by the user: a failure, not a missing extra
+                return 1
+            follow = None
+        if follow is not None:
+            follow.start()
+            print(f"kgtp-sim: follow channel (read-only) on {host}:{follow.port}: "
+                  f"kgtp-sim follow --port {follow.port}", flush=True)
     machine.start()
     print(f"kgtp-sim: kernel {args.kernel} running; listening on {host}:{port}", flush=True)
     print(f"kgtp-sim: attach with: gdb {args.kernel} -ex 'target remote {host}:{port}'", flush=True)
@@ -103,5 +129,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         server.serve_forever()
     finally:
+        if follow is not None:
+            follow.shutdown()
         machine.shutdown()
     return 0

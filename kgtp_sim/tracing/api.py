@@ -56,6 +56,9 @@ class TracerApi(Protocol):
     def frames(self) -> list[TraceFrame]:
         """Every frame in the buffer, oldest first; frame numbers are list indexes."""
 
+    def consume_frames(self, through_sequence: int) -> int:
+        """A consuming reader took the frames created up to `through_sequence`: they leave the buffer."""
+
     def saved_frame(self, frame: TraceFrame) -> bytes:
         """The frame's bytes as a trace file holds them."""
 

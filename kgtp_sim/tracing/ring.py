@@ -237,6 +237,26 @@ class Ring:
             pos += length
         return frames
 
+    def consume(self, through_sequence: int) -> int:
+        """Drop the oldest entries up to and including the frame created `through_sequence`-th (a consuming
+        reader, as KGTP's frame pipe): their room is free again. Must run between two instructions on the CPU
+        thread with no hit between reserve and commit (`Tracer.consume_frames`). Returns the frames dropped."""
+        state = self.state()
+        tail, frames, dropped = state.tail, state.frames, 0
+        while tail < state.head:
+            phys = state.base + tail % state.size
+            length, cpu = _PAD.unpack(self.memory.read(phys, _PAD.size))
+            if cpu != PAD_CPU:
+                _, _, _, sequence = ENTRY_HEADER.unpack(self.memory.read(phys, ENTRY_HEADER.size))
+                if sequence > through_sequence:
+                    break
+                frames -= 1
+                dropped += 1
+            tail += length
+        if dropped:
+            self.memory.write(self.ctl + CTL_TAIL, struct.pack("<QQ", tail, frames))
+        return dropped
+
     def append(self, tracepoint: int, blocks: bytes, timestamp: int, cpu: int = 0) -> bool:
         """Python-side writer with the same rules as the native routines (used by the interpreter engine)."""
         state = self.state()

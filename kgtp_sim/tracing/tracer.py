@@ -327,6 +327,16 @@ class Tracer:
             self._frames_cache = (key, self.ring.entries())
         return self._frames_cache[1]
 
+    def consume_frames(self, through_sequence: int) -> int:
+        """A consuming read: the frames created up to `through_sequence` leave the buffer (GDB no longer finds
+        them; a linear buffer has their room again). Returns how many left."""
+        if self.ring is None:
+            return 0
+        ring = self.ring
+        dropped: list[int] = []
+        self._between_hits(lambda: dropped.append(ring.consume(through_sequence)))
+        return dropped[0]
+
     def saved_frame(self, frame: TraceFrame) -> bytes:
         """The frame as `tsave` gets it (qTBuffer, tsave -r): without its static-data block.
 

@@ -53,13 +53,24 @@ ensure_venv() {
     fi
 }
 
-ensure_gdb() {
-    if command -v gdb >/dev/null 2>&1; then
+# ensure_debian PATH PACKAGE... : install Debian's PACKAGEs (through sudo when not root) unless PATH exists
+# (a file, or a command name found on PATH). Fails when they cannot be installed.
+ensure_debian() {
+    local want="$1"
+    shift
+    if [ -e "$want" ] || { [ "${want#/}" = "$want" ] && command -v "$want" >/dev/null 2>&1; }; then
         return 0
     fi
-    echo "gdb is missing: installing Debian's gdb" >&2
+    echo "installing Debian's $* (for $want)" >&2
     local sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    _quietly $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive _quietly $sudo apt-get install -y -qq gdb
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null 2>&1 || { echo "not root and no sudo: cannot install $*" >&2; return 1; }
+        sudo="sudo -n"
+    fi
+    _quietly $sudo apt-get update -qq || return 1
+    DEBIAN_FRONTEND=noninteractive _quietly $sudo apt-get install -y -qq "$@"
+}
+
+ensure_gdb() {
+    ensure_debian gdb gdb
 }
