@@ -47,6 +47,8 @@ import tempfile
 import time
 from pathlib import Path
 
+#: the checkout, spelled here rather than taken from kgtp_sim.client.paths: GDB's Python runs this file as a plain
+#: script (without the package or its virtual environment), so its top level imports only the standard library
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "fixtures" / "peer" / "thesis_workload.c"
 PEER_SH = ROOT / "scripts" / "lib" / "peer.sh"

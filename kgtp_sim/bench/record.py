@@ -19,10 +19,9 @@ import sys
 from pathlib import Path
 
 from kgtp_sim.agent.opcodes import assemble
+from kgtp_sim.client.paths import FIXTURES, VMLINUX
 
-ROOT = Path(__file__).resolve().parents[2]
-VMLINUX = ROOT / "fixtures" / "vmlinux"
-FIXTURE = ROOT / "fixtures" / "bench" / "thesis_bytecode.json"
+FIXTURE = FIXTURES / "bench" / "thesis_bytecode.json"
 
 #: site name -> GDB location: the dynamic probe goes at kgtp_test_function's first instruction, the static one at
 #: the kgtp_module_event marker (module.c line 14, kgtp_test_function+7)

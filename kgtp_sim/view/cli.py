@@ -6,10 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..client import paths
 from .channel import DEFAULT_FOLLOW_PORT
 
 COMMANDS = ("follow", "export", "plot", "hotcode")
-BUNDLED_KERNEL = Path(__file__).resolve().parent.parent.parent / "fixtures" / "vmlinux"
 
 
 def _source(parser: argparse.ArgumentParser) -> None:
@@ -18,7 +18,7 @@ def _source(parser: argparse.ArgumentParser) -> None:
                         help=f"the stub's follow channel port (default: {DEFAULT_FOLLOW_PORT}, the RSP port + 1)")
     parser.add_argument("--file", type=Path, default=None, metavar="TRACE.tf",
                         help="read a file `tsave` wrote instead of a running stub ($_sdata is not in such files)")
-    parser.add_argument("--kernel", type=Path, default=BUNDLED_KERNEL, help="the kernel ELF with DWARF")
+    parser.add_argument("--kernel", type=Path, default=paths.VMLINUX, help="the kernel ELF with DWARF")
 
 
 def add_parsers(commands) -> None:
@@ -26,7 +26,7 @@ def add_parsers(commands) -> None:
     follow.add_argument("--host", default="127.0.0.1")
     follow.add_argument("--port", type=int, default=DEFAULT_FOLLOW_PORT,
                         help=f"the follow channel port (default: {DEFAULT_FOLLOW_PORT})")
-    follow.add_argument("--kernel", type=Path, default=BUNDLED_KERNEL)
+    follow.add_argument("--kernel", type=Path, default=paths.VMLINUX)
     follow.add_argument("--from-start", action="store_true", help="first print the frames already in the buffer")
     follow.add_argument("--count", type=int, default=None, help="exit after this many frames")
     follow.add_argument("--quiet", action="store_true", help="print only missed counts and the summary")
@@ -49,7 +49,7 @@ def add_parsers(commands) -> None:
     hotcode.add_argument("--host", default="127.0.0.1")
     hotcode.add_argument("--port", type=int, default=1234, help="the stub's RSP port (default: 1234)")
     hotcode.add_argument("--follow-port", type=int, default=None, help="its follow channel (default: --port + 1)")
-    hotcode.add_argument("--kernel", type=Path, default=BUNDLED_KERNEL)
+    hotcode.add_argument("--kernel", type=Path, default=paths.VMLINUX)
     hotcode.add_argument("--seconds", type=float, default=5.0, help="how long to sample (default: 5)")
     hotcode.add_argument("--samples", type=int, default=None, help="stop after this many samples instead")
     hotcode.add_argument("--top", type=int, default=15, help="rows to print (default: 15)")

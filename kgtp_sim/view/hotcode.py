@@ -13,14 +13,13 @@ background thread `hotcode-follow`.
 
 from __future__ import annotations
 
-import socket
 import sys
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
-from ..rsp.codec import Decoder, EventKind, encode_packet
+from ..client.rsp import RspClient
 from .channel import ChannelError, messages
 from .dwarf import KernelDwarf
 from .fields import FrameReader
@@ -30,37 +29,19 @@ SAMPLED_FUNCTION = "timer_interrupt"
 SAMPLED_EXPRESSION = "regs->ip"
 
 
-class RspClient:
-    """Just enough of a debugger's side of RSP to define, start and stop one tracepoint."""
+def _ok(client: RspClient, payload: bytes) -> None:
+    reply = client.request(payload)
+    if reply != b"OK":
+        raise RuntimeError(f"{payload[:40]!r} refused: {reply.decode(errors='replace')}")
 
-    def __init__(self, host: str, port: int, timeout: float = 10.0) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.decoder = Decoder()
-        self.pending: list[bytes] = []
 
-    def request(self, payload: bytes) -> bytes:
-        self.sock.sendall(encode_packet(payload))
-        while not self.pending:
-            data = self.sock.recv(65536)
-            if not data:
-                raise ConnectionError("the stub closed the connection")
-            for event in self.decoder.feed(data):
-                if event.kind is EventKind.PACKET:
-                    self.pending.append(event.payload)
-                    self.sock.sendall(b"+")
-        return self.pending.pop(0)
-
-    def ok(self, payload: bytes) -> None:
-        reply = self.request(payload)
-        if reply != b"OK":
-            raise RuntimeError(f"{payload[:40]!r} refused: {reply.decode(errors='replace')}")
-
-    def close(self) -> None:
-        try:
-            self.sock.sendall(encode_packet(b"D"))
-        except OSError:
-            pass
-        self.sock.close()
+def _detach(client: RspClient) -> None:
+    """`D` without waiting for the answer, then hang up."""
+    try:
+        client.send(b"D")
+    except OSError:
+        pass
+    client.close()
 
 
 def _source_packet(number: int, address: int, kind: str, text: str) -> bytes:
@@ -105,30 +86,30 @@ def sample(host: str, port: int, follow_port: int, dwarf: KernelDwarf, *, second
     if not ready.wait(10) or failure:
         raise ChannelError(f"no follow channel at {host}:{follow_port}: {failure[0] if failure else 'no answer'}")
     try:
-        client = RspClient(host, port)
+        client = RspClient.connect(port, host=host)
     except OSError as error:
         raise ChannelError(f"cannot reach the stub at {host}:{port}: {error}") from None
     try:
         reply = client.request(b"qSupported")
         if reply.startswith(b"E."):
             raise ChannelError(reply[2:].decode(errors="replace") + " (hotcode defines a tracepoint: detach GDB first)")
-        client.ok(b"QTinit")
-        client.ok(b"QTDP:1:%x:E:0:0-" % address)
+        _ok(client, b"QTinit")
+        _ok(client, b"QTDP:1:%x:E:0:0-" % address)
         # what GDB sends for `collect regs->ip`: the register holding `regs` (%rdi, GDB register 5) and the
         # 8 bytes at regs + offsetof(struct pt_regs, ip)
-        client.ok(b"QTDP:-1:%x:R20-" % address)
-        client.ok(b"QTDP:-1:%x:M5,%x,8" % (address, offset))
-        client.ok(_source_packet(1, address, "at", SAMPLED_FUNCTION))
-        client.ok(_source_packet(1, address, "cmd", f"collect {SAMPLED_EXPRESSION}"))
-        client.ok(b"QTStart")
+        _ok(client, b"QTDP:-1:%x:R20-" % address)
+        _ok(client, b"QTDP:-1:%x:M5,%x,8" % (address, offset))
+        _ok(client, _source_packet(1, address, "at", SAMPLED_FUNCTION))
+        _ok(client, _source_packet(1, address, "cmd", f"collect {SAMPLED_EXPRESSION}"))
+        _ok(client, b"QTStart")
         deadline = None if samples is not None else time.monotonic() + seconds
         while not enough.is_set():
             if deadline is not None and time.monotonic() >= deadline:
                 break
             enough.wait(0.05 if deadline is None else min(0.05, max(deadline - time.monotonic(), 0.001)))
-        client.ok(b"QTStop")
+        _ok(client, b"QTStop")
     finally:
-        client.close()
+        _detach(client)
     enough.set()
     thread.join(timeout=2)
     if failure:

@@ -2,57 +2,38 @@
 
 Starts a stub with the bundled kernel, lets real GDB define and run a trace (dynamic tracepoints with `$bt`,
 static tracepoints on sched_stat_runtime and sys_enter), waits for the run to end by its own pass count, then
-draws it with `kgtp-sim plot` and samples the busy kernel with `kgtp-sim hotcode`. Everything runs in the main
-thread of this process; the stub and GDB are child processes.
+draws it with `kgtp-sim plot` and samples the busy kernel with `kgtp-sim hotcode`. The stub is started and GDB
+run by kgtp_sim.client. Everything runs in the main thread of this process (beside the client's daemon thread
+that drains the stub's output); the stub and GDB are child processes.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-VMLINUX = ROOT / "fixtures" / "vmlinux"
+from ..client import ROOT, VMLINUX, StubProcess, kgtp_command, run_gdb, start_stub, system_gdb
 
 
-def _start_stub() -> tuple[subprocess.Popen, int, int]:
-    proc = subprocess.Popen([sys.executable, "-m", "kgtp_sim", "serve", "--port", "0"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    follow = None
-    for line in proc.stdout:
-        found = re.search(r"follow channel \(read-only\) on [\d.]+:(\d+)", line)
-        if found:
-            follow = int(found.group(1))
-        found = re.search(r"listening on [\d.]+:(\d+)", line)
-        if found and follow is not None:
-            return proc, int(found.group(1)), follow
-    raise RuntimeError("the stub did not start")
-
-
-def _gdb(port: int, commands: list[str]) -> str:
-    gdb = shutil.which("gdb", path="/usr/bin:/bin:/usr/local/bin") or shutil.which("gdb")
+def _gdb_binary() -> str:
+    gdb = system_gdb() or shutil.which("gdb")
     if gdb is None:
         raise RuntimeError("gdb is needed (scripts/lib/setup.sh ensure_gdb)")
-    lines = ["set pagination off", "set confirm off", f"target remote 127.0.0.1:{port}", *commands]
-    with tempfile.NamedTemporaryFile("w", suffix=".gdb", delete=False) as script:
-        script.write("\n".join(lines) + "\n")
-    try:
-        result = subprocess.run([gdb, "-nx", "-batch", str(VMLINUX), "-x", script.name], capture_output=True,
-                                text=True, timeout=300, env=dict(os.environ, TERM="dumb"))
-    finally:
-        os.unlink(script.name)
-    return result.stdout + result.stderr
+    return gdb
+
+
+def _follow_port(stub: StubProcess) -> int:
+    if stub.follow_port is None:
+        raise RuntimeError("the stub did not start its follow channel:\n" + "".join(stub.output))
+    return stub.follow_port
 
 
 def _kgtp(*args: str) -> str:
-    result = subprocess.run([sys.executable, "-m", "kgtp_sim", *args], cwd=ROOT, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(kgtp_command(*args), cwd=ROOT, capture_output=True, text=True, timeout=300)
     if result.returncode != 0:
         raise RuntimeError(f"kgtp-sim {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
     return result.stdout
@@ -63,9 +44,11 @@ def make(outdir: Path) -> list[Path]:
 
     outdir.mkdir(parents=True, exist_ok=True)
     sites = {m.id: m.site for m in KernelImage.load(VMLINUX).markers}
-    proc, port, follow = _start_stub()
+    gdb = _gdb_binary()
+    stub = start_stub()
     try:
-        out = _gdb(port, [
+        port, follow = stub.port, _follow_port(stub)
+        out = run_gdb(gdb, stub,
             "monitor pace 20",
             "trace schedule", "actions", "collect $regs, $bt", "end",
             f"strace *{sites['sched::sched_stat_runtime']:#x}", "actions", "collect $_sdata", "end",
@@ -80,13 +63,13 @@ def make(outdir: Path) -> list[Path]:
             "    time.sleep(0.1)",
             "end",
             "tstatus",
-        ])
+            timeout=300)
         if "Trace stopped by tracepoint 5" not in out:
             raise RuntimeError("the picture run did not end by its pass count:\n" + out)
         made = [Path(p) for p in re.findall(r"wrote (\S+\.png)", _kgtp(
             "plot", "--port", str(follow), "-o", str(outdir), "--value", "$_sdata.runtime"))]
         # hotcode: a busy kernel (more workload calls per tick than fit between two ticks), 600 timer ticks
-        _gdb(port, ["monitor pace 20000", "tstatus"])
+        run_gdb(gdb, stub, "monitor pace 20000", "tstatus", timeout=300)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -101,8 +84,7 @@ def make(outdir: Path) -> list[Path]:
         made.append(outdir / "hotcode.png")
         return made
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stub.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,6 @@ import socket
 import struct
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -20,7 +19,7 @@ from kgtp_sim.view.export import identifier, write_chrome, write_ctf, write_json
 from kgtp_sim.view.fields import FrameReader, split_arguments
 from kgtp_sim.view.model import Frame, Run, Source, TracepointInfo, load_tfile
 
-VMLINUX = Path(__file__).resolve().parents[2] / "fixtures" / "vmlinux"
+from ..conftest import VMLINUX
 
 
 @pytest.fixture(scope="module")
