@@ -4,21 +4,20 @@ It is not the simulated kernel: just module space for code, vmalloc space for th
 TSV array, trace area and a stack, plus whatever memory a test maps. It calls a compiled expression the way a
 probe's detour does (SysV, %rdi/%rsi), handles memory faults with `fault_fixup` (the machine does the same from its
 fault-fixup table), serves the printf trap, and counts the instructions executed with a native code hook
-(`inc qword [rcx]; ret` in an executable host page: no Python per instruction).
+(`inc qword [rcx]; ret` in an executable host page: no Python per instruction). Like the machine, it runs on page
+tables (kgtp_sim/uc_paging.py): a read of an unmapped address is a #PF raised by the MMU.
 """
 
 from __future__ import annotations
 
-import ctypes
-import mmap
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from unicorn import UC_ARCH_X86, UC_HOOK_CODE, UC_HOOK_MEM_PROT, UC_HOOK_MEM_UNMAPPED, UC_HOOK_MEM_WRITE, UC_MODE_64, Uc, UcError
-from unicorn import UC_PROT_ALL, UC_TLB_VIRTUAL
-from unicorn.unicorn_py3.unicorn import HOOK_CODE_CFUNC, uc_hook_h, uclib
+from unicorn import UC_ARCH_X86, UC_ERR_EXCEPTION, UC_HOOK_CODE, UC_HOOK_INTR, UC_HOOK_MEM_WRITE, UC_MODE_64, UcError
+from unicorn import UC_PROT_ALL
 from unicorn.x86_const import (
+    UC_X86_REG_CR2,
     UC_X86_REG_R8,
     UC_X86_REG_RAX,
     UC_X86_REG_RCX,
@@ -31,6 +30,9 @@ from unicorn.x86_const import (
 from unicorn import x86_const
 
 from ..arch import amd64
+from .. import uc_paging as paging
+from ..uc_native import InstructionCounter, clear_exception_in_flight
+from ..uc_paging import memory_operand_address
 from . import abi
 from .blocks import split_blocks
 from .compiled import CompiledExpr, fault_fixup
@@ -54,19 +56,15 @@ TRAP_ADDR = CODE_BASE + CODE_SIZE - 0x1000  # printf trap: a `ret` with a Python
 RETURN_ADDR = TRAP_ADDR + 0x10  # the caller's return address: emulation stops there
 PAGE = 0x1000
 
-_counter_page: mmap.mmap | None = None
-_counter_fn: int = 0
+PHYS_TABLES = 0x10_0000  # physical memory: page tables, then code, data, and the pages tests map
+PHYS_CODE = 0x100_0000
+PHYS_DATA = 0x200_0000
+PHYS_EXTRA = 0x1000_0000
+EXTRA_SIZE = 64 << 20
 
 
-def _native_counter() -> int:
-    """Address of `inc qword [rcx]; ret`: a UC_HOOK_CODE callback whose user_data (4th arg) is the counter."""
-    global _counter_page, _counter_fn
-    if _counter_page is None:
-        page = mmap.mmap(-1, PAGE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
-        page.write(b"\x48\xff\x01\xc3")
-        _counter_fn = ctypes.addressof(ctypes.c_char.from_buffer(page))
-        _counter_page = page
-    return _counter_fn
+def paging_ceil(size: int) -> int:
+    return (size + PAGE - 1) & ~(PAGE - 1)
 
 
 @dataclass
@@ -90,29 +88,24 @@ _LIVE_UC = {1: x86_const.UC_X86_REG_RBX, 6: x86_const.UC_X86_REG_RBP, 12: x86_co
 
 class Sandbox:
     def __init__(self) -> None:
-        uc = Uc(UC_ARCH_X86, UC_MODE_64)
-        uc.ctl_set_tlb_mode(UC_TLB_VIRTUAL)
-        uc.mem_map(CODE_BASE, CODE_SIZE, UC_PROT_ALL)
-        uc.mem_map(DATA_BASE, DATA_SIZE, UC_PROT_ALL)
+        uc = paging.PagedUc(UC_ARCH_X86, UC_MODE_64)
+        for base, size in ((PHYS_TABLES, 0x10_0000), (PHYS_CODE, CODE_SIZE), (PHYS_DATA, paging_ceil(DATA_SIZE)),
+                           (PHYS_EXTRA, EXTRA_SIZE)):
+            uc.mem_map(base, size, UC_PROT_ALL)
+        self.tables = paging.PageTables(uc, PHYS_TABLES, 0x10_0000)
+        self.tables.map(CODE_BASE, PHYS_CODE, CODE_SIZE, paging.CODE)
+        self.tables.map(DATA_BASE, PHYS_DATA, paging_ceil(DATA_SIZE), paging.CODE)
+        self.tables.enable()
+        self._next_extra = PHYS_EXTRA
         uc.mem_write(TRAP_ADDR, b"\xc3")
         self.uc = uc
         self._pages: set[int] = set()
         self._output: list[str] = []
-        self._fault_address: int | None = None
-        self._counter = ctypes.c_uint64(0)
-        self._count_hook = uc_hook_h()
-        status = uclib.uc_hook_add(
-            uc._uch,
-            ctypes.byref(self._count_hook),
-            UC_HOOK_CODE,
-            ctypes.cast(_native_counter(), HOOK_CODE_CFUNC),
-            ctypes.cast(ctypes.byref(self._counter), ctypes.c_void_p),
-            ctypes.c_uint64(1),
-            ctypes.c_uint64(0),
-        )
-        if status != 0:
-            raise UcError(status)
-        uc.hook_add(UC_HOOK_MEM_UNMAPPED | UC_HOOK_MEM_PROT, self._on_fault)
+        self._fault: tuple[int, int] | None = None  # (vector, address) of the exception that stopped a run
+        self._counter = InstructionCounter(uc)
+        if not self._counter.enable():
+            raise UcError(UC_ERR_EXCEPTION)
+        uc.hook_add(UC_HOOK_INTR, self._on_exception)
         uc.hook_add(UC_HOOK_CODE, self._on_printf, begin=TRAP_ADDR, end=TRAP_ADDR)
         # every stack write is seen, so `run` can check the code stays within its declared stack_bytes
         uc.hook_add(UC_HOOK_MEM_WRITE, self._on_stack_write, begin=STACK_TOP - 0x10000, end=STACK_TOP)
@@ -125,8 +118,11 @@ class Sandbox:
         first = address & ~(PAGE - 1)
         last = (address + max(len(data), 1) + PAGE - 1) & ~(PAGE - 1)
         for page in range(first, last, PAGE):
-            if page not in self._pages:
-                self.uc.mem_map(page, PAGE, UC_PROT_ALL)
+            if page not in self._pages and self.tables.translate(page) is None:
+                if self._next_extra >= PHYS_EXTRA + EXTRA_SIZE:
+                    raise MemoryError("sandbox memory exhausted")
+                self.tables.map(page, self._next_extra, PAGE, paging.CODE)
+                self._next_extra += PAGE
                 self._pages.add(page)
         self.uc.mem_write(address, bytes(data))
 
@@ -145,9 +141,14 @@ class Sandbox:
             self._loaded[compiled.base] = compiled.code
 
     # hooks --------------------------------------------------------------------------------------------------
-    def _on_fault(self, uc, access, address, size, value, user_data) -> bool:
-        self._fault_address = address
-        return False
+    def _on_exception(self, uc, intno, user_data) -> None:
+        """A #PF (CR2 has the address) or a #GP (a non-canonical address) in compiled code, or anything else:
+        the run stops with RIP at the faulting instruction."""
+        rip = uc.reg_read(UC_X86_REG_RIP)
+        address = uc.reg_read(UC_X86_REG_CR2) if intno == 14 else memory_operand_address(uc, rip)
+        self._fault = (intno, address)
+        clear_exception_in_flight(uc)
+        uc.emu_stop()
 
     def _on_stack_write(self, uc, access, address, size, value, user_data) -> None:
         self._lowest_rsp = min(self._lowest_rsp, address)
@@ -210,17 +211,17 @@ class Sandbox:
             uc.reg_write(reg, 0xDEAD_BEEF_DEAD_BEEF)  # garbage: compiled code must not depend on it
         self._output = []
         self._lowest_rsp = rsp
-        self._counter.value = 0
+        self._counter.value_cell.value = 0
         pc = compiled.entry
         while True:
-            self._fault_address = None
-            try:
-                uc.emu_start(pc, RETURN_ADDR)
+            self._fault = None
+            uc.emu_start(pc, RETURN_ADDR)
+            if self._fault is None:
                 break
-            except UcError:
-                if not fault_fixup(uc, compiled, CTX_ADDR, self._fault_address):
-                    raise
-                pc = uc.reg_read(UC_X86_REG_RIP)
+            vector, address = self._fault
+            if vector not in (13, 14) or not fault_fixup(uc, compiled, CTX_ADDR, address):
+                raise UcError(UC_ERR_EXCEPTION)
+            pc = uc.reg_read(UC_X86_REG_RIP)
         if uc.reg_read(UC_X86_REG_RSP) != rsp + 8:
             raise AssertionError("compiled code returned with an unbalanced stack")
         for n, reg in _LIVE_UC.items():

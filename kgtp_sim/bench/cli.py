@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     rows = bench.rows(progress=lambda r: print(
         f"  {r['probe']:>15} {r['case']:>9} {r['engine']:>6}: {r['insns_per_hit']} insns/hit", file=sys.stderr))
     bad = [r for r in rows if r["frames"] != expected_frames(r, calls)]
-    print(markdown(rows, calls, reps))
+    print(markdown(rows, calls, reps, bench.speed_figures))
     if args.json:
         write_json(rows, args.json)
     if args.chart:

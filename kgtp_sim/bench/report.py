@@ -16,7 +16,9 @@ def _num(value, digits: int = 0) -> str:
     return f"{value:,.0f}"
 
 
-def markdown(rows: list[dict], calls: int, repetitions: int) -> str:
+def markdown(rows: list[dict], calls: int, repetitions: int, speed: tuple[float, float] | None = None) -> str:
+    """The rows as a table; `speed` (Bench.speed_figures: emulated instructions per second of the untraced
+    workload with counting off and on) as a line above it."""
     lines = [
         f"Thesis workload: kgtp_bench_loop({calls}) calling kgtp_test_function, {repetitions} repetitions each.",
         "insns/hit: emulated instructions per call minus the untraced run (exact). ns/hit: host nanoseconds per "
@@ -24,6 +26,12 @@ def markdown(rows: list[dict], calls: int, repetitions: int) -> str:
         "`disabled-marker` is the marker site's one 5-byte NOP (part of every untraced run, no separate time).",
         "Thesis columns are CPU cycles on a 2 GHz Xeon E5405 (KGTP / SystemTap), a different unit: for orientation "
         "only. Static thesis `cond+expr` is condition + $_sdata.",
+    ]
+    if speed:
+        lines.append(
+            f"Emulated speed of the untraced workload: {speed[0] / 1e6:.1f} M instructions/s with counting off "
+            f"(how a serving kernel runs), {speed[1] / 1e6:.1f} M with counting on (how the rows are measured).")
+    lines += [
         "",
         "| probe | case | engine | insns/hit | ns/hit median | ns/hit min..max | frames | thesis KGTP (cycles) "
         "| thesis SystemTap (cycles) |",

@@ -17,8 +17,8 @@ import gc
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
+from kgtp_sim.client.paths import VMLINUX
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.tracing import Tracer
@@ -26,8 +26,6 @@ from kgtp_sim.tracing.probes import plan_probe
 
 from .record import FIXTURE, load
 
-ROOT = Path(__file__).resolve().parents[2]
-VMLINUX = ROOT / "fixtures" / "vmlinux"
 MARKER_ID = "module::kgtp_module_event"
 BUFFER_SIZE = 64 << 20
 
@@ -36,6 +34,8 @@ CASES = ("none", "false-cond", "expr", "cond+expr", "sdata")
 ENGINES = ("none", "interp", "naive", "opt")
 FIELDS = ("probe", "case", "engine", "insns_per_hit", "ns_per_hit_median", "ns_per_hit_min", "ns_per_hit_max",
           "frames")
+#: calls of kgtp_test_function per run of the speed measurement (1.8 M emulated instructions)
+SPEED_CALLS = 200_000
 
 #: the thesis' figures, in CPU cycles on a 2 GHz Xeon E5405 (a different unit from ours): (KGTP, SystemTap)
 THESIS_CYCLES = {
@@ -116,11 +116,39 @@ class Bench:
         self.repetitions = repetitions
         self.image = image or KernelImage.load(VMLINUX)
         self.fixture = load(FIXTURE)
+        self.speed_figures: tuple[float, float] | None = None  #: set by rows(): see speed()
 
-    def machine(self) -> Machine:
+    def machine(self, counting: bool = True) -> Machine:
         machine = Machine(self.image)
+        if counting:
+            machine.set_counting(True)  # every row's instruction count is exact
         machine.call("kgtp_bench_loop", 0)  # place call()'s stack first: same rsp in every run
         return machine
+
+    def speed(self, calls: int = SPEED_CALLS) -> tuple[float, float]:
+        """Emulated instructions per second of the untraced workload, kgtp_bench_loop(calls): with counting off
+        (how a serving kernel runs) and on (how the rows are measured); medians over the repetitions. The
+        uncounted runs execute exactly the instructions the counted ones counted (the call is deterministic)."""
+        machine = self.machine(counting=False)
+        rates: dict[bool, list[float]] = {False: [], True: []}
+        insns = 0
+        for counting in (True, False):
+            machine.set_counting(counting)
+            for _ in range(self.repetitions):
+                gc.collect()
+                gc.disable()
+                try:
+                    i0 = machine.instructions()
+                    t0 = time.perf_counter_ns()
+                    assert machine.call("kgtp_bench_loop", calls) == calls
+                    t1 = time.perf_counter_ns()
+                    i1 = machine.instructions()
+                finally:
+                    gc.enable()
+                if counting:
+                    insns = i1 - i0
+                rates[counting].append(insns / ((t1 - t0) / 1e9))
+        return statistics.median(rates[False]), statistics.median(rates[True])
 
     def _timed(self, machine: Machine, before=None, after=None) -> tuple[list[int], list[float]]:
         insns, times = [], []
@@ -187,6 +215,8 @@ class Bench:
         configs = configs or configurations()
         base = self.untraced()
         base_ns = statistics.median(base.ns_per_call)
+        #: emulated instructions per second of the untraced workload, counting off and on (`speed`)
+        self.speed_figures = self.speed(max(20 * self.calls, SPEED_CALLS // 4))
         out = []
         for config in configs:
             if config.probe == "none":

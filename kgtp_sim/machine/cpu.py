@@ -14,60 +14,43 @@ at the faulting instruction, `int N` and int3 report RIP after it; an unmapped a
 at the faulting instruction (so we stop, then deliver #PF from the run loop); `hlt` ends emu_start with RIP after
 it.
 
-Demand paging does not use mem_map/mem_unmap at run time: each of those flushes unicorn's TLB, and the flush
-cost grows with the TLB (measured: 15 us on a fresh CPU, 5 ms after a second of busy kernel, up to 1.4 s in a
-burst), which stalled the CPU thread. Instead the whole demand region is mapped once and a UC_HOOK_TLB_FILL hook
-limited to that region refuses the pages the kernel has not asked for: a refused fill ends emu_start with
-UC_ERR_EXCEPTION and RIP at the faulting instruction, and we deliver #PF. Making a page present needs nothing
-(the refused fill left no TLB entry); making it absent again needs its TLB entries gone. A full flush
-(UC_CTL_TLB_FLUSH, and mem_protect, which flushes all) lets QEMU resize its TLB tables upwards at every flush of a
-busy CPU: the soak saw the stub grow from 53 to 229 MiB that way. So the CPU drops just those pages' entries itself:
-it runs `invlpg` on each, from a page of its own code, between two emulation runs, as the kernel would.
+Memory goes through the kernel's page tables (kgtp_sim/uc_paging.py): the machine builds them as a bootloader would and
+hands the CPU CR3 with paging on, so a not-present page or a protection violation is a real #PF raised by the
+MMU. Unicorn gives that to UC_HOOK_INTR with RIP at the faulting instruction and CR2 set; QEMU keeps the error
+code in a field the API does not reach, read from the saved context (offset found by experiment, as for the
+"exception in flight" below). The kernel's #PF handler fills the entry of a demand page itself and drops pages
+by clearing their entries and running `invlpg`, so the machine never flushes the TLB.
 """
 
 from __future__ import annotations
 
 import ctypes
 import enum
-import functools
-import mmap
 import struct
 
-from capstone import CS_ARCH_X86, CS_MODE_64, CS_OP_MEM, Cs
-from capstone import x86_const as CX
 from collections import Counter
 from typing import Callable
 
 from unicorn import (
     UC_ARCH_X86,
-    UC_CTL_IO_WRITE,
-    UC_CTL_TLB_FLUSH,
     UC_HOOK_BLOCK,
-    UC_HOOK_CODE,
     UC_HOOK_INSN,
     UC_HOOK_INSN_INVALID,
     UC_HOOK_INTR,
     UC_HOOK_MEM_INVALID,
-    UC_HOOK_TLB_FILL,
-    UC_MEM_FETCH,
     UC_MEM_FETCH_PROT,
     UC_MEM_FETCH_UNMAPPED,
     UC_MEM_READ_PROT,
-    UC_MEM_READ_UNMAPPED,
-    UC_MEM_WRITE,
     UC_MEM_WRITE_PROT,
     UC_MEM_WRITE_UNMAPPED,
     UC_MODE_64,
     UC_PROT_ALL,
-    UC_PROT_EXEC,
-    UC_PROT_READ,
-    UC_PROT_WRITE,
-    UC_TLB_VIRTUAL,
     Uc,
     UcError,
 )
 from unicorn import x86_const as X
 
+from .. import uc_paging as paging
 from .errors import MachineError
 from .image import KernelImage
 from .layout import (
@@ -78,13 +61,22 @@ from .layout import (
     MODULE_BASE,
     MODULE_SIZE,
     PAGE_SIZE,
-    SERVICE_BASE,
-    SERVICE_SIZE,
+    PHYS_BOOT,
+    PHYS_DEMAND,
+    PHYS_DEMAND_SIZE,
+    PHYS_KERNEL,
+    PHYS_KERNEL_SIZE,
+    PHYS_MODULE,
+    PHYS_TABLES,
+    PHYS_TABLES_SIZE,
+    PHYS_VMALLOC,
     VMALLOC_BASE,
     VMALLOC_SIZE,
     page_ceil,
     page_floor,
 )
+from ..uc_native import InstructionCounter, Registers, add_native_hook, emu_stop_address, old_exception_offset
+from ..uc_paging import memory_operand_address, page_fault_error_offset
 
 NO_EXIT = 0xFFFF_FFFF_FFFF_FFFF  #: `until` for emu_start when only a stop request should end it
 ERROR_CODE_VECTORS = frozenset({8, 10, 11, 12, 13, 14, 17, 21, 29, 30})
@@ -111,36 +103,11 @@ BreakpointHandler = Callable[[Uc], None]
 FaultHandler = Callable[[Uc, int], None]
 
 
+GENERAL_PROTECTION = 13
+PAGE_FAULT = 14
+
 #: exceptions QEMU calls "contributory": a second one before the first is delivered makes a #DF
 CONTRIBUTORY_VECTORS = frozenset({0, 10, 11, 12, 13})
-
-
-@functools.cache
-def _disassembler() -> Cs:
-    cs = Cs(CS_ARCH_X86, CS_MODE_64)
-    cs.detail = True
-    return cs
-
-
-@functools.cache
-def _old_exception_offset() -> int | None:
-    """Offset of QEMU's CPUX86State.old_exception in a unicorn context blob, found by experiment.
-
-    QEMU remembers the exception "in flight" and resets it only when it delivers the exception itself. Unicorn
-    hands exceptions to our hook instead, so the memory stays set: after one #DE, the next #DE is promoted to a
-    double fault (vector 8). We cannot reach the field through the API, so we find it once: run a #DE on a
-    scratch CPU and look for the only int that went from -1 to 0 in the saved context.
-    """
-    uc = Uc(UC_ARCH_X86, UC_MODE_64)
-    uc.mem_map(0x1000, PAGE_SIZE)
-    uc.mem_write(0x1000, bytes.fromhex("31c9" "31d2" "48f7f1" "f4"))  # xor ecx,ecx; xor edx,edx; div rcx; hlt
-    uc.hook_add(UC_HOOK_INTR, lambda uc, intno, _: uc.reg_write(X.UC_X86_REG_RIP, uc.reg_read(X.UC_X86_REG_RIP) + 3))
-    before = bytes(uc.context_save())
-    uc.emu_start(0x1000, 0x1007)
-    after = bytes(uc.context_save())
-    found = [i for i in range(0, len(before) - 3)
-             if before[i : i + 4] == b"\xff\xff\xff\xff" and after[i : i + 4] == b"\0\0\0\0"]
-    return found[0] if len(found) == 1 else None
 
 
 class Stop(enum.Enum):
@@ -187,73 +154,6 @@ class FaultFixups:
         self._ranges.clear()
 
 
-class FastRegisters:
-    """Register access straight through libunicorn, about 3x cheaper than the binding's reg_read/reg_write.
-
-    Used on the per-interrupt path. Only for registers that fit 64 bits; the buffer is cleared before each
-    read because unicorn writes just the register's width (2 bytes for a selector).
-    """
-
-    def __init__(self, uc: Uc) -> None:
-        from unicorn.unicorn_py3.unicorn import uclib
-
-        self._handle = uc._uch
-        self._value = ctypes.c_uint64(0)
-        self._ref = ctypes.byref(self._value)
-        self._read = uclib.uc_reg_read
-        self._write = uclib.uc_reg_write
-
-    def read(self, reg: int) -> int:
-        self._value.value = 0
-        if self._read(self._handle, reg, self._ref):
-            raise MachineError(f"cannot read register {reg}")
-        return self._value.value
-
-    def write(self, reg: int, value: int) -> None:
-        self._value.value = value & 0xFFFF_FFFF_FFFF_FFFF
-        if self._write(self._handle, reg, self._ref):
-            raise MachineError(f"cannot write register {reg}")
-
-
-def _native_hook(uc: Uc, kind: int, code: bytes, user_data: ctypes.c_void_p) -> tuple[object, mmap.mmap] | None:
-    """Add a hook whose callback is machine code (no Python per call): `code` is placed in an executable page
-    and called with the callback's C arguments, user_data in rcx. None where W+X mappings are refused."""
-    try:
-        from unicorn.unicorn_py3.arch.types import uc_hook_h
-        from unicorn.unicorn_py3.unicorn import HOOK_CODE_CFUNC, uclib
-
-        page = mmap.mmap(-1, PAGE_SIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
-        page.write(code)
-        address = ctypes.addressof(ctypes.c_char.from_buffer(page))
-        handle = uc_hook_h()
-        status = uclib.uc_hook_add(
-            uc._uch, ctypes.byref(handle), kind, ctypes.cast(address, HOOK_CODE_CFUNC), user_data,
-            ctypes.c_uint64(1), ctypes.c_uint64(0),
-        )
-    except (OSError, ValueError, ImportError, AttributeError):
-        return None
-    return (handle, page) if status == 0 else None
-
-
-class InstructionCounter:
-    """Counts every executed instruction with a native UC_HOOK_CODE callback: `inc qword [rcx]; ret`.
-
-    The callback's 4th argument (rcx) is the user_data pointer, here a c_uint64, so no Python runs per
-    instruction (about 12 ns each, measured). Falls back to `available = False` where W+X mappings are refused.
-    """
-
-    CODE = bytes.fromhex("48ff01c3")
-
-    def __init__(self, uc: Uc) -> None:
-        self.value_cell = ctypes.c_uint64(0)
-        self._hook = _native_hook(uc, UC_HOOK_CODE, self.CODE, ctypes.cast(ctypes.byref(self.value_cell), ctypes.c_void_p))
-        self.available = self._hook is not None
-
-    @property
-    def value(self) -> int:
-        return self.value_cell.value
-
-
 class _StopCell(ctypes.Structure):
     _fields_ = [("requested", ctypes.c_uint64), ("emu_stop", ctypes.c_void_p), ("lo", ctypes.c_uint64),
                 ("hi", ctypes.c_uint64)]
@@ -289,10 +189,8 @@ class BlockStopper:
     ANY_BLOCK, OUTSIDE_RANGE = 1, 2
 
     def __init__(self, uc: Uc) -> None:
-        from unicorn.unicorn_py3.unicorn import uclib
-
-        self._cell = _StopCell(0, ctypes.cast(uclib.uc_emu_stop, ctypes.c_void_p).value, 0, 0)
-        self._hook = _native_hook(uc, UC_HOOK_BLOCK, self.CODE, ctypes.cast(ctypes.byref(self._cell), ctypes.c_void_p))
+        self._cell = _StopCell(0, emu_stop_address(), 0, 0)
+        self._hook = add_native_hook(uc, UC_HOOK_BLOCK, self.CODE, ctypes.addressof(self._cell))
         if self._hook is None:
             uc.hook_add(UC_HOOK_BLOCK, self._python_check)
 
@@ -330,68 +228,102 @@ class Cpu:
         self.image = image
         self._port_out = port_out
         self._port_in = port_in
-        uc = Uc(UC_ARCH_X86, UC_MODE_64)
-        # no page tables: guest virtual == unicorn address; needed for addresses like 0xffffffff81000000
-        uc.ctl_set_tlb_mode(UC_TLB_VIRTUAL)
+        uc = paging.PagedUc(UC_ARCH_X86, UC_MODE_64)
         self.uc = uc
+        # physical memory; permissions live in the page tables, so every frame is RWX to unicorn
+        uc.mem_map(PHYS_BOOT, PAGE_SIZE, UC_PROT_ALL)
+        uc.mem_map(PHYS_TABLES, PHYS_TABLES_SIZE, UC_PROT_ALL)
+        uc.mem_map(PHYS_DEMAND, PHYS_DEMAND_SIZE, UC_PROT_ALL)
+        uc.mem_map(PHYS_MODULE, MODULE_SIZE, UC_PROT_ALL)
+        uc.mem_map(PHYS_VMALLOC, VMALLOC_SIZE, UC_PROT_ALL)
+        self.tables = paging.PageTables(uc, PHYS_TABLES, PHYS_TABLES_SIZE)
         self._map_image(image)
-        uc.mem_map(MODULE_BASE, MODULE_SIZE, UC_PROT_ALL)
-        uc.mem_map(VMALLOC_BASE, VMALLOC_SIZE, UC_PROT_READ | UC_PROT_WRITE)
-        uc.mem_map(DEMAND_BASE, DEMAND_SIZE, UC_PROT_READ | UC_PROT_WRITE)
-        #: demand-region pages the kernel has asked for; the others fault (see the module docstring)
-        self.demand_pages: set[int] = set()
-        self._stale_pages: set[int] = set()  #: dropped demand pages whose TLB entries are still to go
+        self.tables.prepare(DEMAND_BASE, DEMAND_SIZE)  # entries absent: the kernel's #PF handler fills them
+        #: module and vmalloc pages mapped so far (`map_stub_pages`)
+        self._stub_pages: set[int] = set()
+        #: frames of the demand pool not handed to the kernel (it asks through port 0x80)
+        self._free_frames = list(range(PHYS_DEMAND + PHYS_DEMAND_SIZE - PAGE_SIZE, PHYS_DEMAND - 1, -PAGE_SIZE))
+        self.frames_in_use = 0
 
         self.breakpoints: dict[int, BreakpointHandler] = {}
         #: called as listener(vector, interrupted_rip, interrupted_rsp) after each delivery through the IDT
         self.delivery_listeners: list[Callable[[int, int, int], None]] = []
+        #: the single-step trap (#DB after an instruction run with EFLAGS.TF): the stub's while-stepping, never the
+        #: kernel's (it sets no TF); handler(uc) runs with RIP at the next instruction
+        self.debug_trap: BreakpointHandler | None = None
         self.fault_fixups = FaultFixups()
         self.delivered: Counter[int] = Counter()  # vector -> times delivered through the IDT
         self.breakpoint_hits = 0
         self.fixup_hits = 0
 
-        self._fault: tuple[int, int] | None = None  # (access, address) of the access that stopped emulation
+        self._fault: tuple[int, int] | None = None  # (access, address) of an access to absent physical memory
         self._in_emulation = False
         self._error: BaseException | None = None  # raised inside a hook; re-raised by run()
         uc.hook_add(UC_HOOK_INTR, self._on_interrupt)
         uc.hook_add(UC_HOOK_INSN_INVALID, self._on_invalid)
         uc.hook_add(UC_HOOK_MEM_INVALID, self._on_bad_access)
-        uc.hook_add(UC_HOOK_TLB_FILL, self._on_demand_tlb_fill, None, DEMAND_BASE, DEMAND_BASE + DEMAND_SIZE - 1)
         uc.hook_add(UC_HOOK_INSN, self._on_out, None, 1, 0, X.UC_X86_INS_OUT)
         uc.hook_add(UC_HOOK_INSN, self._on_in, None, 1, 0, X.UC_X86_INS_IN)
+        #: counts only while enabled (Machine.counting): the hook costs about 12 ns per instruction
         self.counter = InstructionCounter(uc)
         self.stopper = BlockStopper(uc)
-        self.regs = FastRegisters(uc)
+        self.regs = Registers(uc)
+        # Runs end at hlt, a stop or an exit address. Unicorn invalidates the translation at each exit when a run
+        # ends, and an `until` of "none" (all ones) is an address that is never mapped: invalidating there walks
+        # the tables, fails, and leaves CR2 and a #PF "in flight" behind (the next real #PF became a #DF).
+        uc.ctl_exits_enabled(True)
+        uc.ctl_set_exits([])
         self._reset(image.entry)
 
     # ---- memory map --------------------------------------------------------------------------------------
 
     def _map_image(self, image: KernelImage) -> None:
-        """Map each PT_LOAD with its own permissions (text R-X: a kernel write to it is a real #PF)."""
-        perms: dict[int, int] = {}
+        """Load each PT_LOAD at PHYS_KERNEL + (vaddr - lowest vaddr) and map its pages with its permissions:
+        text read-only and executable, rodata read-only, data no-execute (a kernel write to text is a #PF)."""
+        low = page_floor(min(seg.vaddr for seg in image.segments))
+        high = page_ceil(max(seg.end for seg in image.segments))
+        if high - low > PHYS_KERNEL_SIZE:
+            raise MachineError(f"kernel image of {high - low:#x} bytes does not fit {PHYS_KERNEL_SIZE:#x}")
+        self.uc.mem_map(PHYS_KERNEL, high - low, UC_PROT_ALL)
+        rights: dict[int, tuple[bool, bool]] = {}  # page -> (writable, executable): a shared page gets both's
         for seg in image.segments:
-            p = (UC_PROT_READ if seg.readable else 0) | (UC_PROT_WRITE if seg.writable else 0) | (
-                UC_PROT_EXEC if seg.executable else 0)
             for page in range(page_floor(seg.vaddr), page_ceil(seg.end), PAGE_SIZE):
-                perms[page] = perms.get(page, 0) | p
-        run_start, run_perm, previous = None, None, None
-        for page in sorted(perms) + [None]:
-            if page is None or page != (previous or 0) + PAGE_SIZE or perms[page] != run_perm:
-                if run_start is not None:
-                    self.uc.mem_map(run_start, previous + PAGE_SIZE - run_start, run_perm)
-                if page is not None:
-                    run_start, run_perm = page, perms[page]
-            previous = page
+                w, x = rights.get(page, (False, False))
+                rights[page] = (w or seg.writable, x or seg.executable)
+        for page, (w, x) in sorted(rights.items()):
+            self.tables.map(page, PHYS_KERNEL + page - low, PAGE_SIZE, paging.leaf_flags(True, w, x))
         for seg in image.segments:
-            self.uc.mem_write(seg.vaddr, seg.data)
+            self.uc.phys_write(PHYS_KERNEL + seg.vaddr - low, seg.data)
+
+    def map_stub_pages(self, address: int, length: int) -> None:
+        """Map the pages of module or vmalloc space under [address, address + length) that are not mapped yet
+        (module space read-write-execute, vmalloc space no-execute), each to its own frame."""
+        if MODULE_BASE <= address < MODULE_BASE + MODULE_SIZE:
+            base, physical, flags = MODULE_BASE, PHYS_MODULE, paging.CODE
+        elif VMALLOC_BASE <= address < VMALLOC_BASE + VMALLOC_SIZE:
+            base, physical, flags = VMALLOC_BASE, PHYS_VMALLOC, paging.DATA
+        else:
+            raise ValueError(f"{address:#x} is neither in module space nor in vmalloc space")
+        first = page_floor(address)
+        last = page_ceil(address + length)
+        run_start = None
+        for page in list(range(first, last, PAGE_SIZE)) + [None]:
+            if page is not None and page not in self._stub_pages:
+                run_start = page if run_start is None else run_start
+                continue
+            if run_start is not None:
+                end = page if page is not None else last
+                self.tables.map(run_start, physical + run_start - base, end - run_start, flags)
+                self._stub_pages.update(range(run_start, end, PAGE_SIZE))
+                run_start = None
 
     def _reset(self, entry: int) -> None:
-        """The state a 64-bit bootloader hands over: long mode, flat segments, interrupts off, RIP at entry."""
+        """The state a 64-bit bootloader hands over: long mode with paging on the machine's tables, flat
+        segments, interrupts off, RIP at entry."""
         uc = self.uc
-        uc.mem_map(BOOT_BASE, BOOT_SIZE, UC_PROT_READ)
-        uc.mem_map(SERVICE_BASE, SERVICE_SIZE, UC_PROT_READ | UC_PROT_EXEC)
-        uc.mem_write(SERVICE_BASE, self.INVLPG_RDI_HLT)
-        uc.mem_write(BOOT_BASE, BOOT_GDT)
+        self.tables.map(BOOT_BASE, PHYS_BOOT, BOOT_SIZE, paging.RODATA)
+        uc.phys_write(PHYS_BOOT, BOOT_GDT)
+        self.tables.enable()
         uc.reg_write(X.UC_X86_REG_GDTR, (0, BOOT_BASE, len(BOOT_GDT) - 1, 0))
         uc.reg_write(X.UC_X86_REG_CS, KERNEL_CS)
         for seg in (X.UC_X86_REG_SS, X.UC_X86_REG_DS, X.UC_X86_REG_ES):
@@ -399,70 +331,48 @@ class Cpu:
         uc.reg_write(X.UC_X86_REG_EFLAGS, 0x2)
         uc.reg_write(X.UC_X86_REG_RIP, entry)
 
-    def map_demand_page(self, address: int) -> bool:
-        """Make the demand-region page holding `address` present (the kernel's #PF handler asks via port 0x80)."""
-        page = page_floor(address)
-        if not DEMAND_BASE <= page < DEMAND_BASE + DEMAND_SIZE or page in self.demand_pages:
+    # ---- the demand region: frames for the kernel's #PF handler -----------------------------------------------
+
+    def alloc_frame(self) -> int:
+        """A zeroed page frame for the kernel to map in its demand region (0 if none is left)."""
+        if not self._free_frames:
+            return 0
+        frame = self._free_frames.pop()
+        self.uc.phys_write(frame, bytes(PAGE_SIZE))
+        self.frames_in_use += 1
+        return frame
+
+    def free_frame(self, frame: int) -> bool:
+        """The kernel gives a frame back (after clearing its entry and invalidating its TLB entry)."""
+        if not PHYS_DEMAND <= frame < PHYS_DEMAND + PHYS_DEMAND_SIZE or frame & (PAGE_SIZE - 1) or (
+                frame in self._free_frames):
             return False
-        self.demand_pages.add(page)
+        self._free_frames.append(frame)
+        self.frames_in_use -= 1
         return True
 
-    def unmap_demand_pages(self, address: int | None = None) -> bool:
-        """Make one page (or, with None, every page) absent again, zeroed. Costs one `invlpg` per page."""
-        pages = set(self.demand_pages) if address is None else {page_floor(address)} & self.demand_pages
-        if not pages:
-            return False
-        for page in pages:
-            self.uc.mem_write(page, bytes(PAGE_SIZE))
-        self.demand_pages -= pages
-        self._stale_pages |= pages
-        if self._in_emulation:
-            self.uc.emu_stop()  # invalidated by run() when emu_start returns: not from inside a hook
-        else:
-            self._invalidate_stale_pages()
-        return True
-
-    #: invlpg (%rdi); hlt. The hlt ends the run: with an `until` of its own, unicorn translated this block afresh
-    #: for every page (measured: 176 KiB more translated code at each drop of the idle kernel's pages).
-    INVLPG_RDI_HLT = bytes.fromhex("0f013ff4")
-
-    def _invalidate_stale_pages(self) -> None:
-        """Drop the TLB entries of the pages made absent, one `invlpg` each, run at the CPU's service page.
-
-        Runs between emulation runs on the CPU thread. The kernel's registers, the instruction count and any
-        stop request pending for the caller are as they were afterwards. Outside ring 0 (never, for this kernel)
-        it falls back to a full flush.
-        """
-        pages, self._stale_pages = sorted(self._stale_pages), set()
-        regs, uc = self.regs, self.uc
-        if regs.read(X.UC_X86_REG_CS) & 3:
-            uc.ctl(UC_CTL_TLB_FLUSH, UC_CTL_IO_WRITE)
-            return
-        saved = {reg: regs.read(reg) for reg in (X.UC_X86_REG_RIP, X.UC_X86_REG_RDI, X.UC_X86_REG_EFLAGS)}
-        counted = self.counter.value
-        asked = self.stopper.take()
-        end = SERVICE_BASE + len(self.INVLPG_RDI_HLT)
-        try:
-            for page in pages:
-                regs.write(X.UC_X86_REG_RDI, page)
-                for _attempt in range(100):
-                    uc.emu_start(SERVICE_BASE, NO_EXIT)
-                    if regs.read(X.UC_X86_REG_RIP) == end:
-                        break
-                    asked |= self.stopper.take()  # another thread's stop landed before the block ran
-                else:
-                    raise MachineError(f"could not invalidate the TLB entry of page {page:#x}")
-        finally:
-            for reg, value in saved.items():
-                regs.write(reg, value)
-            self.counter.value_cell.value = counted
-            if asked:
-                self.stopper.request()
+    @property
+    def demand_pages(self) -> set[int]:
+        """Pages of the demand region the kernel has made present (read from its page table)."""
+        table = self.tables.entry_address(DEMAND_BASE)
+        entries = struct.unpack(f"<{DEMAND_SIZE // PAGE_SIZE}Q", self.uc.phys_read(table, 8 * (DEMAND_SIZE // PAGE_SIZE)))
+        return {DEMAND_BASE + i * PAGE_SIZE for i, entry in enumerate(entries) if entry & paging.PTE_PRESENT}
 
     def page_present(self, address: int) -> bool:
-        """False for a demand-region page the kernel has not mapped (unicorn has it, the kernel does not)."""
-        page = page_floor(address)
-        return not DEMAND_BASE <= page < DEMAND_BASE + DEMAND_SIZE or page in self.demand_pages
+        """Does the page holding `address` translate (as the kernel's tables say)?"""
+        return self.tables.translate(address) is not None
+
+    def executable(self, address: int) -> bool:
+        """Is the page holding `address` present and executable?"""
+        entry = self.tables.walk(page_floor(address))
+        return entry is not None and not entry & paging.PTE_NX
+
+    def remove_cache(self, address: int, length: int) -> None:
+        """Drop translated code over [address, address + length) after the host changed it. Only for executable
+        pages: unicorn finds the code through an instruction fetch, which on any other page fails and leaves a
+        #PF in flight."""
+        if length > 0 and self.executable(address) and self.executable(address + length - 1):
+            self.uc.ctl_remove_cache(address, address + length)
 
     # ---- registers ---------------------------------------------------------------------------------------
 
@@ -525,6 +435,9 @@ class Cpu:
 
     def _on_interrupt(self, uc: Uc, intno: int, _data: object) -> None:
         try:
+            if intno == 1 and self.debug_trap is not None:
+                self.debug_trap(uc)
+                return
             if intno == 3:
                 address = self.regs.read(X.UC_X86_REG_RIP) - 1
                 handler = self.breakpoints.get(address)
@@ -533,21 +446,45 @@ class Cpu:
                     uc.reg_write(X.UC_X86_REG_RIP, address)
                     handler(uc)
                     return
+            if intno in (PAGE_FAULT, GENERAL_PROTECTION):
+                self._memory_fault(intno)
+                return
             self.deliver(intno, 0 if intno in ERROR_CODE_VECTORS else None)
             if intno in CONTRIBUTORY_VECTORS:
                 self._forget_exception_in_flight()
         except BaseException as error:  # noqa: BLE001 - surfaced by run()
             self._fail(error)
 
-    def _forget_exception_in_flight(self) -> None:
-        """We delivered the exception, so QEMU must stop treating it as in flight (see _old_exception_offset)."""
-        offset = _old_exception_offset()
-        if offset is None:
+    def _memory_fault(self, vector: int) -> None:
+        """A #PF from the MMU (RIP at the faulting instruction, CR2 set) or a #GP (a non-canonical address):
+        the fault-fixup table for stub code, else the kernel's handler through the IDT."""
+        error_code = self._forget_exception_in_flight(read_error_code=vector == PAGE_FAULT)
+        rip = self.regs.read(X.UC_X86_REG_RIP)
+        handler = self.fault_fixups.find(rip)
+        if handler is not None:
+            self.fixup_hits += 1
+            if vector == PAGE_FAULT:
+                address = self.regs.read(X.UC_X86_REG_CR2)
+            else:
+                address = memory_operand_address(self.uc, rip)
+            handler(self.uc, address)
             return
+        self.deliver(vector, error_code if vector == PAGE_FAULT else 0)
+
+    def _forget_exception_in_flight(self, read_error_code: bool = False) -> int:
+        """We delivered the exception, so QEMU must stop treating it as in flight (see uc_native.old_exception_offset).
+        With read_error_code, also returns the #PF error code QEMU computed (same context trip)."""
+        offset = old_exception_offset()
+        code_offset = page_fault_error_offset() if read_error_code else None
+        if offset is None and code_offset is None:
+            return 0
         context = self.uc.context_save()
         address = ctypes.cast(context.context, ctypes.c_void_p).value
-        ctypes.memmove(address + offset, b"\xff\xff\xff\xff", 4)
-        self.uc.context_restore(context)
+        error_code = ctypes.c_uint32.from_address(address + code_offset).value if code_offset is not None else 0
+        if offset is not None:
+            ctypes.c_int32.from_address(address + offset).value = -1
+            self.uc.context_restore(context)
+        return error_code
 
     def _on_invalid(self, uc: Uc, _data: object) -> bool:
         try:
@@ -558,47 +495,9 @@ class Cpu:
             return False
 
     def _on_bad_access(self, uc: Uc, access: int, address: int, size: int, value: int, _data: object) -> bool:
+        """An access the page tables allowed but no physical memory backs (a bad entry): stops emulation."""
         self._fault = (access, address)
         return False
-
-    def _on_demand_tlb_fill(self, uc: Uc, page: int, access: int, entry: object, _data: object) -> bool:
-        """TLB miss in the demand region: present pages map 1:1; absent ones fault (emu_start then fails)."""
-        if page in self.demand_pages:
-            entry.paddr = page
-            entry.perms = UC_PROT_READ | UC_PROT_WRITE
-            return True
-        kind = {UC_MEM_WRITE: UC_MEM_WRITE_UNMAPPED, UC_MEM_FETCH: UC_MEM_FETCH_UNMAPPED}.get(access, UC_MEM_READ_UNMAPPED)
-        self._fault = (kind, self._fault_address(page, kind))
-        return False
-
-    def _fault_address(self, page: int, kind: int) -> int:
-        """The exact faulting address for CR2: unicorn only tells the page, so decode the faulting instruction.
-
-        Plain base + index * scale + disp operands (all this kernel uses there) resolve exactly; anything else
-        reports the page address, which is still the right page.
-        """
-        if kind == UC_MEM_FETCH_UNMAPPED:
-            return self.uc.reg_read(X.UC_X86_REG_RIP)
-        rip = self.uc.reg_read(X.UC_X86_REG_RIP)
-        try:
-            insn = next(_disassembler().disasm(bytes(self.uc.mem_read(rip, 16)), rip, 1))
-        except (UcError, StopIteration):
-            return page
-        for op in insn.operands:
-            if op.type != CS_OP_MEM:
-                continue
-            mem = op.mem
-            base = insn.address + insn.size if mem.base == CX.X86_REG_RIP else self._cs_reg(mem.base)
-            address = (base + self._cs_reg(mem.index) * mem.scale + mem.disp) & ((1 << 64) - 1)
-            if page_floor(address) == page:
-                return address
-        return page
-
-    def _cs_reg(self, cs_reg: int) -> int:
-        if cs_reg == CX.X86_REG_INVALID:
-            return 0
-        name = _disassembler().reg_name(cs_reg)
-        return self.uc.reg_read(getattr(X, f"UC_X86_REG_{name.upper()}"))
 
     def _on_out(self, uc: Uc, port: int, size: int, value: int, _data: object) -> None:
         try:
@@ -616,7 +515,7 @@ class Cpu:
     # ---- running -----------------------------------------------------------------------------------------
 
     def run(self, until: int = NO_EXIT, count: int = 0, keep_stop_request: bool = False) -> Stop:
-        """Run from RIP until hlt, a stop request, `until`, `count` instructions, or a memory fault (handled).
+        """Run from RIP until hlt, a stop request, `until`, `count` instructions, or a bad physical access.
 
         A stop requested before the run began is forgotten: it was for whoever called run (a run nested in a
         posted request would otherwise end at once, forever). The machine's loop, which clears it under its
@@ -629,6 +528,12 @@ class Cpu:
         self._error = None
         begin = self.regs.read(X.UC_X86_REG_RIP)
         failure: UcError | None = None
+        if until != NO_EXIT:
+            if not self.executable(until - 1):
+                # when the run ends, unicorn looks up the code at until - 1 by an instruction fetch: anywhere
+                # else that fetch faults, and the fault is taken as a #PF by the next run
+                raise MachineError(f"exit address {until:#x}: the byte before it is not executable code")
+            uc.ctl_set_exits([until])
         self._in_emulation = True
         try:
             uc.emu_start(begin, until, 0, count)
@@ -636,8 +541,8 @@ class Cpu:
             failure = error
         finally:
             self._in_emulation = False
-        if self._stale_pages:
-            self._invalidate_stale_pages()
+            if until != NO_EXIT:
+                uc.ctl_set_exits([])
         if self._error is not None:
             error, self._error = self._error, None
             raise error
@@ -657,7 +562,8 @@ class Cpu:
         return Stop.STOPPED
 
     def _handle_fault(self, access: int, address: int) -> None:
-        """A bad access stopped emulation with RIP at the faulting instruction: fixup table, else #PF."""
+        """An access to unbacked physical memory stopped emulation with RIP at the faulting instruction: the
+        fixup table, else a #PF (present: the entry exists) for the kernel."""
         self._fault = None
         rip = self.uc.reg_read(X.UC_X86_REG_RIP)
         handler = self.fault_fixups.find(rip)
@@ -669,8 +575,7 @@ class Cpu:
         write = access in (UC_MEM_WRITE_UNMAPPED, UC_MEM_WRITE_PROT)
         fetch = access in (UC_MEM_FETCH_UNMAPPED, UC_MEM_FETCH_PROT)
         self.uc.reg_write(X.UC_X86_REG_CR2, address)
-        self.deliver(14, int(present) | int(write) << 1 | int(fetch) << 4)
-        self._forget_exception_in_flight()  # in case unicorn counted the refused TLB fill as a #PF in flight
+        self.deliver(PAGE_FAULT, int(present) | int(write) << 1 | int(fetch) << 4)
 
     def read_byte(self, address: int) -> int | None:
         try:

@@ -3,9 +3,10 @@
 | port  | access     | meaning |
 |-------|------------|---------|
 | 0xe9  | outb       | console: one character, kept in a ring (`monitor console`) and logged line by line |
-| 0x80  | outl       | paging command in %eax, address in %rdi: 1 = map the page holding it (zeroed, RW), 2 = unmap it, |
-|       |            | 3 = unmap every demand page (2 and 3 flush the CPU's TLB: costly, so the kernel uses 3, rarely)   |
-| 0x80  | inl        | status of the last paging command: 0 done, 1 refused (outside the demand region / already in that state) |
+| 0x80  | outl       | page-frame command in %eax: 4 = allocate a zeroed frame for the demand region, 5 = free the frame |
+|       |            | at physical address %rdi. The kernel maps and unmaps its pages itself (page-table entry, invlpg) |
+| 0x80  | inl        | result of the last command: after 4 the frame's physical address (0: none left); after 5 0 done, |
+|       |            | 1 refused (not a frame the kernel holds); any other command is refused (1)                       |
 | 0x70  | inl        | clock: nanoseconds since the machine started, low 32 bits; latches the high half |
 | 0x71  | inl        | clock: the latched high 32 bits |
 | 0xf4  | outl       | power: the kernel stopped for good (panic); the value is kept as `Devices.power_off_code` |
@@ -23,9 +24,8 @@ log = logging.getLogger(__name__)
 
 PORT_CONSOLE = 0xE9
 PORT_PAGING = 0x80
-PAGING_MAP = 1
-PAGING_UNMAP = 2
-PAGING_UNMAP_ALL = 3
+PAGING_ALLOC_FRAME = 4
+PAGING_FREE_FRAME = 5
 PORT_CLOCK_LO = 0x70
 PORT_CLOCK_HI = 0x71
 PORT_POWER = 0xF4
@@ -34,19 +34,19 @@ CONSOLE_RING = 64 * 1024
 
 
 class Devices:
-    """Port handlers. `map_page`/`unmap_page` come from the CPU (they change its memory map)."""
+    """Port handlers. `alloc_frame`/`free_frame` come from the CPU (its pool of demand frames)."""
 
-    def __init__(self, map_page: Callable[[int], bool], unmap_page: Callable[[int | None], bool]) -> None:
-        self._map_page = map_page
-        self._unmap_page = unmap_page
+    def __init__(self, alloc_frame: Callable[[], int], free_frame: Callable[[int], bool]) -> None:
+        self._alloc_frame = alloc_frame
+        self._free_frame = free_frame
         self._console = bytearray()
         self._line = bytearray()
         self._paging_status = 0
         self._clock_base = time.monotonic_ns()
         self._clock_high = 0
         self.power_off_code: int | None = None
-        self.pages_mapped = 0
-        self.pages_unmapped = 0  #: by PAGING_UNMAP only
+        self.frames_allocated = 0
+        self.frames_freed = 0
 
     # ---- port dispatch (called from unicorn's IN/OUT hooks, on the CPU thread) -------------------------------
 
@@ -54,17 +54,16 @@ class Devices:
         if port == PORT_CONSOLE:
             self._console_byte(value & 0xFF)
         elif port == PORT_PAGING:
-            if value == PAGING_MAP:
-                ok = self._map_page(rdi)
-                self.pages_mapped += ok
-            elif value == PAGING_UNMAP:
-                ok = self._unmap_page(rdi)
-                self.pages_unmapped += ok
-            elif value == PAGING_UNMAP_ALL:
-                ok = self._unmap_page(None)
+            if value == PAGING_ALLOC_FRAME:
+                frame = self._alloc_frame()
+                self.frames_allocated += frame != 0
+                self._paging_status = frame
+            elif value == PAGING_FREE_FRAME:
+                ok = self._free_frame(rdi)
+                self.frames_freed += ok
+                self._paging_status = 0 if ok else 1
             else:
-                ok = False
-            self._paging_status = 0 if ok else 1
+                self._paging_status = 1
         elif port == PORT_POWER:
             self.power_off_code = value
             log.warning("kernel powered off (code %d)", value)

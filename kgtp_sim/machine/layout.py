@@ -1,8 +1,8 @@
 """The simulated address space (docs/DESIGN.md) and the allocators for the regions the stub owns.
 
 The stub generates code (probe detours, compiled agent expressions) and data (trace buffer, agent contexts)
-inside the machine, like a kernel module would: code goes to "module space", data to "vmalloc space". Both are
-mapped once at start; allocation is bookkeeping only.
+inside the machine, like a kernel module would: code goes to "module space", data to "vmalloc space". A page of
+either is mapped in the page tables the first time an allocation covers it, and stays mapped.
 """
 
 from __future__ import annotations
@@ -19,8 +19,17 @@ DEMAND_BASE = 0xFFFF_8880_0000_0000  #: unmapped until the kernel touches it (#P
 DEMAND_SIZE = 1 << 20
 BOOT_BASE = 0xFFFF_FE00_0000_0000  #: the "bootloader" page: a GDT valid before the kernel loads its own
 BOOT_SIZE = PAGE_SIZE
-SERVICE_BASE = 0xFFFF_FE00_0001_0000  #: the CPU's own code (Cpu: `invlpg` for dropped demand pages), never the kernel's
-SERVICE_SIZE = PAGE_SIZE
+
+# Physical memory (what `uc.mem_map` maps; the CPU reaches it only through the page tables, docs/DESIGN.md).
+PHYS_BOOT = 0x0000_1000  #: the bootloader's GDT page
+PHYS_TABLES = 0x0010_0000  #: the page-table pool: the PML4 and every table under it
+PHYS_TABLES_SIZE = 2 << 20
+PHYS_KERNEL = 0x0100_0000  #: the kernel image (16 MiB, as Linux's default load address)
+PHYS_KERNEL_SIZE = 16 << 20
+PHYS_DEMAND = 0x0200_0000  #: page frames handed to the kernel's #PF handler (port 0x80), one per demand page
+PHYS_DEMAND_SIZE = DEMAND_SIZE
+PHYS_MODULE = 0x0400_0000  #: module space's frames, at the same offsets as its virtual pages
+PHYS_VMALLOC = 0x1000_0000  #: vmalloc space's frames, likewise
 
 
 def page_floor(address: int) -> int:

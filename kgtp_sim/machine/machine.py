@@ -31,15 +31,11 @@ from .devices import Devices
 from .errors import MachineError, MemoryFault
 from .image import KernelImage
 from .layout import (
-    DEMAND_BASE,
-    DEMAND_SIZE,
     MODULE_BASE,
     MODULE_SIZE,
-    PAGE_SIZE,
     VMALLOC_BASE,
     VMALLOC_SIZE,
     RegionAllocator,
-    page_floor,
 )
 
 log = logging.getLogger(__name__)
@@ -59,7 +55,7 @@ class MachineStats:
     """What `monitor stats` shows. Kernel-side figures are read from the kernel's own globals when present."""
 
     state: str  #: "stopped" (not started), "running", "idle", "halted", or "crashed: <why>"
-    instructions: int  #: executed so far, counted natively (exact; -1 if the counter is unavailable)
+    instructions: int  #: executed while counting was on (exact; -1 if the counter is unavailable)
     uptime_s: float
     idle_s: float  #: host time spent asleep in hlt
     hz: int
@@ -71,7 +67,7 @@ class MachineStats:
     syscalls: int  #: int $0x80 delivered
     page_faults: int  #: #PF delivered to the kernel
     traps: int  #: #DE, #BP, #UD delivered to the kernel
-    demand_pages_mapped: int
+    demand_pages_mapped: int  #: demand frames the kernel holds (each mapped at one of its demand pages)
     breakpoint_hits: int  #: int3 taken by the stub's breakpoint table
     fault_fixups: int  #: faults in stub code resolved by the fixup table
 
@@ -97,7 +93,7 @@ class Machine:
 
     def __init__(self, image: KernelImage, hz: int = 100, pace: int = DEFAULT_PACE) -> None:
         self.image = image
-        self.devices = Devices(self._map_page, self._unmap_page)
+        self.devices = Devices(self._alloc_frame, self._free_frame)
         self.cpu = Cpu(image, self.devices.port_out, self.devices.port_in)
         #: int3 address -> handler(uc), consulted before the kernel's #BP (see cpu.py)
         self.breakpoints = self.cpu.breakpoints
@@ -288,11 +284,9 @@ class Machine:
 
         def read(uc: Uc) -> bytes:
             try:
-                data = bytes(uc.mem_read(address, length))
+                return bytes(uc.mem_read(address, length))  # through the page tables (paging.PagedUc)
             except UcError:
                 raise MemoryFault(address, length) from None
-            self._check_present(address, length, write=False)
-            return data
 
         return self.run_on_cpu(read)
 
@@ -302,23 +296,13 @@ class Machine:
             return
 
         def write(uc: Uc) -> None:
-            self._check_present(address, len(data), write=True)
             try:
-                uc.mem_write(address, bytes(data))
+                uc.mem_write(address, bytes(data))  # through the page tables; text is written as a debugger does
             except UcError:
                 raise MemoryFault(address, len(data), write=True) from None
-            uc.ctl_remove_cache(address, address + len(data))
+            self.cpu.remove_cache(address, len(data))
 
         self.run_on_cpu(write)
-
-    def _check_present(self, address: int, length: int, write: bool) -> None:
-        """Demand-region pages the kernel has not mapped are absent for the debugger too."""
-        end = address + length
-        if end <= DEMAND_BASE or address >= DEMAND_BASE + DEMAND_SIZE:
-            return
-        for page in range(page_floor(max(address, DEMAND_BASE)), min(end, DEMAND_BASE + DEMAND_SIZE), PAGE_SIZE):
-            if not self.cpu.page_present(page):
-                raise MemoryFault(address, length, write)
 
     def registers(self) -> dict[str, int]:
         """The CPU's registers, named as in kgtp_sim/arch/amd64.py (rax … r15, rip, eflags, cs ss ds es fs gs)."""
@@ -369,6 +353,7 @@ class Machine:
     def alloc_code(self, length: int) -> int:
         """Executable memory in module space (detours, compiled expressions). Contents start zeroed."""
         address = self._code.alloc(length)
+        self.run_on_cpu(lambda uc: self.cpu.map_stub_pages(address, self._code.size_of(address)))
         self.write_memory(address, bytes(self._code.size_of(address)))
         return address
 
@@ -378,6 +363,7 @@ class Machine:
     def alloc_data(self, length: int) -> int:
         """Read-write memory in vmalloc space (trace buffer, agent contexts). Contents start zeroed."""
         address = self._data.alloc(length)
+        self.run_on_cpu(lambda uc: self.cpu.map_stub_pages(address, self._data.size_of(address)))
         self.write_memory(address, bytes(self._data.size_of(address)))
         return address
 
@@ -390,6 +376,7 @@ class Machine:
         """Run a kernel function to completion with SysV arguments; returns %rax (unsigned 64-bit).
 
         No timer interrupt is injected meanwhile, so the run is deterministic (the benchmark relies on it);
+        with `max_instructions`, instructions are counted for the call's duration (see `set_counting`);
         exceptions are still delivered through the IDT. The CPU state is restored afterwards; memory is not.
         On a started machine the kernel pauses for the duration of the call.
         """
@@ -398,13 +385,17 @@ class Machine:
             raise ValueError(f"at most {len(ARGUMENT_REGISTERS)} register arguments")
         if self._call_frame is None:
             stack = self.alloc_data(CALL_STACK_SIZE)
-            sentinel = self.alloc_code(16)
-            self.write_memory(sentinel, b"\xf4")  # never executed: emulation ends when RIP gets there
+            # never executed: emulation ends when RIP gets there. Not at its block's first byte: when a run ends,
+            # unicorn invalidates the code around exit - 1, which must be mapped and executable (cpu.Cpu)
+            sentinel = self.alloc_code(32) + 16
+            self.write_memory(sentinel, b"\xf4")
             self._call_frame = (stack + CALL_STACK_SIZE, sentinel)
         stack_top, sentinel = self._call_frame
 
         def run(uc: Uc) -> int:
             saved = uc.context_save()
+            # a budget needs the count: switched on for the call if nobody else asked for it
+            counted_here = max_instructions is not None and not self.cpu.counter.enabled and self.cpu.counter.enable()
             try:
                 for reg, value in zip(ARGUMENT_REGISTERS, args):
                     uc.reg_write(reg, value & _MASK64)
@@ -429,19 +420,53 @@ class Machine:
                         raise MachineError(f"{target} did not return within {max_instructions} instructions")
             finally:
                 uc.context_restore(saved)
+                if counted_here:
+                    self.cpu.counter.disable()
 
         return self.run_on_cpu(run)
 
     # ---- figures -----------------------------------------------------------------------------------------
 
     def instructions(self) -> int:
-        """Instructions executed so far (native counter), or -1 if it could not be installed."""
+        """Instructions executed while counting was on (native counter), or -1 if it cannot be installed."""
         return self.cpu.counter.value if self.cpu.counter.available else -1
 
-    def stats(self) -> MachineStats:
+    @property
+    def counting(self) -> bool:
+        """Is every executed instruction being counted? Off until someone asks (`set_counting`)."""
+        return self.cpu.counter.enabled
+
+    def set_counting(self, on: bool = True) -> bool:
+        """Count every executed instruction from now on (on=True), or stop counting (the count is kept).
+
+        The counter is a native hook on every instruction (about 12 ns each), so a serving kernel runs without
+        it until the benchmark, `monitor stats`, the soak or a test asks. Switching flushes translated code
+        (instrumentation is compiled into it), so the counts of a counted run are exact. Returns whether
+        counting is on (False where native hooks are unavailable).
+        """
+        def switch(_uc: Uc) -> bool:
+            if self.cpu.in_emulation:  # a hook: translated code cannot be flushed under the running block
+                raise MachineError("counting can be switched only between emulation runs, not from a hook")
+            if on:
+                return self.cpu.counter.enable()
+            self.cpu.counter.disable()
+            return False
+
+        return self.run_on_cpu(switch)
+
+    def stats(self, count: bool = True) -> MachineStats:
         """The figures of one instant: gathered on the CPU thread in one trip, so the kernel's counters and the
-        machine's own (ticks delivered, instructions) agree with each other."""
-        return self.run_on_cpu(lambda _uc: self._stats_now())
+        machine's own (ticks delivered, instructions) agree with each other.
+
+        Asking for them asks for the instruction count too: the first call switches counting on (`set_counting`)
+        and its `instructions` counts from then, so `monitor stats` and the soak's samples see a running count.
+        count=False leaves counting as it is (for callers that want only the state)."""
+        def gather(_uc: Uc) -> MachineStats:
+            if count and not self.cpu.counter.enabled and not self.cpu.in_emulation:
+                self.cpu.counter.enable()
+            return self._stats_now()
+
+        return self.run_on_cpu(gather)
 
     def _stats_now(self) -> MachineStats:
         def kernel(name: str) -> int:
@@ -473,15 +498,15 @@ class Machine:
             syscalls=delivered[0x80],
             page_faults=delivered[14],
             traps=sum(delivered[v] for v in TRAP_VECTORS),
-            demand_pages_mapped=len(self.cpu.demand_pages),
+            demand_pages_mapped=self.cpu.frames_in_use,
             breakpoint_hits=self.cpu.breakpoint_hits,
             fault_fixups=self.cpu.fixup_hits,
         )
 
     # ---- devices -----------------------------------------------------------------------------------------
 
-    def _map_page(self, address: int) -> bool:
-        return self.cpu.map_demand_page(address)
+    def _alloc_frame(self) -> int:
+        return self.cpu.alloc_frame()
 
-    def _unmap_page(self, address: int | None) -> bool:
-        return self.cpu.unmap_demand_pages(address)
+    def _free_frame(self, frame: int) -> bool:
+        return self.cpu.free_frame(frame)

@@ -573,7 +573,7 @@ class Harness:
         self._tidy()
         if self.stub.tracer.running:
             self.request(b"QTStop")
-        state = self.machine.stats().state
+        state = self.machine.stats(count=False).state
         if state.startswith(("crashed", "halted")):
             raise FuzzFailure(f"the kernel stopped: {state}; console:\n{self.machine.console_text()[-600:]}")
         deadline = time.monotonic() + max(wait, 2.0)

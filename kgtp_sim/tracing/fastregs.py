@@ -6,26 +6,16 @@ arrays prepared once reads them all in one ctypes call.
 
 from __future__ import annotations
 
-import ctypes
-
 from unicorn import Uc
-from unicorn.unicorn_py3.unicorn import uclib
 
 from ..arch import amd64
 from ..machine.cpu import REGISTER_IDS
+from ..uc_native import RegisterBatch
 
 
 class RegisterReader:
     def __init__(self, names: tuple[str, ...] = tuple(r.name for r in amd64.GENERAL_REGISTERS)) -> None:
-        count = len(names)
-        self._count = count
-        self._ids = (ctypes.c_int * count)(*(REGISTER_IDS[name] for name in names))
-        self._values = (ctypes.c_uint64 * count)()
-        base = ctypes.addressof(self._values)
-        self._pointers = (ctypes.c_void_p * count)(*(base + 8 * i for i in range(count)))
+        self._batch = RegisterBatch(tuple(REGISTER_IDS[name] for name in names))
 
     def read(self, uc: Uc) -> list[int]:
-        status = uclib.uc_reg_read_batch(uc._uch, self._ids, self._pointers, self._count)
-        if status:
-            raise RuntimeError(f"uc_reg_read_batch failed: {status}")
-        return list(self._values)
+        return self._batch.read(uc)

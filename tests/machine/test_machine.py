@@ -161,6 +161,7 @@ def test_memory_fault_for_unmapped_reads(running):
 
 def test_call_bench_loop_is_exact_and_repeatable(image):
     machine = Machine(image)
+    assert machine.set_counting(True)
     before = machine.read_symbol("kgtp_counter", signed=True)
     counts = []
     for _ in range(2):
@@ -236,8 +237,9 @@ def test_fault_fixups_resolve_faults_in_stub_code(image):
         machine.call(code, DEMAND_BASE)
 
 
-def test_absent_demand_pages_fault_again_after_unmap(image):
-    """Present pages need no mapping call; absent ones fault with the exact address, also after an unmap."""
+def test_absent_demand_pages_fault_again_after_the_kernel_drops_them(image):
+    """Present pages need nothing from the machine; absent ones fault with the exact address, also after the
+    kernel's reclaim (entry cleared, invlpg) dropped a page whose TLB entry was in use."""
     machine = Machine(image)
     code = machine.alloc_code(32)
     snippet = assemble("mov rax, qword ptr [rdi + 0x8]; ret; mov rax, -0xe; ret", code)
@@ -254,13 +256,13 @@ def test_absent_demand_pages_fault_again_after_unmap(image):
     page = DEMAND_BASE + 0x3000
     assert machine.call(code, page + 0x10) == 2**64 - 14
     assert faults == [page + 0x18]
-    assert machine.cpu.map_demand_page(page)
+    assert machine.call("do_anonymous_page", page) == 0  # the kernel's minor fault: a frame, then its entry
     machine.write_memory(page + 0x18, struct.pack("<Q", 1234))
     assert machine.call(code, page + 0x10) == 1234
-    assert machine.cpu.unmap_demand_pages()  # every page: absent and zeroed again
+    machine.call("drop_demand_pages")  # every page: entry cleared, TLB entry dropped, frame given back
     assert machine.call(code, page + 0x10) == 2**64 - 14 and len(faults) == 2
-    machine.cpu.map_demand_page(page)
-    assert machine.call(code, page + 0x10) == 0
+    machine.call("do_anonymous_page", page)
+    assert machine.call(code, page + 0x10) == 0  # a fresh, zeroed frame
 
 
 def test_write_memory_invalidates_translated_code(image):
@@ -336,7 +338,7 @@ def test_a_stop_outside_a_range_ends_at_the_first_block_leaving_it(monkeypatch, 
     from kgtp_sim.machine import cpu as cpu_module
 
     if not native:
-        monkeypatch.setattr(cpu_module, "_native_hook", lambda *args: None)
+        monkeypatch.setattr(cpu_module, "add_native_hook", lambda *args: None)
     detour, kernel, data = 0x10000, 0x20000, 0x30000
     ks = Ks(KS_ARCH_X86, KS_MODE_64)
     # the "detour": 50 passes through a loop of several blocks, then a jump back into the "kernel"

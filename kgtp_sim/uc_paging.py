@@ -1,0 +1,306 @@
+"""x86_64 4-level page tables in the emulated machine's physical memory, and access through them from the host.
+
+Unicorn runs with its default TLB: the CPU translates every access through CR3's tables like a real x86_64 in
+long mode (CR0.PG, CR4.PAE, EFER.LME), and `uc.mem_map` defines physical memory. `PageTables` is the bootloader's
+and the module loader's side of that: it builds the tables in a pool of physical pages, maps pages with the
+permissions a kernel gives them (present, writable, no-execute), and walks them to translate a virtual address
+for the host. PML4 slot 510 points back at the PML4 itself, so the kernel reaches the entry of any address at
+`PTE_WINDOW + (address >> 9 & 0x7ffffffff8)` and fills or clears the entries of its demand-paged region itself.
+
+`PagedUc` is the unicorn CPU whose `mem_read`/`mem_write` take virtual addresses and go through those tables,
+the way a debugger reads a kernel: an address whose page is not present is an error (`UcError`, as an unmapped
+address always was), never a mapping made by the read; a write to a read-only page (kernel text) is done, as a
+debugger's (or text_poke's) would be. `phys_read`/`phys_write` reach physical memory.
+
+Why not `uc_vmem_read`/`uc_vmem_translate`: in unicorn 2.1.4 they probe the CPU's own TLB fill, and a probe that
+fails still leaves a page fault pending in the CPU (CR2 set to the address, exception_index 14) that is taken
+as a bogus #PF when emulation resumes from a hook. A walk of our own has no side effect.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Iterable
+
+import functools
+
+from capstone import CS_ARCH_X86, CS_MODE_64, CS_OP_MEM, Cs
+from capstone import x86_const as CX
+from unicorn import UC_ARCH_X86, UC_ERR_READ_UNMAPPED, UC_ERR_WRITE_UNMAPPED, UC_HOOK_INTR, UC_MODE_64, Uc, UcError
+from unicorn.unicorn_py3.unicorn import ucsubclass
+from unicorn import x86_const as X
+
+PAGE_SIZE = 0x1000
+PTE_PRESENT = 1 << 0
+PTE_RW = 1 << 1
+PTE_ACCESSED = 1 << 5
+PTE_DIRTY = 1 << 6
+PTE_LARGE = 1 << 7
+PTE_GLOBAL = 1 << 8
+PTE_NX = 1 << 63
+PTE_ADDRESS = 0x000F_FFFF_FFFF_F000
+TABLE_FLAGS = PTE_PRESENT | PTE_RW  #: upper levels allow everything; the leaf decides
+
+RECURSIVE_SLOT = 510
+PTE_WINDOW = 0xFFFF_FF00_0000_0000  #: sign-extended slot 510: the page tables as seen through themselves
+
+CR0_PE = 1 << 0
+CR0_MP = 1 << 1
+CR0_ET = 1 << 4
+CR0_NE = 1 << 5
+CR0_WP = 1 << 16
+CR0_PG = 1 << 31
+CR4_PAE = 1 << 5
+CR4_PGE = 1 << 7
+MSR_EFER = 0xC000_0080
+EFER_LME = 1 << 8
+EFER_LMA = 1 << 10
+EFER_NXE = 1 << 11
+
+#: what each kind of mapping gets in its leaf entry
+TEXT = PTE_PRESENT | PTE_GLOBAL  #: read + execute
+RODATA = PTE_PRESENT | PTE_GLOBAL | PTE_NX
+DATA = PTE_PRESENT | PTE_RW | PTE_GLOBAL | PTE_NX
+CODE = PTE_PRESENT | PTE_RW | PTE_GLOBAL  #: module space: written by the stub, executed by the kernel
+DEMAND = PTE_PRESENT | PTE_RW | PTE_NX
+
+
+def indexes(address: int) -> tuple[int, int, int, int]:
+    return (address >> 39 & 511, address >> 30 & 511, address >> 21 & 511, address >> 12 & 511)
+
+
+def canonical(address: int) -> bool:
+    top = address >> 47
+    return top == 0 or top == 0x1FFFF
+
+
+def leaf_flags(readable: bool, writable: bool, executable: bool) -> int:
+    """Leaf flags of an ELF segment's pages (x86 has no unreadable present page)."""
+    return PTE_PRESENT | PTE_GLOBAL | (PTE_RW if writable else 0) | (0 if executable else PTE_NX)
+
+
+@ucsubclass
+class PagedUc(Uc):
+    """A unicorn x86_64 CPU whose host-side memory access goes through the page tables (see the module text)."""
+
+    tables: PageTables
+
+    def phys_read(self, address: int, size: int) -> bytearray:
+        return Uc.mem_read(self, address, size)
+
+    def phys_write(self, address: int, data: bytes) -> None:
+        Uc.mem_write(self, address, data)
+
+    def mem_read(self, address: int, size: int) -> bytearray:
+        first = self.tables.translate(address, size)
+        if first is not None:
+            return Uc.mem_read(self, first, size)
+        out = bytearray()
+        for physical, length in self._runs(address, size, UC_ERR_READ_UNMAPPED):
+            out += Uc.mem_read(self, physical, length)
+        return out
+
+    def mem_write(self, address: int, data: bytes) -> None:
+        size = len(data)
+        first = self.tables.translate(address, size)
+        if first is not None:
+            Uc.mem_write(self, first, data)
+            return
+        data = bytes(data)
+        offset = 0
+        for physical, length in self._runs(address, size, UC_ERR_WRITE_UNMAPPED):  # all translated first
+            Uc.mem_write(self, physical, data[offset: offset + length])
+            offset += length
+
+    def _runs(self, address: int, size: int, error: int) -> list[tuple[int, int]]:
+        """[address, address + size) as runs of contiguous physical memory; UcError(error) if a page is absent."""
+        runs: list[tuple[int, int]] = []
+        for virtual, length in _pages(address, size):
+            physical = self.tables.translate(virtual)
+            if physical is None:
+                raise UcError(error, address, size)
+            if runs and runs[-1][0] + runs[-1][1] == physical:
+                runs[-1] = (runs[-1][0], runs[-1][1] + length)
+            else:
+                runs.append((physical, length))
+        return runs
+
+
+def _pages(address: int, size: int) -> Iterable[tuple[int, int]]:
+    end = address + size
+    while address < end:
+        length = min(end, (address & ~(PAGE_SIZE - 1)) + PAGE_SIZE) - address
+        yield address, length
+        address += length
+
+
+class PageTables:
+    """The machine's page tables: a PML4 and the tables under it, allocated from [pool, pool + pool_size).
+
+    Leaf entries the machine writes itself (the kernel image, module and vmalloc space) never change once
+    written, so their translations are remembered; every other address (the demand region, whose entries the
+    kernel owns) is walked from CR3 at each access.
+    """
+
+    def __init__(self, uc: PagedUc, pool: int, pool_size: int) -> None:
+        self.uc = uc
+        uc.tables = self
+        self._pool_next = pool
+        self._pool_end = pool + pool_size
+        self.pml4 = self._new_table()
+        self._write_entry(self.pml4 + 8 * RECURSIVE_SLOT, self.pml4 | TABLE_FLAGS | PTE_NX)
+        self._known: dict[int, int] = {}  #: virtual page -> physical page, for the machine's own mappings
+        self._tables: dict[tuple[int, ...], int] = {(): self.pml4}  #: index path -> physical table
+
+    def _new_table(self) -> int:
+        table = self._pool_next
+        if table >= self._pool_end:
+            raise MemoryError("page-table pool exhausted")
+        self._pool_next += PAGE_SIZE
+        self.uc.phys_write(table, bytes(PAGE_SIZE))
+        return table
+
+    def _write_entry(self, physical: int, value: int) -> None:
+        self.uc.phys_write(physical, struct.pack("<Q", value))
+
+    def table_for(self, address: int) -> int:
+        """Physical address of the last-level table covering `address`, created (empty) if missing."""
+        path = indexes(address)[:3]
+        table = self._tables.get(path)
+        if table is not None:
+            return table
+        parent = self.pml4
+        for depth in range(1, 4):
+            table = self._tables.get(path[:depth])
+            if table is None:
+                table = self._new_table()
+                self._write_entry(parent + 8 * path[depth - 1], table | TABLE_FLAGS)
+                self._tables[path[:depth]] = table
+            parent = table
+        return table
+
+    def map(self, virtual: int, physical: int, size: int, flags: int) -> None:
+        """Map [virtual, virtual + size) to [physical, ...) page by page with leaf `flags` (machine-owned)."""
+        end = virtual + size
+        while virtual < end:
+            table = self.table_for(virtual)
+            first = indexes(virtual)[3]
+            count = min(512 - first, (end - virtual) // PAGE_SIZE)
+            entries = struct.pack(f"<{count}Q", *((physical + i * PAGE_SIZE) | flags for i in range(count)))
+            self.uc.phys_write(table + 8 * first, entries)
+            for i in range(count):
+                self._known[virtual + i * PAGE_SIZE] = physical + i * PAGE_SIZE
+            virtual += count * PAGE_SIZE
+            physical += count * PAGE_SIZE
+
+    def prepare(self, virtual: int, size: int) -> None:
+        """Create the (empty) tables for a region whose entries someone else fills: the kernel's demand region."""
+        for address in range(virtual, virtual + size, 512 * PAGE_SIZE):
+            self.table_for(address)
+
+    def entry_address(self, virtual: int) -> int | None:
+        """Physical address of the leaf entry of `virtual`, if its tables exist."""
+        table = self._tables.get(indexes(virtual)[:3])
+        return None if table is None else table + 8 * indexes(virtual)[3]
+
+    def translate(self, virtual: int, size: int = 1) -> int | None:
+        """Physical address of `virtual` (None if not present), or None if [virtual, virtual + size) crosses a
+        page boundary (then translate page by page)."""
+        offset = virtual & (PAGE_SIZE - 1)
+        if offset + size > PAGE_SIZE:
+            return None
+        page = virtual - offset
+        known = self._known.get(page)
+        if known is not None:
+            return known + offset
+        entry = self.walk(page)
+        return None if entry is None else (entry & PTE_ADDRESS) + offset
+
+    def walk(self, virtual: int) -> int | None:
+        """The leaf entry mapping `virtual` (4 KiB, 2 MiB or 1 GiB), read from CR3's tables; None if absent."""
+        if not canonical(virtual):
+            return None
+        uc = self.uc
+        table = uc.reg_read(X.UC_X86_REG_CR3) & PTE_ADDRESS
+        for level, index in enumerate(indexes(virtual)):
+            entry = int.from_bytes(uc.phys_read(table + 8 * index, 8), "little")
+            if not entry & PTE_PRESENT:
+                return None
+            if level == 3:
+                return entry
+            if entry & PTE_LARGE and level in (1, 2):
+                span = 1 << (30 if level == 1 else 21)
+                return (entry & PTE_ADDRESS & ~(span - 1)) + (virtual & (span - 1) & ~(PAGE_SIZE - 1)) | (
+                    entry & ~PTE_ADDRESS)
+            table = entry & PTE_ADDRESS
+        return None
+
+    def enable(self) -> None:
+        """Hand the CPU these tables as a 64-bit bootloader does: CR3, PAE, long mode with NX, paging, WP."""
+        uc = self.uc
+        uc.reg_write(X.UC_X86_REG_CR3, self.pml4)
+        uc.reg_write(X.UC_X86_REG_CR4, uc.reg_read(X.UC_X86_REG_CR4) | CR4_PAE | CR4_PGE)
+        uc.msr_write(MSR_EFER, uc.msr_read(MSR_EFER) | EFER_LME | EFER_LMA | EFER_NXE)
+        uc.reg_write(X.UC_X86_REG_CR0, uc.reg_read(X.UC_X86_REG_CR0) | CR0_PE | CR0_MP | CR0_ET | CR0_NE | CR0_WP
+                     | CR0_PG)
+
+
+@functools.cache
+def page_fault_error_offset() -> int | None:
+    """Offset of CPUX86State.error_code (the #PF error code QEMU computed) in a context blob, by experiment: a
+    scratch CPU with paging writes to a not-present page (error 2), then fetches from one (error 0x10)."""
+    code, absent = 0xFFFF_FFFF_8000_0000, 0xFFFF_FFFF_8020_0000
+    offsets = None
+    for entry, expected in ((code, 2), (code + 14, 0x10)):  # the store, then `jmp rax` with rax = absent
+        uc = PagedUc(UC_ARCH_X86, UC_MODE_64)
+        uc.mem_map(0, 0x10000)
+        tables = PageTables(uc, 0x1000, 0x8000)
+        tables.map(code, 0xF000, PAGE_SIZE, TEXT)
+        tables.prepare(absent, PAGE_SIZE)
+        tables.enable()
+        uc.ctl_exits_enabled(True)
+        uc.ctl_set_exits([])
+        # mov rax, absent; mov byte [rax], 1; hlt; jmp rax
+        uc.phys_write(0xF000, bytes.fromhex("48b8") + absent.to_bytes(8, "little") + bytes.fromhex("c60001f4ffe0"))
+        uc.hook_add(UC_HOOK_INTR, lambda uc, intno, _: uc.emu_stop())
+        uc.reg_write(X.UC_X86_REG_RAX, absent)
+        before = bytes(uc.context_save())
+        try:
+            uc.emu_start(entry, 0)
+        except UcError:
+            return None
+        after = bytes(uc.context_save())
+        found = {i for i in range(0, len(after) - 3, 4)
+                 if int.from_bytes(after[i: i + 4], "little") == expected and before[i: i + 4] != after[i: i + 4]}
+        offsets = found if offsets is None else offsets & found
+    return next(iter(offsets)) if offsets and len(offsets) == 1 else None
+
+
+def memory_operand_address(uc: Uc, rip: int) -> int:
+    """The address the instruction at `rip` accesses, from its memory operand (base + index * scale + disp);
+    for a #GP, which unlike a #PF reports no address. 0 if it has none or cannot be read."""
+    try:
+        insn = next(_disassembler().disasm(bytes(uc.mem_read(rip, 16)), rip, 1))
+    except (UcError, StopIteration):
+        return 0
+    for op in insn.operands:
+        if op.type != CS_OP_MEM:
+            continue
+        mem = op.mem
+
+        def reg(cs_reg: int) -> int:
+            if cs_reg == CX.X86_REG_INVALID:
+                return 0
+            if cs_reg == CX.X86_REG_RIP:
+                return insn.address + insn.size
+            return uc.reg_read(getattr(X, f"UC_X86_REG_{_disassembler().reg_name(cs_reg).upper()}"))
+
+        return (reg(mem.base) + reg(mem.index) * mem.scale + mem.disp) & ((1 << 64) - 1)
+    return 0
+
+
+@functools.cache
+def _disassembler() -> Cs:
+    cs = Cs(CS_ARCH_X86, CS_MODE_64)
+    cs.detail = True
+    return cs
