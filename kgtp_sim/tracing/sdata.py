@@ -76,7 +76,7 @@ _ENTRY_ARG = re.compile(r"^__entry->(\w+)(?:\[(\d+)\])?$|^__get_str\((\w+)\)$")
 def render(marker: Marker, entry: bytes) -> str:
     """The entry as TP_printk prints it: `counter1=5 counter2=4`."""
     fields = {f.name: f for f in marker.fields}
-    values = [_value(fields, entry, text) for text in _split_args(marker.print_args)]
+    values = [_value(fields, entry, text) for text in split_top_level(marker.print_args)]
     out = []
     position = 0
     index = 0
@@ -94,7 +94,8 @@ def render(marker: Marker, entry: bytes) -> str:
     return "".join(out)
 
 
-def _split_args(text: str) -> list[str]:
+def split_top_level(text: str) -> list[str]:
+    """`a, b[1], f(x, y)` -> ["a", "b[1]", "f(x, y)"]: split at commas outside brackets and parentheses."""
     parts, depth, current = [], 0, []
     for ch in text:
         if ch == "," and depth == 0:

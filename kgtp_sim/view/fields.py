@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..machine import KernelImage, Marker
+from ..tracing.sdata import split_top_level
 from .cexpr import ExpressionError, FrameContext, Value, evaluate, to_python
 from .dwarf import CType, KernelDwarf, Unavailable
 from .model import Frame, Run, TracepointInfo
@@ -95,17 +96,7 @@ def split_arguments(text: str) -> list[str]:
         text = text[len("collect"):]
         if text.startswith("/"):
             modifier, _, text = text.partition(" ")
-    parts, depth, current = [], 0, []
-    for ch in text:
-        if ch == "," and depth == 0:
-            parts.append("".join(current).strip())
-            current = []
-            continue
-        depth += 1 if ch in "([" else -1 if ch in ")]" else 0
-        current.append(ch)
-    if "".join(current).strip():
-        parts.append("".join(current).strip())
-    return [modifier + " " + p if modifier else p for p in parts if p]
+    return [modifier + " " + p if modifier else p for p in split_top_level(text) if p]
 
 
 @dataclass

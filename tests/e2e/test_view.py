@@ -228,35 +228,45 @@ def test_export_matches_tdump_for_every_frame(gdb, view_stub, tmp_path):
                 assert record["fields"][name] == value, (record["frame"], name)
 
 
-def test_follow_shows_a_live_run_while_gdb_traces(gdb, view_stub):
-    port = str(follow_port(view_stub))
-    follower = subprocess.Popen([sys.executable, "-m", "kgtp_sim", "follow", "--port", port], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    ready = threading.Event()
-    stopped = threading.Event()
+class Follower:
+    """`kgtp-sim follow` as a user runs it, its lines collected by a thread; `ready` once it has had its first
+    look at the run, `stopped` once it printed the end of a run."""
 
-    def read() -> None:
-        for line in follower.stdout:
-            lines.append(line.rstrip("\n"))
+    def __init__(self, stub, *options: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "kgtp_sim", "follow", "--port", str(follow_port(stub)),
+                                      *options], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self.ready, self.stopped = threading.Event(), threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
             if line.startswith("-- trace run"):
-                ready.set()
+                self.ready.set()
             if "-- trace run stopped" in line:
-                stopped.set()
+                self.stopped.set()
 
-    threading.Thread(target=read, daemon=True).start()
+    def interrupt(self) -> str:
+        """Ctrl-C, as a user ends it; returns what it printed on stderr (the summary)."""
+        self.proc.send_signal(2)
+        return self.proc.communicate(timeout=30)[1]
+
+
+def test_follow_shows_a_live_run_while_gdb_traces(gdb, view_stub):
+    follower = Follower(view_stub)
+    lines = follower.lines
     try:
-        assert ready.wait(60), lines  # the follower is connected and has had its first look
+        assert follower.ready.wait(60), lines  # the follower is connected and has had its first look
         out = run_gdb(gdb, view_stub, "monitor pace 2", f"trace kgtp_test_function if {EXPR[:-1]}>0)", "actions",
                       f"collect {EXPR}", "collect kgtp_counter", "end", "passcount 25",
                       # while the run goes on, GDB stays attached and reads frames: the channels coexist
                       "tstart", *wait_for_hits(1, 5), "tstatus", *wait_for_trace_stop(), "tstatus",
                       "tfind 0", "tdump", "tfind 24", "tdump")
-        assert stopped.wait(60), "\n".join(lines)
+        assert follower.stopped.wait(60), "\n".join(lines)
     finally:
-        follower.send_signal(2)  # Ctrl-C
-        _, errors = follower.communicate(timeout=30)
-    assert follower.returncode == 0, errors
+        errors = follower.interrupt()
+    assert follower.proc.returncode == 0, errors
     assert "Collected 25 trace frames" in out, out
     frames = [line for line in lines if re.match(r"^\+\d+\.\d{9} cpu \d+ tp 1 ", line)]
     assert len(frames) == 25, "\n".join(lines)
@@ -277,30 +287,15 @@ def test_a_consuming_follower_keeps_a_linear_buffer_from_filling(gdb, view_stub)
     """`follow --consume` (KGTP's frame pipe): frames shown leave the buffer. A 16 KiB linear buffer holds a few
     dozen register frames; with the consuming follower the run reaches its pass count of 400 instead of stopping
     full, the follower shows every frame, and GDB finds only what was not consumed yet."""
-    port = str(follow_port(view_stub))
-    follower = subprocess.Popen([sys.executable, "-m", "kgtp_sim", "follow", "--port", port, "--consume"],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    ready, stopped = threading.Event(), threading.Event()
-
-    def read() -> None:
-        for line in follower.stdout:
-            lines.append(line.rstrip("\n"))
-            if line.startswith("-- trace run"):
-                ready.set()
-            if "-- trace run stopped" in line:
-                stopped.set()
-
-    threading.Thread(target=read, daemon=True).start()
+    follower = Follower(view_stub, "--consume")
     try:
-        assert ready.wait(60), lines  # the follower is connected and has had its first look
+        assert follower.ready.wait(60), follower.lines  # connected, and has had its first look
         out = run_gdb(gdb, view_stub, "monitor pace 2", "set trace-buffer-size 16384",
                       "trace kgtp_test_function", "actions", "collect $regs", "end", "passcount 400",
                       "tstart", *wait_for_trace_stop(120), "tstatus")
-        assert stopped.wait(60), lines
+        assert follower.stopped.wait(60), follower.lines
     finally:
-        follower.send_signal(2)
-        _, errors = follower.communicate(timeout=30)
+        errors = follower.interrupt()
     assert "Trace stopped by tracepoint 1" in out, out  # the pass count, not a full buffer
     held = re.search(r"Buffer contains (\d+) trace frames \(of 400 created total\)", out)
     assert held and int(held.group(1)) < 400, out  # consumed frames are gone for GDB
