@@ -26,6 +26,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scaling", action="store_true",
                         help="also: cost per hit with 1..1000 tracepoints and 64 KiB..64 MiB buffers")
     parser.add_argument("--scaling-json", type=Path, default=None, metavar="FILE", help="scaling rows as JSON")
+    parser.add_argument("--no-peer", action="store_true",
+                        help="leave out the gdbserver rows (the same workload as a user program under gdbserver)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,6 +41,14 @@ def run(args: argparse.Namespace) -> int:
     bench = Bench(calls=calls, repetitions=reps)
     rows = bench.rows(progress=lambda r: print(
         f"  {r['probe']:>15} {r['case']:>9} {r['engine']:>6}: {r['insns_per_hit']} insns/hit", file=sys.stderr))
+    if not args.no_peer:
+        from .peer import PeerUnavailable, peer_rows
+
+        try:
+            rows += peer_rows(calls=calls, repetitions=reps, install=False, progress=lambda r: print(
+                f"  {r['probe']:>15} {r['case']:>9}: {r['ns_per_hit_median']:,.0f} ns/hit", file=sys.stderr))
+        except PeerUnavailable as error:
+            print(f"kgtp-sim bench: gdbserver rows skipped: {error}", file=sys.stderr)
     bad = [r for r in rows if r["frames"] != expected_frames(r, calls)]
     print(markdown(rows, calls, reps, bench.speed_figures))
     if args.json:

@@ -26,6 +26,9 @@ def markdown(rows: list[dict], calls: int, repetitions: int, speed: tuple[float,
         "`disabled-marker` is the marker site's one 5-byte NOP (part of every untraced run, no separate time).",
         "Thesis columns are CPU cycles on a 2 GHz Xeon E5405 (KGTP / SystemTap), a different unit: for orientation "
         "only. Static thesis `cond+expr` is condition + $_sdata.",
+        "gdbserver rows: the same workload built as a user program (gcc -O2 -no-pie) under Debian's gdbserver with "
+        "its in-process agent, driven by GDB 13.1; `trap` is `trace`, `fast` is `ftrace`; host ns per hit minus "
+        "the untraced program's (whose row gives ns per call). No emulated instructions there: native code.",
     ]
     if speed:
         lines.append(
@@ -57,7 +60,7 @@ def chart(rows: list[dict], path: Path, title: str = "kgtp-sim: cost per hit (th
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    traced = [r for r in rows if r["probe"] not in ("none", "disabled-marker")]
+    traced = [r for r in rows if r["probe"] not in ("none", "disabled-marker") and r["insns_per_hit"] is not None]
     labels = [f"{r['probe']}\n{r['case']}\n{r['engine']}" for r in traced]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(10, len(traced) * 0.55), 9), sharex=True)
     xs = range(len(traced))

@@ -29,9 +29,10 @@ from .record import FIXTURE, load
 MARKER_ID = "module::kgtp_module_event"
 BUFFER_SIZE = 64 << 20
 
-PROBES = ("none", "disabled-marker", "dynamic-jump", "dynamic-int3", "static")
+PROBES = ("none", "disabled-marker", "dynamic-jump", "dynamic-int3", "static",
+          "gdbserver-none", "gdbserver-trap", "gdbserver-fast")  # the last three: bench/peer.py
 CASES = ("none", "false-cond", "expr", "cond+expr", "sdata")
-ENGINES = ("none", "interp", "naive", "opt")
+ENGINES = ("none", "interp", "naive", "opt", "gdbserver")
 FIELDS = ("probe", "case", "engine", "insns_per_hit", "ns_per_hit_median", "ns_per_hit_min", "ns_per_hit_max",
           "frames")
 #: calls of kgtp_test_function per run of the speed measurement (1.8 M emulated instructions)

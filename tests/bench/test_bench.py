@@ -86,9 +86,31 @@ def test_cli_quick_json(tmp_path, capsys):
     from kgtp_sim.bench.cli import main
 
     out = tmp_path / "b.json"
-    assert main(["--calls", "20", "--repetitions", "1", "--json", str(out)]) == 0
+    assert main(["--calls", "20", "--repetitions", "1", "--json", str(out), "--no-peer"]) == 0
     assert len(json.loads(out.read_text())) == len(configurations())
     assert "| dynamic-jump | false-cond | opt |" in capsys.readouterr().out
+
+
+def test_cli_prints_the_gdbserver_rows_beside_ours(tmp_path, capsys):
+    from kgtp_sim.bench import peer
+    from kgtp_sim.bench.cli import main
+
+    try:
+        peer.ensure_gdbserver(install=True)
+    except peer.PeerUnavailable as exc:
+        pytest.skip(f"gdbserver with libinproctrace.so cannot be installed here: {exc}")
+    out = tmp_path / "b.json"
+    assert main(["--calls", "20", "--repetitions", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    table = capsys.readouterr().out
+    ours = [r for r in rows if not r["probe"].startswith("gdbserver")]
+    theirs = [r for r in rows if r["probe"].startswith("gdbserver")]
+    assert len(ours) == len(configurations())
+    assert {(r["probe"], r["case"]) for r in theirs} >= {
+        ("gdbserver-trap", case) for case in ("false-cond", "expr", "cond+expr")} | {
+        ("gdbserver-fast", case) for case in ("false-cond", "expr", "cond+expr")}
+    assert all(r["insns_per_hit"] is None and r["ns_per_hit_median"] is not None for r in theirs)
+    assert "| gdbserver-fast | expr | gdbserver |" in table and "| dynamic-jump | expr | opt |" in table
 
 
 def test_configs_cover_issue_matrix():
