@@ -20,6 +20,10 @@ MMU. Unicorn gives that to UC_HOOK_INTR with RIP at the faulting instruction and
 code in a field the API does not reach, read from the saved context (offset found by experiment, as for the
 "exception in flight" below). The kernel's #PF handler fills the entry of a demand page itself and drops pages
 by clearing their entries and running `invlpg`, so the machine never flushes the TLB.
+
+Why this module is long: it is everything that happens between unicorn and the kernel at one instruction
+boundary (delivery, the probe and fixup tables, the #DB trap, page faults, block stops, counting), and those
+hooks share one piece of state, the CPU's, which splitting would pass around.
 """
 
 from __future__ import annotations

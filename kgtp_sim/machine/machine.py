@@ -12,6 +12,10 @@ Idle. `hlt` ends `emu_start`; the CPU thread then sleeps on a condition variable
 so an idle kernel costs no host CPU beyond its ticks.
 
 Before `start()` (tests, the benchmark) there is no thread: every call runs directly on the caller's thread.
+
+Why this module is long: it is the machine's whole public API (start and stop, coherent memory and registers,
+allocation of module and vmalloc space, calls, counting, statistics), every part of it built on the same
+request-to-the-CPU-thread mechanism.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ register, memory, a computed value, or nowhere), what its C type is, and how to 
 registers with the `.eh_frame` call-frame information. It evaluates nothing by itself; `cexpr.py` builds C
 expressions on top of it. Pure functions of the ELF file: used by whichever thread reads frames (the follow
 client's main thread, the exporters, the plotters).
+
+Why this module is long: types, scopes, location lists and the CFI unwinder all read the same parsed DWARF and
+ELF sections (one cached parse per kernel); apart, each would parse them again or pass the parser around.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
 
-from elftools.dwarf.descriptions import describe_reg_name  # noqa: F401  (kept for debugging sessions)
 from elftools.dwarf.dwarf_expr import DWARFExprParser
 from elftools.dwarf.locationlists import BaseAddressEntry, LocationEntry, LocationParser
 from elftools.elf.constants import SH_FLAGS
