@@ -53,6 +53,7 @@ from unicorn import (
     UcError,
 )
 from unicorn import x86_const as X
+from unicorn.unicorn_py3.unicorn import HOOK_INTR_CFUNC
 
 from .. import uc_paging as paging
 from .errors import MachineError
@@ -79,7 +80,14 @@ from .layout import (
     page_ceil,
     page_floor,
 )
-from ..uc_native import InstructionCounter, Registers, add_native_hook, emu_stop_address, old_exception_offset
+from ..uc_native import (
+    InstructionCounter,
+    Registers,
+    add_native_hook,
+    emu_stop_address,
+    lib,
+    old_exception_offset,
+)
 from ..uc_paging import memory_operand_address, page_fault_error_offset
 
 NO_EXIT = 0xFFFF_FFFF_FFFF_FFFF  #: `until` for emu_start when only a stop request should end it
@@ -161,6 +169,144 @@ class FaultFixups:
 class _StopCell(ctypes.Structure):
     _fields_ = [("requested", ctypes.c_uint64), ("emu_stop", ctypes.c_void_p), ("lo", ctypes.c_uint64),
                 ("hi", ctypes.c_uint64)]
+
+
+class _JumpCell(ctypes.Structure):
+    _fields_ = [("python", ctypes.c_uint64), ("reg_read", ctypes.c_uint64), ("reg_write", ctypes.c_uint64),
+                ("hits", ctypes.c_uint64), ("mask", ctypes.c_uint64)]
+
+
+class InterruptDispatch:
+    """The CPU's one UC_HOOK_INTR callback, in machine code: an int3 at an address of the jump table goes on at that
+    address's target without any Python (the compiled engines' int3 probes enter their detours this way, as the
+    jump probes do); anything else is handed to the Python handler, with the same arguments.
+
+    The table is open addressing with linear probing in host memory (address 0: empty slot), indexed by the int3's
+    address modulo its size; entries change only on the CPU thread between runs (`set`, `remove`), when no
+    callback can be reading it. Without W+X host pages the Python handler is the hook and looks the table up
+    itself.
+    """
+
+    SLOTS = 0x2000  # a power of two: ten thousand probes stay well under half full
+    #: AT&T, hex only (see docs/DESIGN.md, the assembler trap); rdi = uc, esi = intno, rdx = the cell
+    SOURCE = """
+        cmp $0x3, %esi
+        jne python
+        push %rbx
+        push %r12
+        push %r13
+        sub $0x10, %rsp
+        mov %rdi, %rbx
+        mov %rdx, %r12
+        mov $RIP, %esi
+        mov %rsp, %rdx
+        call *0x8(%r12)
+        mov (%rsp), %rax
+        dec %rax
+        mov %rax, %rcx
+        and 0x20(%r12), %rcx
+    probe:
+        mov %rcx, %r13
+        shl $0x4, %r13
+        lea 0x28(%r12,%r13), %r13
+        mov (%r13), %rdx
+        test %rdx, %rdx
+        je miss
+        cmp %rax, %rdx
+        je hit
+        inc %rcx
+        and 0x20(%r12), %rcx
+        jmp probe
+    hit:
+        mov 0x8(%r13), %rax
+        mov %rax, (%rsp)
+        incq 0x18(%r12)
+        mov %rbx, %rdi
+        mov $RIP, %esi
+        mov %rsp, %rdx
+        call *0x10(%r12)
+        add $0x10, %rsp
+        pop %r13
+        pop %r12
+        pop %rbx
+        ret
+    miss:
+        mov %rbx, %rdi
+        mov $0x3, %esi
+        mov %r12, %rdx
+        add $0x10, %rsp
+        pop %r13
+        pop %r12
+        pop %rbx
+    python:
+        jmp *(%rdx)
+    """
+
+    def __init__(self, uc: Uc, handler: Callable[[Uc, int, object], None]) -> None:
+        self.table: dict[int, int] = {}
+        memory = (ctypes.c_uint64 * (5 + 2 * self.SLOTS))()
+        self._memory = memory
+        self._cell = _JumpCell.from_buffer(memory)
+        self._slots = ctypes.cast(ctypes.addressof(memory) + ctypes.sizeof(_JumpCell),
+                                  ctypes.POINTER(ctypes.c_uint64))
+        self._python = HOOK_INTR_CFUNC(lambda _uc, intno, _data: handler(uc, intno, None))
+        self._cell.python = ctypes.cast(self._python, ctypes.c_void_p).value
+        self._cell.reg_read = ctypes.cast(lib.uc_reg_read, ctypes.c_void_p).value
+        self._cell.reg_write = ctypes.cast(lib.uc_reg_write, ctypes.c_void_p).value
+        self._cell.mask = self.SLOTS - 1
+        code = _assemble(self.SOURCE.replace("$RIP", f"${X.UC_X86_REG_RIP:#x}"))
+        self.native = add_native_hook(uc, UC_HOOK_INTR, code, ctypes.addressof(memory)) is not None
+        if not self.native:
+            uc.hook_add(UC_HOOK_INTR, handler)
+
+    @property
+    def hits(self) -> int:
+        """int3s sent on natively."""
+        return self._cell.hits
+
+    def target(self, address: int) -> int | None:
+        return self.table.get(address)
+
+    def set(self, address: int, target: int) -> None:
+        if address not in self.table and len(self.table) >= self.SLOTS // 2:
+            raise MachineError(f"more than {self.SLOTS // 2} int3 probes")
+        self.table[address] = target
+        slot = self._find(address)
+        self._slots[2 * slot], self._slots[2 * slot + 1] = address, target
+
+    def remove(self, address: int) -> None:
+        if self.table.pop(address, None) is None:
+            return
+        # backward-shift deletion keeps every other entry reachable from its home slot
+        mask = self.SLOTS - 1
+        hole = self._find(address)
+        index = hole
+        while True:
+            index = (index + 1) & mask
+            key = self._slots[2 * index]
+            if key == 0:
+                break
+            home = key & mask
+            if (index - home) & mask >= (index - hole) & mask:
+                self._slots[2 * hole], self._slots[2 * hole + 1] = key, self._slots[2 * index + 1]
+                hole = index
+        self._slots[2 * hole] = self._slots[2 * hole + 1] = 0
+
+    def _find(self, address: int) -> int:
+        """The slot holding `address`, or the empty slot where it goes."""
+        index = address & (self.SLOTS - 1)
+        while self._slots[2 * index] not in (0, address):
+            index = (index + 1) & (self.SLOTS - 1)
+        return index
+
+
+def _assemble(source: str) -> bytes:
+    from keystone import KS_ARCH_X86, KS_MODE_64, KS_OPT_SYNTAX_ATT, Ks
+
+    ks = Ks(KS_ARCH_X86, KS_MODE_64)
+    ks.syntax = KS_OPT_SYNTAX_ATT
+    encoding, _ = ks.asm(source, 0)
+    return bytes(encoding)
 
 
 class BlockStopper:
@@ -263,7 +409,8 @@ class Cpu:
         self._fault: tuple[int, int] | None = None  # (access, address) of an access to absent physical memory
         self._in_emulation = False
         self._error: BaseException | None = None  # raised inside a hook; re-raised by run()
-        uc.hook_add(UC_HOOK_INTR, self._on_interrupt)
+        #: int3 -> target without Python (`InterruptDispatch`); other interrupts reach `_on_interrupt`
+        self.jumps = InterruptDispatch(uc, self._on_interrupt)
         uc.hook_add(UC_HOOK_INSN_INVALID, self._on_invalid)
         uc.hook_add(UC_HOOK_MEM_INVALID, self._on_bad_access)
         uc.hook_add(UC_HOOK_INSN, self._on_out, None, 1, 0, X.UC_X86_INS_OUT)
@@ -449,6 +596,11 @@ class Cpu:
                     self.breakpoint_hits += 1
                     uc.reg_write(X.UC_X86_REG_RIP, address)
                     handler(uc)
+                    return
+                target = self.jumps.target(address)
+                if target is not None:  # the native dispatch is off (no W+X pages): same effect, in Python
+                    self.breakpoint_hits += 1
+                    uc.reg_write(X.UC_X86_REG_RIP, target)
                     return
             if intno in (PAGE_FAULT, GENERAL_PROTECTION):
                 self._memory_fault(intno)

@@ -503,7 +503,7 @@ class Machine:
             page_faults=delivered[14],
             traps=sum(delivered[v] for v in TRAP_VECTORS),
             demand_pages_mapped=self.cpu.frames_in_use,
-            breakpoint_hits=self.cpu.breakpoint_hits,
+            breakpoint_hits=self.cpu.breakpoint_hits + self.cpu.jumps.hits,
             fault_fixups=self.cpu.fixup_hits,
         )
 

@@ -15,7 +15,6 @@ import struct
 from dataclasses import dataclass, field, replace
 
 from unicorn import Uc
-from unicorn.x86_const import UC_X86_REG_RIP
 
 from ..agent import abi
 from ..agent.compile_naive import compile_naive
@@ -83,18 +82,20 @@ def sdata_in_place(marker) -> d.SdataPlan | None:
     """The marker's entry as generated code can build it, or None when a field needs memory (LOAD, ARRAY,
     STRING: a read that may fault, left to the hypercall, which zero-fills what it cannot read)."""
     fields = []
-    for field in marker.fields:
-        if field.kind is not FieldKind.VALUE or field.size not in (1, 2, 4, 8):
+    for entry_field in marker.fields:
+        if entry_field.kind is not FieldKind.VALUE or entry_field.size not in (1, 2, 4, 8):
             return None
         try:
-            number, width = argument_register(marker.arg_locations[field.arg])
+            number, width = argument_register(marker.arg_locations[entry_field.arg])
         except SdataError:
             return None
-        fields.append((field.offset, field.size, amd64.OFFSETS[number], width))
+        fields.append((entry_field.offset, entry_field.size, amd64.OFFSETS[number], width))
     return d.SdataPlan(marker.entry_size, tuple(fields))
 
 
 ENGINES = ("interp", "naive", "opt")
+#: `jmp *0x0(%rip)`: an absolute jump through the quadword that follows it.
+_LINK = bytes.fromhex("ff2500000000")
 COMPUTED_BUILTINS = {b.number for b in BUILTIN_VARIABLES if b.computed}
 #: Where code is assembled once to learn its size before space is allocated (any module-space address will do:
 #: only the length is kept).
@@ -177,7 +178,11 @@ class CompiledRun:
         verify,
         marker=None,
         frame_room: int = 0x1000,
+        continue_to: int | None = None,
     ) -> NativeProbe:
+        """Compile a location's condition and actions and assemble its detour. The detour ends with the site's
+        displaced instructions and a jump back, or, with `continue_to` (a location sharing its address with
+        others), with a jump there: the next location's detour, or the shared tail (`chain_link`)."""
         compiled: list[CompiledExpr] = []
         cond_entry = None
         if condition is not None:
@@ -228,8 +233,7 @@ class CompiledRun:
             trial = d.build(replace(plan, fast=replace(fast, tail=bytes(tail_bound))), _TRIAL_BASE)
             base = self.machine.alloc_code(len(trial.code) + 16)
             tail_at = base + d.fast_path_offset(plan, base, "tail")
-            tail = relocate(site.displaced, tail_at)
-            tail += jump(tail_at + len(tail), site.resume_address)
+            tail = self._tail(site, tail_at, continue_to)
             if fast.inline:  # the condition's branch, linked where it goes, to fast_slow right after the tail
                 inline_at = base + d.fast_path_offset(plan, base, "inline")
                 branch = compile_opt(condition, inline_at, fastpath.regnums_read(condition), pointerless=True,
@@ -244,14 +248,47 @@ class CompiledRun:
             base = self.machine.alloc_code(len(trial.code) + 16 + tail_bound)
             built = d.build(plan, base)
             tail_at = base + len(built.code)
-            tail = relocate(site.displaced, tail_at)
-            tail += jump(tail_at + len(tail), site.resume_address)
+            tail = self._tail(site, tail_at, continue_to)
             code = built.code + tail
             end = tail_at + len(tail)
         self.machine.write_memory(base, code)
         regions = [c.base for c in compiled] + [base]
         self.code_regions += [(c.base, c.end) for c in compiled] + [(base, end)]
         return NativeProbe("int3", built, built.counters, compiled, regions)
+
+    @staticmethod
+    def _tail(site: ProbeSite, at: int, continue_to: int | None) -> bytes:
+        if continue_to is not None:
+            return jump(at, continue_to)
+        tail = relocate(site.displaced, at)
+        return tail + jump(at + len(tail), site.resume_address)
+
+    # ---- several locations at one address: a chain of detours --------------------------------------------
+
+    def chain_link(self, target: int) -> int:
+        """A jump whose target can change while the kernel runs (`jmp *0(%rip)` and its 8-byte target): what the
+        site and each detour of a chain jump to, so that a location joins or leaves the chain by rewriting one
+        quadword, never code a task may be executing."""
+        link = self.machine.alloc_code(len(_LINK) + 8)
+        self.machine.write_memory(link, _LINK + struct.pack("<Q", target))
+        self.code_regions.append((link, link + len(_LINK) + 8))
+        return link
+
+    def relink(self, link: int, target: int) -> None:
+        data = struct.pack("<Q", target)
+        self.machine.run_on_cpu(lambda uc: uc.mem_write(link + len(_LINK), data))  # data: nothing to re-translate
+
+    @staticmethod
+    def link_target(machine: Machine, link: int) -> int:
+        return struct.unpack("<Q", machine.read_memory(link + len(_LINK), 8))[0]
+
+    def shared_tail(self, site: ProbeSite) -> int:
+        """The site's displaced instructions and the jump back, run once after the last detour of a chain."""
+        at = self.machine.alloc_code(relocated_size_bound(site.displaced) + JUMP_SIZE)
+        code = self._tail(site, at, None)
+        self.machine.write_memory(at, code)
+        self.code_regions.append((at, at + len(code)))
+        return at
 
     def _fast_path(self, condition, compiled: CompiledExpr | None, site, builtin_slots,
                    flags_recorded: bool) -> d.FastPath | None:
@@ -291,29 +328,38 @@ class CompiledRun:
 
     def patch(self, site: ProbeSite, probe: NativeProbe, want_jump: bool) -> str:
         """Send the site to the detour: a jump when safe right now, else an int3. Returns the kind used."""
+        probe.kind = self.patch_to(site, probe.detour.base, want_jump)
+        return probe.kind
 
+    def patch_to(self, site: ProbeSite, target: int, want_jump: bool) -> str:
         def apply(uc: Uc) -> str:
             if want_jump and site.kind == "jump" and self._window_is_free(uc, site):
-                patch = jump(site.address, probe.detour.base).ljust(site.length, b"\x90")
+                patch = jump(site.address, target).ljust(site.length, b"\x90")
                 uc.mem_write(site.address, patch)
                 uc.ctl_remove_cache(site.address, site.address + site.length)
                 return "jump"
-            self.machine.breakpoints[site.address] = lambda uc, to=probe.detour.base: uc.reg_write(UC_X86_REG_RIP, to)
+            self.machine.cpu.jumps.set(site.address, target)  # no Python at the hit (cpu.InterruptDispatch)
             uc.mem_write(site.address, INT3)
             uc.ctl_remove_cache(site.address, site.address + 1)
             return "int3"
 
-        probe.kind = self.machine.run_on_cpu(apply)
-        return probe.kind
+        return self.machine.run_on_cpu(apply)
 
     def unpatch(self, site: ProbeSite, probe: NativeProbe) -> None:
+        self.unpatch_site(site, probe.kind)
+        self.release(probe)
+
+    def unpatch_site(self, site: ProbeSite, kind: str) -> None:
         def restore(uc: Uc) -> None:
-            original = self.machine.image.read_code(site.address, site.length if probe.kind == "jump" else 1)
+            original = self.machine.image.read_code(site.address, site.length if kind == "jump" else 1)
             uc.mem_write(site.address, original)
             uc.ctl_remove_cache(site.address, site.address + len(original))
-            self.machine.breakpoints.pop(site.address, None)
+            self.machine.cpu.jumps.remove(site.address)
 
         self.machine.run_on_cpu(restore)
+
+    def release(self, probe: NativeProbe) -> None:
+        """The probe's compiled code no longer runs from now on: its fault fixups go."""
         for compiled in probe.compiled:
             self.machine.fault_fixups.remove(compiled.base)
 
