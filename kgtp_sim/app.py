@@ -15,6 +15,7 @@ from .stub.core import CoreHandlers, ViewHolder, stop_reply
 from .stub.live import LiveView
 from .stub.machine_monitor import register_machine_commands
 from .stub.monitor import Monitor
+from .stub.replay import register_replay_commands
 from .stub.trace import TraceHandlers, register_trace_commands
 from .tracing import Tracer
 
@@ -46,6 +47,7 @@ class Stub:
         self.tracer = Tracer(self.machine, self.config.engine)
         register_trace_commands(self.monitor, self.tracer)
         self.trace = TraceHandlers(self.tracer, self.views, self.config.save_dir, self.config.name_markers_always)
+        register_replay_commands(self.monitor, self.trace, self.views, self.machine.image)
         self.dispatcher = Dispatcher((self.core, self.trace, self.monitor))
 
     def make_session(self) -> Session:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import logging
+import os
 import signal
 import sys
 import threading
 from pathlib import Path
 
 from .rsp.server import is_loopback
-
-BUNDLED_KERNEL = Path(__file__).resolve().parent.parent / "fixtures" / "vmlinux"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,8 +23,10 @@ def _parser() -> argparse.ArgumentParser:
     from .view import cli as view_cli
 
     view_cli.add_parsers(commands)
+    from .client import paths  # here, as the subcommands' modules are: importing kgtp_sim.cli stays light
+
     serve = commands.add_parser("serve", help="start the simulated kernel and the GDB stub")
-    serve.add_argument("--kernel", type=Path, default=BUNDLED_KERNEL, help="static x86_64 kernel ELF (default: bundled)")
+    serve.add_argument("--kernel", type=Path, default=paths.VMLINUX, help="static x86_64 kernel ELF (default: bundled)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=1234, help="TCP port (default: 1234; 0 picks a free one)")
     serve.add_argument(
@@ -43,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--follow-port", type=int, default=None,
                        help="port of the read-only follow channel (default: the RSP port + 1, or a free one with "
                             "--port 0; -1 disables it)")
+    serve.add_argument("--stdio", action="store_true",
+                       help="serve one debugger on stdin/stdout instead of TCP: gdb -ex 'target remote | kgtp-sim "
+                            "serve --stdio' (messages go to stderr; the follow channel only with --follow-port)")
     serve.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeat for packet traces)")
     return parser
 
@@ -66,9 +70,23 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def _take_stdout() -> int:
+    """For --stdio: the packets' own copy of stdout; from now on anything printed (ours, a library's, C code's)
+    goes to stderr, so the pipe carries nothing but packets."""
+    sys.stdout.flush()
+    packets = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return packets
+
+
 def serve(args: argparse.Namespace) -> int:
     from .app import Stub, StubConfig
     from .machine import KernelImage, KernelImageError, Machine
+
+    pipe = _take_stdout() if getattr(args, "stdio", False) else None
+    if pipe is not None:
+        return _serve_stdio(args, pipe)
 
     if not is_loopback(args.host):
         if not args.allow_remote:
@@ -128,6 +146,41 @@ def serve(args: argparse.Namespace) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         server.serve_forever()
+    finally:
+        if follow is not None:
+            follow.shutdown()
+        machine.shutdown()
+    return 0
+
+
+def _serve_stdio(args: argparse.Namespace, pipe: int) -> int:
+    """`target remote | kgtp-sim serve --stdio`: the kernel runs while GDB holds the pipe; end of file ends it."""
+    from .app import Stub, StubConfig
+    from .machine import KernelImage, KernelImageError, Machine
+
+    try:
+        image = KernelImage.load(args.kernel)
+    except KernelImageError as error:
+        print(f"kgtp-sim: {error}", file=sys.stderr)
+        return 1
+    machine = Machine(image, hz=args.hz, **({"pace": args.pace} if args.pace is not None else {}))
+    stub = Stub(machine, StubConfig(allow_writes=args.allow_writes, engine=args.engine, save_dir=args.save_dir,
+                                    name_markers_always=args.name_markers_at_strace))
+    server = stub.server(args.host, 0)
+    follow = None
+    if args.follow_port is not None and args.follow_port >= 0:
+        follow = stub.follow_server(args.host, args.follow_port)
+        follow.bind()
+        follow.start()
+        print(f"kgtp-sim: follow channel (read-only) on {args.host}:{follow.port}", file=sys.stderr, flush=True)
+    machine.start()
+    print(f"kgtp-sim: kernel {args.kernel} running; serving the debugger on stdin/stdout", file=sys.stderr,
+          flush=True)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # GDB sends Ctrl-C in the packet stream; the terminal's is not ours
+    signal.signal(signal.SIGTERM, lambda signum, frame: server.shutdown())
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    try:
+        server.serve_pipe(0, pipe)
     finally:
         if follow is not None:
             follow.shutdown()

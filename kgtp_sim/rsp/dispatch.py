@@ -134,8 +134,8 @@ class Dispatcher:
             return b"E%02x" % E_BAD_PACKET
         except RspError as error:
             log.info("%s refused: %s", packet_class.__name__, error.message)
-            if error.text:
-                return b"E." + error.message.encode("utf-8", "replace")
+            if error.text:  # '$' and '#' frame packets and GDB unescapes no `E.` text: they are left out
+                return b"E." + error.message.encode("utf-8", "replace").replace(b"$", b"").replace(b"#", b"")
             return b"E%02x" % error.code
         except Exception:  # the single guard: a bug in one handler must not take the server or kernel down
             self.errors += 1

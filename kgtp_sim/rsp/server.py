@@ -1,4 +1,4 @@
-"""TCP transport for the RSP session: one debugger at a time, loopback unless told otherwise.
+"""Transports for the RSP session: TCP (one debugger at a time, loopback unless told otherwise) or a pipe.
 
 The kernel is root on the machine it debugs, so the defaults are the safe ones: bind to 127.0.0.1, and refuse a
 second debugger with a clear error instead of letting two clients interleave tracepoint downloads.
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
+import select
 import socket
 import threading
 import time
@@ -27,6 +29,17 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
+
+
+def listener(host: str, port: int) -> socket.socket:
+    """A listening TCP socket (IPv6 when `host` is), whose accept() times out now and then so that its loop can
+    notice a shutdown. Port 0 picks a free port (read it back with getsockname)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(8)
+    sock.settimeout(0.2)
+    return sock
 
 
 @dataclass
@@ -53,16 +66,9 @@ class RspServer:
     refused: int = field(init=False, default=0)
 
     def bind(self) -> tuple[str, int]:
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        listener = socket.socket(family, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((self.host, self.port))
-        listener.listen(8)
-        listener.settimeout(0.2)
-        self._listener = listener
-        host, port = listener.getsockname()[:2]
-        self.port = port
-        return host, port
+        self._listener = listener(self.host, self.port)
+        host, self.port = self._listener.getsockname()[:2]
+        return host, self.port
 
     def serve_forever(self) -> None:
         if self._listener is None:
@@ -130,6 +136,29 @@ class RspServer:
             finally:
                 self._busy.release()
                 log.info("debugger disconnected")
+
+    def serve_pipe(self, read_fd: int, write_fd: int) -> None:
+        """One debugger over a pipe: `target remote | kgtp-sim serve --stdio`, GDB having started the stub (as KGTP
+        users open /sys/kernel/debug/gtp). The session is the file descriptors' until end of file, a detach, or
+        `shutdown`; nothing but packets may be written to `write_fd`."""
+        session = self.make_session()
+        self.connections += 1
+        self.on_connect()
+        try:
+            while not self._stop.is_set() and not session.closing:
+                if not select.select([read_fd], [], [], 0.5)[0]:
+                    continue
+                data = os.read(read_fd, 65536)
+                if not data:
+                    break
+                reply = session.receive(data)
+                while reply:
+                    reply = reply[os.write(write_fd, reply):]
+        except OSError as error:
+            log.info("pipe closed: %s", error)
+        finally:
+            self.on_disconnect()
+            log.info("debugger on the pipe left")
 
     @staticmethod
     def _refuse(conn: socket.socket) -> None:

@@ -9,7 +9,9 @@ from ..arch import amd64
 from ..rsp.dispatch import E_MEMORY, E_PERMISSION, Binary, Deferred, Reply, RspError, handles
 from ..rsp.packets import connect as c
 from ..rsp.packets import data as d
+from ..rsp.packets import replay as r
 from ..tracing.frames import StateView, ViewError
+from .replay import Replay
 
 log = logging.getLogger(__name__)
 
@@ -17,15 +19,34 @@ log = logging.getLogger(__name__)
 THREAD_ID = 1
 
 
-@dataclass
 class ViewHolder:
-    """The current view; a separate object so the tracing handlers can switch it without owning this family."""
+    """The current view; a separate object so the tracing handlers can switch it without owning this family.
 
-    live: StateView
-    current: StateView | None = None
+    A replay (`monitor replay`, stub/replay.py) outranks the rest: GDB's `tfind -1` clears the selected trace
+    frame and leaves the replayed frame as the stopped state; selecting a trace frame ends the replay."""
+
+    def __init__(self, live: StateView, current: StateView | None = None) -> None:
+        self.live = live
+        self._current = current
+        self.replay: Replay | None = None
+
+    @property
+    def current(self) -> StateView | None:
+        return self._current
+
+    @current.setter
+    def current(self, view: StateView | None) -> None:
+        if view is not None:
+            self.end_replay()
+        self._current = view
+
+    def end_replay(self) -> None:
+        self.replay = None
 
     @property
     def view(self) -> StateView:
+        if self.replay is not None:
+            return self.replay.view()
         return self.current if self.current is not None else self.live
 
 
@@ -94,7 +115,48 @@ class CoreHandlers:
 
     @handles(c.Continue)
     def continue_(self, packet: c.Continue) -> Reply:
+        if self.views.replay is not None:
+            return self._resume(step=False, reverse=False)
         return Deferred()
+
+    # ---- replay of a while-stepping recording (stub/replay.py); the live kernel is never stopped ------------------
+
+    def _resume(self, *, step: bool, reverse: bool) -> Reply:
+        replay = self.views.replay
+        if replay is None:
+            raise RspError(E_PERMISSION, "the kernel never stops: step and reverse only replay a while-stepping "
+                           "recording (tfind one of its frames, then `monitor replay`)", text=True)
+        if replay.resume(step=step, reverse=reverse):
+            return stop_reply()
+        return b"T05replaylog:%s;thread:%x;" % (b"begin" if reverse else b"end", THREAD_ID)
+
+    @handles(r.Step)
+    def step(self, packet: r.Step) -> Reply:
+        return self._resume(step=True, reverse=False)
+
+    @handles(r.ReverseStep)
+    def reverse_step(self, packet: r.ReverseStep) -> Reply:
+        return self._resume(step=True, reverse=True)
+
+    @handles(r.ReverseContinue)
+    def reverse_continue(self, packet: r.ReverseContinue) -> Reply:
+        return self._resume(step=False, reverse=True)
+
+    @handles(r.InsertBreakpoint)
+    def insert_breakpoint(self, packet: r.InsertBreakpoint) -> Reply:
+        """Only in a replay, only software breakpoints, and only in the replay's own table: outside one the
+        empty reply says the stub has none (the kernel is never patched for a breakpoint)."""
+        if self.views.replay is None or packet.type != 0:
+            return b""
+        self.views.replay.breakpoints.add(packet.address)
+        return b"OK"
+
+    @handles(r.RemoveBreakpoint)
+    def remove_breakpoint(self, packet: r.RemoveBreakpoint) -> Reply:
+        if self.views.replay is None or packet.type != 0:
+            return b""
+        self.views.replay.breakpoints.discard(packet.address)
+        return b"OK"
 
     @handles(c.ReadFeatures)
     def read_features(self, packet: c.ReadFeatures) -> Reply:
@@ -148,8 +210,8 @@ class CoreHandlers:
     def _write(self, address: int, data: bytes) -> Reply:
         if not self.allow_writes or self.write_memory is None:
             raise RspError(E_PERMISSION, "writes to kernel memory are disabled (start with --allow-writes)")
-        if self.views.current is not None:
-            raise RspError(E_PERMISSION, "cannot write while a trace frame is selected")
+        if self.views.current is not None or self.views.replay is not None:
+            raise RspError(E_PERMISSION, "cannot write while a trace frame is selected or replayed")
         try:
             self.write_memory(address, data)  # type: ignore[operator]
         except ViewError as error:

@@ -40,6 +40,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..rsp.server import listener
+
 log = logging.getLogger(__name__)
 
 #: A follower that has not sent its request this long after connecting is dropped.
@@ -143,16 +145,9 @@ class FollowServer:
     followers: int = field(init=False, default=0)
 
     def bind(self) -> tuple[str, int]:
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        listener = socket.socket(family, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((self.host, self.port))
-        listener.listen(8)
-        listener.settimeout(0.2)
-        self._listener = listener
-        host, port = listener.getsockname()[:2]
-        self.port = port
-        return host, port
+        self._listener = listener(self.host, self.port)
+        host, self.port = self._listener.getsockname()[:2]
+        return host, self.port
 
     def start(self) -> None:
         if self._listener is None:

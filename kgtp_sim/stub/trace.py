@@ -46,6 +46,7 @@ class TraceHandlers:
         believes no frame is selected (tfind searches start after the selected one) and no download is under
         way (qTSTMat must not name markers at strace time, see marker_at)."""
         self._select(None)
+        self.views.end_replay()
         self._downloading = False
 
     # ---- definitions ----------------------------------------------------------------------------------------
@@ -56,6 +57,7 @@ class TraceHandlers:
             self.tracer.stop(t.StopReason.STOP_COMMAND)
         self.tracer.definitions.clear_tracepoints()
         self._select(None)
+        self.views.end_replay()
         self._downloading = True
         return b"OK"
 
@@ -155,6 +157,7 @@ class TraceHandlers:
     @handles(t.TraceStart)
     def trace_start(self, packet: t.TraceStart) -> Reply:
         self._select(None)
+        self.views.end_replay()
         self._downloading = False
         try:
             self.tracer.start()
@@ -209,8 +212,9 @@ class TraceHandlers:
 
     @handles(t.QueryTraceVariable)
     def variable_value(self, packet: t.QueryTraceVariable) -> Reply:
-        if self._selected is not None and self._frames is not None:
-            frame = self._frames[self._selected]
+        replay = self.views.replay
+        if replay is not None or (self._selected is not None and self._frames is not None):
+            frame = replay.frame if replay is not None else self._frames[self._selected]  # type: ignore[index]
             for number, value in frame.tsv_values():
                 if number == packet.number:
                     return t.encode_trace_variable_value(value)

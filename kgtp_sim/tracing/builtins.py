@@ -1,29 +1,112 @@
-"""KGTP's built-in trace state variables, reported to GDB through qTfV like any other.
+"""KGTP's special trace state variables: KGTP's names and numbers, uploaded to GDB through qTfV like any other.
 
-Each has a fixed number and name. Computed ones are evaluated at the hit (`getv` in a condition or `collect
-$current_task_pid` see the value of that moment); plain ones (`$ignore_error`, `$bt`) are settings the user
-changes with `tvariable $ignore_error = 1` or `teval`.
+The numbers run without a gap from 1 to the last: GDB gives a user variable the number after the count of those
+it was told of, so a gap would make it reuse a special variable's number.
+
+Each variable says who may read and write it, as KGTP's hooks do:
+
+- a condition or action (`getv`/`tracev` and `setv` in agent bytecode): *computed* variables are evaluated at the
+  hit (`$current_task_pid` in a condition sees the task of that moment); *stored* ones (`$printk_tmp`) hold what
+  the tracepoint wrote. A read or write KGTP refuses (an action reading `$ignore_error`, writing `$clock`) fails
+  `tstart` with a message, as KGTP's action checker does.
+- GDB (`print $clock`, `info tvariables`: qTv; `tvariable $bt = 1024`: QTDV): some are read live (`$clock`), some
+  are settings (`$ignore_error`, `$bt`), the rest read as unknown, as KGTP answers for them.
+
+What each one means on the simulated machine (one CPU, kernel threads only, no perf events) is in its summary.
+The compiled engines refresh the slots of the computed ones their bytecode reads at each hit (`native_refresh_asm`,
+used by `detour.py`); the few only Python can compute run their tracepoint on the Python hit path instead
+(`runs_natively`).
 """
 
 from __future__ import annotations
 
+import logging
+import struct
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from unicorn import Uc
 
 from .model import TraceVariable
 
+if TYPE_CHECKING:
+    from .tracer import Tracer
+
+log = logging.getLogger(__name__)
+
+#: KGTP's version as its `$gtp_version` reports it (KGTP 20140510).
+GTP_VERSION = 20140510 * 10
+#: `$bt`: bytes of stack `collect $bt` records (KGTP's default).
+BT_DEFAULT = 512
+#: `$printk_level`'s default in KGTP (8: printk's default level).
+PRINTK_LEVEL_DEFAULT = 8
+#: `$watch_size`'s default in KGTP.
+WATCH_SIZE_DEFAULT = 1
+#: The machine has one CPU.
+CPU_NUMBER = 1
+#: Linux's HARDIRQ_OFFSET: hardirq_count() grows by this for each hard interrupt being handled.
+HARDIRQ_OFFSET = 1 << 16
+#: `struct pt_regs` of the kernel (fixtures/kernel/include/kernel.h): 22 saved words; `vector`, `cs`, `ss` slots.
+PT_REGS_SIZE = 22 * 8
+_PT_VECTOR, _PT_IP, _PT_CS, _PT_FLAGS, _PT_SP, _PT_SS = 15, 17, 18, 19, 20, 21
+_TIMER_VECTOR = 32
+_KERNEL_CS, _KERNEL_SS = 0x08, 0x10
+#: errno KGTP stores (negated) in `$last_errno` when a tracepoint cannot be installed: the kprobe refusal.
+EINVAL = 22
+_RSP = 7  # GDB's register number of rsp
+
+
+@dataclass(frozen=True)
+class KernelLayout:
+    """Where the kernel keeps its tasks and their stacks, read from the image's symbols."""
+
+    current: int
+    tasks: int
+    task_size: int
+    boot_stack: int  # task 0's stack (init_stack)
+    thread_stacks: int  # tasks 1.. : thread_stacks[i]
+    thread_size: int
+
+    @classmethod
+    def of(cls, image) -> KernelLayout:
+        symbols = image.symbols
+        boot = symbols["init_stack"].address
+        thread_size = symbols["init_stack_top"].address - boot  # boot.S's stack: one THREAD_SIZE
+        stacks = symbols["thread_stacks"]
+        count = stacks.size // thread_size
+        return cls(symbols["current"].address, symbols["tasks"].address, symbols["tasks"].size // count,
+                   boot, stacks.address, thread_size)
+
+    def stack_base(self, task: int) -> int:
+        """The lowest address of the task's kernel stack: where Linux keeps its thread_info."""
+        index = (task - self.tasks) // self.task_size
+        return self.boot_stack if index == 0 else self.thread_stacks + index * self.thread_size
+
 
 @dataclass(frozen=True)
 class BuiltinContext:
+    """What a computed variable sees at a hit: live memory, the machine, the clock, and the hit itself."""
+
     uc: Uc
     machine: object
     tsc: object
+    hit: Any = None  # hits.HitContext
+    tracer: Any = None
 
     def kernel_u64(self, symbol: str) -> int:
         address = self.machine.image.address_of(symbol)  # type: ignore[attr-defined]
         return int.from_bytes(self.uc.mem_read(address, 8), "little")
+
+    def cached(self, key: str, compute: Callable[[], Any]) -> Any:
+        """One value per hit (both halves of `$xtime_*` from one instant, one `$step_id` per hit)."""
+        if self.hit is None:
+            return compute()
+        store = self.hit.__dict__.setdefault("_kgtp_values", {})
+        if key not in store:
+            store[key] = compute()
+        return store[key]
 
 
 @dataclass(frozen=True)
@@ -33,13 +116,34 @@ class Builtin:
     initial: int = 0
     compute: Callable[[BuiltinContext], int] | None = None
     summary: str = ""
+    agent_read: bool = True  # a condition or action may read it
+    agent_write: bool = False  # ... may write it (stored variables only)
+    gdb_read: Callable[[Tracer], int | None] | str | None = None  # "stored": the setting; a function: live
+    gdb_write: bool = False  # `tvariable $x = v` (QTDV) sets it
+    refused: str = ""  # why an action may not use it at all (a feature not implemented yet)
 
     @property
     def computed(self) -> bool:
         return self.compute is not None
 
     def definition(self) -> TraceVariable:
-        return TraceVariable(self.number, self.initial, True, self.name)
+        return TraceVariable(self.number, self.initial, True, self.name, settable=self.gdb_write)
+
+
+# ---- computed at the hit ---------------------------------------------------------------------------------
+
+
+def _layout(ctx: BuiltinContext) -> KernelLayout:
+    machine = ctx.machine
+    layout = getattr(machine, "_kgtp_layout", None)
+    if layout is None:
+        layout = KernelLayout.of(machine.image)  # type: ignore[attr-defined]
+        machine._kgtp_layout = layout  # type: ignore[attr-defined]
+    return layout
+
+
+def _current_task(ctx: BuiltinContext) -> int:
+    return ctx.kernel_u64("current")
 
 
 def _current_pid(ctx: BuiltinContext) -> int:
@@ -47,31 +151,410 @@ def _current_pid(ctx: BuiltinContext) -> int:
     return int.from_bytes(ctx.uc.mem_read(task, 4), "little", signed=True)  # task_struct.pid is its first member
 
 
+def _thread_info(ctx: BuiltinContext) -> int:
+    return _layout(ctx).stack_base(ctx.kernel_u64("current"))
+
+
+def _task_pt_regs(ctx: BuiltinContext) -> int:
+    layout = _layout(ctx)
+    return layout.stack_base(ctx.kernel_u64("current")) + layout.thread_size - PT_REGS_SIZE
+
+
+def clock_mult(tsc) -> int:
+    """TSC ticks to nanoseconds as a 32.32 fixed-point factor: every engine computes `$clock` with it."""
+    return max(1, round((1 << 32) / tsc.ticks_per_ns))
+
+
+def tsc_to_clock(tsc, ticks: int) -> int:
+    return ((ticks & (2**64 - 1)) * clock_mult(tsc)) >> 32 & (2**64 - 1)
+
+
 def _rdtsc(ctx: BuiltinContext) -> int:
     return ctx.tsc.read()  # type: ignore[attr-defined]
 
 
 def _clock(ctx: BuiltinContext) -> int:
-    return ctx.tsc.to_ns(ctx.tsc.read())  # type: ignore[attr-defined]
+    return tsc_to_clock(ctx.tsc, ctx.tsc.read())  # type: ignore[attr-defined]
+
+
+def _cooked_clock(ctx: BuiltinContext) -> int:
+    """KGTP's: the clock when the handler began, minus what earlier handlers took."""
+    state = ctx.tracer.kgtp
+    return tsc_to_clock(ctx.tsc, state.entry_tsc) - state.cost_ns()
+
+
+def _cooked_rdtsc(ctx: BuiltinContext) -> int:
+    state = ctx.tracer.kgtp
+    return state.entry_tsc - int(state.cost_ns() * ctx.tsc.ticks_per_ns)  # type: ignore[attr-defined]
+
+
+def _xtime(ctx: BuiltinContext) -> tuple[int, int]:
+    return ctx.cached("xtime", lambda: divmod(time.time_ns(), 1_000_000_000))
+
+
+def _hardirq_count(ctx: BuiltinContext) -> int:
+    """Hard interrupts being handled: timer interrupt frames (`struct pt_regs` with vector 32, pushed by the CPU
+    and the entry code) on the live part of the current task's stack, above the hit's %rsp."""
+    layout = _layout(ctx)
+    base = layout.stack_base(ctx.kernel_u64("current"))
+    top = base + layout.thread_size
+    rsp = ctx.hit.regs[_RSP] if ctx.hit is not None else top
+    if not base <= rsp < top:
+        return 0
+    rsp &= ~7
+    words = struct.unpack(f"<{(top - rsp) // 8}Q", bytes(ctx.uc.mem_read(rsp, top - rsp)))
+    low, high = ctx.machine.image.text_range  # type: ignore[attr-defined]
+    depth = 0
+    for at in range(len(words) - _PT_SS):
+        if (words[at + _PT_VECTOR] == _TIMER_VECTOR and words[at + _PT_CS] == _KERNEL_CS
+                and words[at + _PT_SS] == _KERNEL_SS and low <= words[at + _PT_IP] < high
+                and words[at + _PT_FLAGS] & 0x202 == 0x202 and rsp < words[at + _PT_SP] <= top):
+            depth += 1
+    return depth * HARDIRQ_OFFSET
+
+
+def _step_count(ctx: BuiltinContext) -> int:
+    return getattr(ctx.hit, "step", 0) if ctx.hit is not None else 0
+
+
+def _step_id(ctx: BuiltinContext) -> int:
+    state = ctx.tracer.kgtp
+    if getattr(ctx.hit, "step", 0):
+        return state.step_id
+    return ctx.cached("step_id", state.next_step_id)
+
+
+def _dump_stack(ctx: BuiltinContext) -> int:
+    """KGTP prints the stack with printk; here it goes where tracepoint `printf` output goes. Never fails the
+    hit: a stack that cannot be walked prints what was found."""
+
+    def dump() -> None:
+        try:
+            ctx.tracer.kgtp.dump_stack(ctx)
+        except Exception:  # noqa: BLE001 (a diagnostic must not take the hit down)
+            log.exception("$dump_stack")
+
+    ctx.cached("dump_stack", dump)
+    return 0
+
+
+# ---- read by GDB (qTv) without a hit -------------------------------------------------------------------------
+
+
+def _live_clock(tracer: Tracer) -> int:
+    return tsc_to_clock(tracer.tsc, tracer.tsc.read())
+
+
+def _discarded(tracer: Tracer) -> int:
+    state = tracer.ring.state() if tracer.ring is not None else None
+    return 0 if state is None else max(0, state.created - state.frames)
 
 
 class BuiltinTable(tuple):
     def by_number(self, number: int) -> Builtin | None:
-        return next((b for b in self if b.number == number), None)
+        return _BY_NUMBER.get(number)
 
     def by_name(self, name: str) -> Builtin:
         return next(b for b in self if b.name == name)
 
 
-#: `$bt` holds how many bytes of stack `collect $bt` records (KGTP's default is 1 KiB).
-BT_DEFAULT = 1024
+_WATCH = "watch tracepoints ($watch_*) are not implemented yet"
+_ZERO = lambda ctx: 0  # noqa: E731
+
+
+def _const(value: int) -> Callable[[BuiltinContext], int]:
+    return lambda ctx: value
+
 
 BUILTIN_VARIABLES = BuiltinTable((
-    Builtin(1, "cpu_id", compute=lambda ctx: 0, summary="the CPU the hit ran on (the machine has one)"),
-    Builtin(2, "current_task", compute=lambda ctx: ctx.kernel_u64("current"), summary="address of `current`"),
-    Builtin(3, "current_task_pid", compute=_current_pid, summary="current->pid"),
-    Builtin(4, "clock", compute=_clock, summary="nanoseconds, from the TSC"),
-    Builtin(5, "rdtsc", compute=_rdtsc, summary="the TSC"),
-    Builtin(6, "ignore_error", summary="non-zero: an error in a condition or action skips the hit instead of stopping"),
-    Builtin(7, "bt", initial=BT_DEFAULT, summary="bytes of stack `collect $bt` records"),
+    Builtin(1, "gtp_version", GTP_VERSION, _const(GTP_VERSION), "the KGTP version emulated",
+            gdb_read=lambda tracer: GTP_VERSION),
+    Builtin(2, "cpu_id", compute=_ZERO, summary="the CPU the hit runs on (the machine has one: 0)",
+            gdb_read=lambda tracer: 0),
+    Builtin(3, "current_task", compute=_current_task, summary="`current`: the task_struct of the running task"),
+    Builtin(4, "current_thread_info", compute=_thread_info,
+            summary="the base of the running task's kernel stack, where Linux keeps its thread_info"),
+    Builtin(5, "clock", compute=_clock, summary="nanoseconds, from the TSC", gdb_read=_live_clock),
+    Builtin(6, "cooked_clock", compute=_cooked_clock,
+            summary="$clock minus the time tracepoint handlers took since tstart"),
+    Builtin(7, "rdtsc", compute=_rdtsc, summary="the TSC", gdb_read=lambda tracer: tracer.tsc.read()),
+    Builtin(8, "cooked_rdtsc", compute=_cooked_rdtsc,
+            summary="$rdtsc minus the ticks tracepoint handlers took since tstart"),
+    Builtin(9, "gtp_rb_discard_page_number", agent_read=False, gdb_read=_discarded,
+            summary="frames the circular buffer discarded to make room (the ring has no pages)"),
+    Builtin(10, "printk_tmp", agent_write=True, summary="scratch value for $printk_format"),
+    Builtin(11, "printk_level", PRINTK_LEVEL_DEFAULT, agent_read=False, agent_write=True,
+            summary="level of direct output (kept; direct output is not implemented yet)"),
+    Builtin(12, "printk_format", agent_read=False, agent_write=True,
+            summary="format of direct output (kept; direct output is not implemented yet)"),
+    Builtin(13, "dump_stack", compute=_dump_stack, summary="reading it prints the hit's backtrace; reads 0"),
+    Builtin(14, "self_trace", agent_write=True,
+            summary="KGTP skips hits in its own processes unless set; no such task exists here: no effect"),
+    Builtin(15, "cpu_number", CPU_NUMBER, _const(CPU_NUMBER), "number of CPUs (1)",
+            gdb_read=lambda tracer: CPU_NUMBER),
+    Builtin(16, "p_pe_en", agent_read=False, agent_write=True,
+            summary="switches per-CPU perf events; the machine has none: no effect"),
+    Builtin(17, "kret", agent_read=False, refused="return probes are not implemented yet",
+            summary="makes a tracepoint a return probe (not implemented yet)"),
+    Builtin(18, "xtime_sec", compute=lambda ctx: _xtime(ctx)[0], summary="time of day, seconds",
+            gdb_read=lambda tracer: time.time_ns() // 1_000_000_000),
+    Builtin(19, "xtime_nsec", compute=lambda ctx: _xtime(ctx)[1], summary="time of day, nanoseconds part",
+            gdb_read=lambda tracer: time.time_ns() % 1_000_000_000),
+    Builtin(20, "ignore_error", agent_read=False, gdb_read="stored", gdb_write=True,
+            summary="non-zero: tstart skips tracepoints that cannot be installed (error in $last_errno)"),
+    Builtin(21, "last_errno", agent_read=False, gdb_read="stored",
+            summary="-errno of the last tracepoint tstart skipped under $ignore_error, else 0"),
+    Builtin(22, "hardirq_count", compute=_hardirq_count,
+            summary="hardirq_count(): 0x10000 per timer interrupt being handled"),
+    Builtin(23, "softirq_count", compute=_ZERO, summary="softirq_count(): the kernel has no softirqs: 0"),
+    Builtin(24, "irq_count", compute=_hardirq_count, summary="irq_count(): hard + soft interrupts"),
+    Builtin(25, "pipe_trace", agent_read=False, gdb_read="stored", gdb_write=True,
+            summary="KGTP's gtp_frame_pipe setting (kept)"),
+    Builtin(26, "current_task_pid", compute=_current_pid, summary="current->pid"),
+    Builtin(27, "current_task_user", compute=_ZERO,
+            summary="current task in user mode: the kernel runs kernel threads only: 0"),
+    Builtin(28, "current", agent_read=False, refused="$current (another context's registers) is not implemented",
+            summary="registers of another context (not implemented)"),
+    Builtin(29, "bt", BT_DEFAULT, gdb_read="stored", gdb_write=True,
+            summary="bytes of stack `collect $bt` records with the registers"),
+    Builtin(30, "enable", agent_read=False, refused="$enable is not implemented yet",
+            summary="enables a tracepoint from an action (not implemented yet)"),
+    Builtin(31, "disable", agent_read=False, refused="$disable is not implemented yet",
+            summary="disables a tracepoint from an action (not implemented yet)"),
+    *(Builtin(number, name, initial, agent_read=False, refused=_WATCH, summary="watch tracepoints (not implemented)")
+      for number, name, initial in (
+          (32, "watch_static", 0), (33, "watch_type", 0), (34, "watch_size", WATCH_SIZE_DEFAULT),
+          (35, "watch_set_id", 0), (36, "watch_set_addr", 0), (37, "watch_start", 0), (38, "watch_stop", 0),
+          (39, "watch_trace_num", 0), (40, "watch_trace_addr", 0), (41, "watch_addr", 0), (42, "watch_val", 0),
+          (43, "watch_count", 0), (46, "watch_prev_val", 0))),
+    Builtin(44, "step_count", compute=_step_count,
+            summary="in a while-stepping frame, the step's number from 1; 0 at the hit"),
+    Builtin(45, "step_id", compute=_step_id,
+            summary="one number per while-stepping hit, shared by its steps (`monitor replay` needs it)"),
+    Builtin(47, "inferior_pid", compute=_ZERO, gdb_read=lambda tracer: 0,
+            summary="the user process GDB attached to (KGTP's user-space tracing): none, 0"),
+    Builtin(48, "task_pt_regs", compute=_task_pt_regs,
+            summary="task_pt_regs(current): the register frame at the top of the task's kernel stack"),
 ))
+_BY_NUMBER = {b.number: b for b in BUILTIN_VARIABLES}
+BT = BUILTIN_VARIABLES.by_name("bt").number
+IGNORE_ERROR = BUILTIN_VARIABLES.by_name("ignore_error").number
+LAST_ERRNO = BUILTIN_VARIABLES.by_name("last_errno").number
+STEP_ID = BUILTIN_VARIABLES.by_name("step_id").number
+STEP_COUNT = BUILTIN_VARIABLES.by_name("step_count").number
+COOKED = {BUILTIN_VARIABLES.by_name(n).number for n in ("cooked_clock", "cooked_rdtsc")}
+
+
+# ---- the run's own state ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class KgtpState:
+    """What the special variables keep across hits of one run: the step id, the cost of tracing, `$dump_stack`."""
+
+    step_id: int = 0
+    cooked: bool = False  # some tracepoint of the run reads $cooked_*: every hit is timed (Python path)
+    entry_tsc: int = 0  # the TSC when the current handler began
+    _cost_ns: int = 0
+    _tsc: Any = field(default=None, repr=False)
+    _dwarf: Any = field(default=None, repr=False)
+
+    def start(self, tracepoints, tsc) -> None:
+        self._cost_ns = 0
+        self._tsc = tsc
+        self.cooked = any(reads(tp, COOKED) for tp in tracepoints)
+
+    def admit(self, tp) -> None:
+        """A location armed during a run: `$cooked_*` need every hit of the run timed from tstart."""
+        from .model import TraceError
+
+        if not self.cooked and reads(tp, COOKED):
+            raise TraceError(f"tracepoint {tp.number}: $cooked_clock and $cooked_rdtsc need their tracepoints "
+                             "defined before tstart")
+
+    def next_step_id(self) -> int:
+        self.step_id = (self.step_id + 1) & (2**64 - 1) or 1
+        return self.step_id
+
+    def cost_ns(self) -> int:
+        return self._cost_ns
+
+    def timed(self, handler: Callable[[], None]) -> None:
+        """Run a hit's handler, adding the time it took to what `$cooked_*` subtract."""
+        if not self.cooked:
+            handler()
+            return
+        begin = time.perf_counter_ns()
+        self.entry_tsc = self._tsc.read()
+        try:
+            handler()
+        finally:
+            self._cost_ns += time.perf_counter_ns() - begin
+
+    def dump_stack(self, ctx: BuiltinContext) -> None:
+        machine = ctx.machine
+        image = machine.image  # type: ignore[attr-defined]
+        regs = dict(zip(("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", "r10", "r11", "r12",
+                         "r13", "r14", "r15", "rip"), ctx.hit.regs[:17]))
+        if self._dwarf is None:
+            from ..view.dwarf import KernelDwarf
+
+            self._dwarf = KernelDwarf(image.path)
+
+        def read(address: int, length: int) -> bytes | None:
+            try:
+                return bytes(machine.read_memory(address, length))  # type: ignore[attr-defined]
+            except Exception:
+                return None
+
+        tp = getattr(ctx.hit, "tracepoint", None)
+        lines = [f"CPU0 gtp {tp.number if tp else 0} {tp.address if tp else regs['rip']:#x}:"]
+        for pc in self._dwarf.unwind(regs, read):
+            where = self._dwarf.symbolize(pc)
+            lines.append(f" [<{pc:016x}>] " + (f"{where[0]}+{where[1]:#x}" if where else "?"))
+        text = "\n".join(lines) + "\n"
+        ctx.tracer.printed.append(text)
+        log.info("tracepoint $dump_stack:\n%s", text.rstrip("\n"))
+
+
+# ---- checks at tstart, and which engine runs a location ----------------------------------------------------------
+
+
+def _variable_ops(program):
+    for insn in program.insns:
+        if insn.name in ("getv", "tracev", "setv"):
+            yield insn.name, insn.operands[0]
+
+
+def reads(tp, numbers: set[int]) -> bool:
+    """Does any bytecode of the location read one of these variables?"""
+    from ..agent.verify import BytecodeError, verify
+
+    for code in tp.expressions():
+        try:
+            program = verify(code)
+        except BytecodeError:
+            continue
+        if any(op != "setv" and number in numbers for op, number in _variable_ops(program)):
+            return True
+    return False
+
+
+def check_access(programs, where: str) -> None:
+    """Refuse at tstart what KGTP's action checker refuses: reading a variable only GDB may read, writing a
+    computed one or a setting, using one whose feature is not implemented."""
+    from .model import TraceError
+
+    for program in programs:
+        for op, number in _variable_ops(program):
+            builtin = _BY_NUMBER.get(number)
+            if builtin is None:
+                continue
+            if builtin.refused:
+                raise TraceError(f"{where}: trace state variable ${builtin.name}: {builtin.refused}")
+            if op == "setv" and not builtin.agent_write:
+                raise TraceError(f"{where}: trace state variable ${builtin.name} cannot be set by a tracepoint")
+            if op != "setv" and not builtin.agent_read:
+                raise TraceError(f"{where}: trace state variable ${builtin.name} cannot be read by a tracepoint")
+
+
+def expand_bt(actions: list, tsv_slots: int, verify) -> list:
+    """KGTP's `collect $bt`: also record the registers and $bt bytes of stack from %rsp (the value at the hit),
+    so GDB can unwind the frame. `actions` are (action, program) pairs; returns them with what is missing."""
+    from . import model as t
+
+    if not any(p is not None and any(i.name == "tracev" and i.operands[0] == BT for i in p.insns) for _, p in actions):
+        return actions
+    out = list(actions)
+    if not any(isinstance(a, t.CollectRegisters) for a, _ in out):
+        out.append((t.CollectRegisters((1 << 17) - 1), None))
+    stack = bytes((0x26, 0x00, 0x07, 0x2C)) + BT.to_bytes(2, "big") + bytes((0x0C, 0x27))  # reg rsp; getv; trace
+    out.append((t.EvalExpression(stack), verify(stack, tsv_slots=tsv_slots)))
+    return out
+
+
+def runs_natively(tracer: Tracer, programs, native_builtins: tuple[str, ...]) -> bool:
+    """Can a compiled detour run this location? Not when it reads a variable only Python computes, nor in a
+    run that times its hits for `$cooked_*` (the Python hit path times every hit)."""
+    from .placement import builtin_slots
+
+    if tracer.kgtp.cooked:
+        return False
+    return all(kind in native_builtins for _, kind in builtin_slots(programs))
+
+
+def native_slots(tracer: Tracer, slots: tuple[tuple[int, str], ...]) -> tuple[tuple[int, str], ...]:
+    """The refresh list a detour gets: each kind with the numbers its code needs (hex, space separated)."""
+    out = []
+    for number, kind in slots:
+        if kind == "clock":
+            kind = f"clock {clock_mult(tracer.tsc):#x}"
+        elif kind in ("current_thread_info", "task_pt_regs"):
+            layout = KernelLayout.of(tracer.machine.image)
+            kind = (f"{kind} {layout.tasks:#x} {layout.task_size:#x} {layout.boot_stack:#x} "
+                    f"{layout.thread_stacks:#x} {layout.thread_size:#x} {PT_REGS_SIZE:#x}")
+        out.append((number, kind))
+    return tuple(out)
+
+
+def native_refresh_asm(number: int, kind: str, current_symbol: int) -> list[str]:
+    """AT&T lines storing computed variable `number` in its slot, `(%rsi)` being the variable array. May clobber
+    rax, rcx, rdx (the detour restores them). Numbers in hex (see DESIGN.md, the assembler trap)."""
+    name, *params = kind.split()
+    args = [int(p, 16) for p in params]
+    slot = f"{8 * number:#x}(%rsi)"
+    if name in ("cpu_id", "softirq_count", "current_task_user", "inferior_pid"):
+        return [f"movq $0x0, {slot}"]
+    if name == "cpu_number":
+        return [f"movq ${CPU_NUMBER:#x}, {slot}"]
+    if name == "gtp_version":
+        return [f"movq ${GTP_VERSION:#x}, {slot}"]
+    if name in ("current_task", "current_task_pid"):
+        lines = [f"movabs ${current_symbol:#x}, %rax", "mov (%rax), %rax"]
+        if name == "current_task_pid":
+            lines.append("movslq (%rax), %rax")  # task_struct.pid: first member
+        return lines + [f"mov %rax, {slot}"]
+    if name == "rdtsc":
+        return ["rdtsc", "shl $0x20, %rdx", "or %rdx, %rax", f"mov %rax, {slot}"]
+    if name == "clock":  # (tsc * mult) >> 32, as tsc_to_clock
+        return ["rdtsc", "shl $0x20, %rdx", "or %rdx, %rax", f"movabs ${args[0]:#x}, %rcx", "mul %rcx",
+                "shrd $0x20, %rdx, %rax", f"mov %rax, {slot}"]
+    if name in ("current_thread_info", "task_pt_regs"):
+        tasks, task_size, boot_stack, thread_stacks, thread_size, pt_regs = args
+        other, done = f"kgtp_v{number}_thread", f"kgtp_v{number}_done"
+        lines = [f"movabs ${current_symbol:#x}, %rax", "mov (%rax), %rax", f"movabs ${tasks:#x}, %rcx",
+                 "sub %rcx, %rax", "xor %edx, %edx", f"mov ${task_size:#x}, %ecx", "div %rcx",
+                 "test %rax, %rax", f"jne {other}", f"movabs ${boot_stack:#x}, %rax", f"jmp {done}",
+                 f"{other}:", f"imul ${thread_size:#x}, %rax, %rax", f"movabs ${thread_stacks:#x}, %rcx",
+                 "add %rcx, %rax", f"{done}:"]
+        if name == "task_pt_regs":
+            lines.append(f"add ${thread_size - pt_regs:#x}, %rax")
+        return lines + [f"mov %rax, {slot}"]
+    raise ValueError(f"no native refresh for ${name}")
+
+
+# ---- values GDB reads ------------------------------------------------------------------------------------------
+
+
+def gdb_value(tracer: Tracer, builtin: Builtin, stored: Callable[[], int | None]) -> int | None:
+    """qTv of a special variable without a hit: live, the setting, or unknown, as KGTP answers."""
+    if callable(builtin.gdb_read):
+        return builtin.gdb_read(tracer)
+    if builtin.gdb_read == "stored":
+        value = stored()
+        if value is None:
+            variable = tracer.definitions.variables.get(builtin.number)
+            value = variable.initial if variable is not None else builtin.initial
+        return value
+    return None
+
+
+def setting(tracer: Tracer, number: int) -> int:
+    """A GDB-side setting (`$ignore_error`, `$bt`) as GDB last set it, for tstart itself."""
+    variable = tracer.definitions.variables.get(number)
+    return variable.initial if variable is not None else _BY_NUMBER[number].initial
+
+
+def gdb_settable(number: int) -> bool:
+    builtin = _BY_NUMBER.get(number)
+    return builtin is None or builtin.gdb_write

@@ -25,6 +25,7 @@ from ..agent import abi
 from ..agent.asm import assemble_text
 from ..agent.errors import ErrorCode
 from ..arch import amd64
+from .builtins import native_refresh_asm
 from .probes import decode
 from .ring import reserve_and_commit_asm
 
@@ -153,18 +154,10 @@ def _restore_block() -> list[str]:
 
 
 def _builtins(plan: DetourPlan) -> list[str]:
+    """Refresh the slots of the computed built-in variables the bytecode reads (code from builtins.py)."""
     lines = []
     for number, kind in plan.builtin_slots:
-        slot = f"{8 * number:#x}(%rsi)"
-        if kind == "cpu_id":
-            lines.append(f"movq $0x0, {slot}")
-        elif kind in ("current_task", "current_task_pid"):
-            lines += [f"movabs ${plan.current_symbol:#x}, %rax", "mov (%rax), %rax"]
-            if kind == "current_task_pid":
-                lines.append("movslq (%rax), %rax")  # task_struct.pid: first member
-            lines.append(f"mov %rax, {slot}")
-        elif kind in ("rdtsc", "clock"):
-            lines += ["rdtsc", "shl $0x20, %rdx", "or %rdx, %rax", f"mov %rax, {slot}"]
+        lines += native_refresh_asm(number, kind, plan.current_symbol)
     if lines:
         lines = ["mov (%rsi), %rsi"] + lines + [f"movabs ${plan.ctx:#x}, %rsi"]
     return lines

@@ -2,9 +2,9 @@
 while-stepping location) fires, and the single-stepping that follows a while-stepping hit.
 
 Runs on the CPU thread, inside the machine's int3 hook (or, while stepping, inside a code hook). A hit never
-raises: a failing condition or action records `terror` on its tracepoint through `Tracer.check` (or is ignored
-under `$ignore_error`), and the kernel continues as if the probe were not there. The compiled engines' hits
-never come here: their detours run in the emulated kernel (`native.py`, `detour.py`).
+raises: a failing condition or action records `terror` on its tracepoint through `Tracer.check`, and the kernel
+continues as if the probe were not there. The compiled engines' hits never come here: their detours run in the
+emulated kernel (`native.py`, `detour.py`).
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ class HitContext:
     blocks: list[bytes] = field(default_factory=list)
     room: int = MAX_COLLECT * 4
     marker: Marker | None = None
+    tracepoint: t.Tracepoint | None = None  # whose hit this is ($dump_stack names it)
+    step: int = 0  # while-stepping: the step's number from 1 ($step_count); 0 at the hit
 
     def try_read(self, addr: int, n: int) -> bytes | None:
         try:
@@ -94,8 +96,9 @@ def interpreted_hit(tracer: Tracer, uc: Uc, item: Installed) -> None:
     if not tracer.running:
         return
     item.fired += 1
-    hit = HitContext(uc, hit_registers(tracer, uc, item.site.address), tracer, room=tracer.room, marker=item.marker)
     tp = item.tracepoint
+    hit = HitContext(uc, hit_registers(tracer, uc, item.site.address), tracer, room=tracer.room, marker=item.marker,
+                     tracepoint=tp)
     if item.condition is not None:
         result = evaluate(item.condition, hit)
         if not tracer.check(result.error, tp):
@@ -114,10 +117,11 @@ def interpreted_hit(tracer: Tracer, uc: Uc, item: Installed) -> None:
             collect(action, hit)
     if not commit(tracer, tp.number, hit, item):
         return
-    if tp.pass_count and item.hits >= tp.pass_count:
+    passed = bool(tp.pass_count and item.hits >= tp.pass_count)
+    if tp.step_count and tracer.running and not tracer.stepper.active:
+        tracer.stepper.start(uc, item, stop_after=passed)  # KGTP records the last hit's steps, then stops
+    elif passed:
         tracer.stop(t.StopReason.PASSCOUNT, tracepoint=tp.number)
-    elif tp.step_count and tracer.running and not tracer.stepper.active:
-        tracer.stepper.start(uc, item)
 
 
 def commit(tracer: Tracer, number: int, hit: HitContext, item: Installed) -> bool:
@@ -172,7 +176,9 @@ class Stepper:
     def active(self) -> bool:
         return self._item is not None
 
-    def start(self, uc: Uc, item: Installed) -> None:
+    def start(self, uc: Uc, item: Installed, stop_after: bool = False) -> None:
+        """`stop_after`: the hit reached its pass count; the run stops once its steps are recorded."""
+        self._stop_after = stop_after
         machine = self.tracer.machine
         site = item.site
         uc.mem_write(site.address, site.original)
@@ -192,7 +198,7 @@ class Stepper:
         if uc.mem_read(self.tracer.machine.image.address_of("current"), 8) != self._task:
             self._stop_stepping(uc)  # TF followed a context switch into another task
             return
-        self._collect(uc, item, uc.reg_read(UC_X86_REG_RIP))
+        self.tracer.kgtp.timed(lambda: self._collect(uc, item, uc.reg_read(UC_X86_REG_RIP)))
         self._remaining -= 1
         if self._remaining <= 0:
             self._stop_stepping(uc)
@@ -200,14 +206,17 @@ class Stepper:
     def _stop_stepping(self, uc: Uc) -> None:
         uc.reg_write(UC_X86_REG_EFLAGS, uc.reg_read(UC_X86_REG_EFLAGS) & ~EFLAGS_TF)
         item, self._item = self._item, None
-        if item is not None and self.tracer.running and self.tracer.is_armed(item.tracepoint.key):
+        if item is not None and self.tracer.running and getattr(self, "_stop_after", False):
+            self.tracer.stop(t.StopReason.PASSCOUNT, tracepoint=item.tracepoint.number)
+        elif item is not None and self.tracer.running and self.tracer.is_armed(item.tracepoint.key):
             uc.mem_write(item.site.address, INT3)
             uc.ctl_remove_cache(item.site.address, item.site.address + len(INT3))
 
     def _collect(self, uc: Uc, item: Installed, address: int) -> None:
         tracer = self.tracer
         regs = hit_registers(tracer, uc, address)
-        hit = HitContext(uc, regs, tracer, room=tracer.room)
+        hit = HitContext(uc, regs, tracer, room=tracer.room, tracepoint=item.tracepoint,
+                         step=item.tracepoint.step_count - self._remaining + 1)
         has_registers = False
         for action, program in item.stepping:
             if program is not None:

@@ -13,6 +13,7 @@ still report their counters). Runs on the CPU thread (`Tracer` calls it under `r
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from unicorn import Uc
@@ -23,19 +24,33 @@ from ..agent.errors import ErrorCode, EvalError
 from ..agent.verify import verify
 from ..arch import amd64
 from . import model as t
+from .builtins import native_slots, runs_natively
 from .detour import COUNTERS
 from .frames import StaticBlock, encode_block
 from .hits import HitContext, interpreted_hit
 from .model import ProbeRow, TraceError
 from .placement import Installed, builtin_slots, fails_that_way
-from .probes import INT3, jump, relocate, relocated_size_bound
+from .probes import INT3, ProbeSite, jump, relocate, relocated_size_bound
 from .sdata import build_entry
 
 if TYPE_CHECKING:
     from .tracer import Tracer
 
-#: Computed built-in variables the compiled engines can refresh at a hit.
-NATIVE_BUILTINS = ("cpu_id", "current_task", "current_task_pid", "rdtsc", "clock")
+#: Computed built-in variables the compiled engines can refresh at a hit (builtins.native_refresh_asm); a location
+#: reading any other computed one runs on the Python hit path (builtins.runs_natively).
+NATIVE_BUILTINS = ("gtp_version", "cpu_id", "cpu_number", "current_task", "current_task_pid", "current_thread_info",
+                   "current_task_user", "task_pt_regs", "softirq_count", "inferior_pid", "rdtsc", "clock")
+
+
+@dataclass
+class Chain:
+    """Compiled locations sharing one address: the site reaches `head`, a link to the first detour."""
+
+    site: ProbeSite
+    kind: str  # how the site reaches the head: "jump" or "int3"
+    head: int
+    tail: int
+    members: list[tuple[Installed, int]] = field(default_factory=list)  # (location, its link), in order
 
 
 class ProbeSet:
@@ -43,6 +58,10 @@ class ProbeSet:
         self.tracer = tracer
         self.machine = tracer.machine
         self.installed: dict[tuple[int, int], Installed] = {}
+        #: address -> the chain of compiled detours of the tracepoints sharing it
+        self.chains: dict[int, Chain] = {}
+        #: shared addresses whose tracepoints all run in Python (`plan`)
+        self.python_at: set[int] = set()
         self.removed: dict[tuple[int, int], Installed] = {}
         #: address -> (out-of-line copy, its end, the tracepoints sharing the int3)
         self.int3_sites: dict[int, tuple[int, int, list[Installed]]] = {}
@@ -57,9 +76,31 @@ class ProbeSet:
 
     # ---- installing --------------------------------------------------------------------------------------
 
+    def _needs_python(self, item: Installed) -> bool:
+        """Interpreted engine, while-stepping (single-stepping lives in Python), or a variable only Python
+        computes."""
+        return self.tracer.native is None or bool(item.tracepoint.step_count) or \
+            not runs_natively(self.tracer, item.programs(), NATIVE_BUILTINS)
+
+    def plan(self, items: list[Installed]) -> None:
+        """tstart, before installing `items`: at an address shared with a location that needs Python, every
+        location there runs in Python (one int3 for all); the others of a shared address form a chain."""
+        self.python_at = {item.site.address for item in items if item.shared and self._needs_python(item)}
+
     def install(self, item: Installed) -> None:
-        if self.tracer.native is not None and not item.tracepoint.step_count and not item.shared:
-            self._install_native(item)
+        address = item.site.address
+        python = self._needs_python(item) or address in self.python_at
+        if item.shared and (python or address in self.int3_sites):
+            if address in self.chains:
+                raise TraceError(f"tracepoint {item.tracepoint.number} at {address:#x} needs the Python hit path "
+                                 "(while-stepping, or a variable only Python computes) but the tracepoints at "
+                                 "this address run compiled: define it before tstart")
+            python = True
+        if not python:
+            if item.shared:
+                self._install_chained(item)
+            else:
+                self._install_native(item)
             return
         site = item.site
         group = self.int3_sites.get(site.address)
@@ -77,19 +118,46 @@ class ProbeSet:
 
     def _hit_all(self, uc: Uc, items: list[Installed]) -> None:
         for item in list(items):
-            interpreted_hit(self.tracer, uc, item)
+            self.tracer.kgtp.timed(lambda item=item: interpreted_hit(self.tracer, uc, item))
 
     def _install_native(self, item: Installed) -> None:
         native = self.tracer.native
         assert native is not None
+        probe = self._build(item)
+        native.patch(item.site, probe, item.want_jump)
+        self.installed[item.tracepoint.key] = item
+
+    def _install_chained(self, item: Installed) -> None:
+        """One detour more in the chain of the item's address, after the others (kprobes' aggregated probes):
+        the site jumps to the chain's head link, each detour ends by jumping through its own link to the next
+        detour, the last one to the shared tail (the displaced instructions and the jump back)."""
+        native = self.tracer.native
+        assert native is not None
+        site = item.site
+        chain = self.chains.get(site.address)
+        new = chain is None
+        if chain is None:
+            tail = native.shared_tail(site)
+            chain = self.chains[site.address] = Chain(site, "", native.chain_link(tail), tail)
+        link = native.chain_link(chain.tail)
+        probe = self._build(item, continue_to=link)
+        native.relink(chain.members[-1][1] if chain.members else chain.head, probe.detour.base)
+        chain.members.append((item, link))
+        if new:  # the site last, once the chain is complete
+            chain.kind = native.patch_to(site, chain.head, item.want_jump)
+        probe.kind = chain.kind
+        self.installed[item.tracepoint.key] = item
+
+    def _build(self, item: Installed, continue_to: int | None = None):
+        """The location's detour and its hypercalls (not yet reachable from the site)."""
+        native = self.tracer.native
+        assert native is not None
         tp = item.tracepoint
-        slots = builtin_slots(item.programs())
-        if any(kind not in NATIVE_BUILTINS for _, kind in slots):
-            raise TraceError(f"tracepoint {tp.number}: unsupported built-in variable")
+        slots = native_slots(self.tracer, builtin_slots(item.programs()))
         probe = native.build(
             item.site, tp.number, item.condition, item.actions, tp.pass_count, slots,
             self.machine.image.address_of("current"), lambda code: verify(code), marker=item.marker,
-            frame_room=self.tracer.frame_room(),
+            frame_room=self.tracer.frame_room(), continue_to=continue_to,
         )
         item.native = probe
         detour = probe.detour
@@ -99,8 +167,7 @@ class ProbeSet:
             self.machine.breakpoints[detour.pass_call] = lambda uc, item=item: self._hypercall_pass(uc, item)
         for address in detour.sdata_calls:
             self.machine.breakpoints[address] = lambda uc, item=item: self._hypercall_sdata(uc, item)
-        native.patch(item.site, probe, item.want_jump)
-        self.installed[tp.key] = item
+        return probe
 
     def restore_counters(self, item: Installed, earlier: Installed) -> None:
         """A location re-enabled in the same run goes on counting from where it was."""
@@ -163,7 +230,12 @@ class ProbeSet:
         if item.native is not None:
             assert native is not None
             probe = item.native
-            native.unpatch(item.site, probe)
+            chain = self.chains.get(item.site.address)
+            if chain is not None:
+                self._unchain(chain, item)
+                native.release(probe)
+            else:
+                native.unpatch(item.site, probe)
             for address in (probe.detour.error_call, probe.detour.full_call, probe.detour.pass_call,
                             *probe.detour.sdata_calls):
                 self.machine.breakpoints.pop(address, None)
@@ -179,6 +251,19 @@ class ProbeSet:
         self.machine.breakpoints.pop(item.site.address, None)
         if group is not None:  # a preempted task may still be inside the copy
             self.tracer.retired.add([(group[0], group[1])])
+
+    def _unchain(self, chain: Chain, item: Installed) -> None:
+        """The link that led to this detour now leads where its own link led; an empty chain frees the site.
+        A task preempted inside the detour finishes it and goes on through its link, still valid."""
+        native = self.tracer.native
+        assert native is not None
+        index = next(i for i, (member, _) in enumerate(chain.members) if member is item)
+        previous = chain.members[index - 1][1] if index else chain.head
+        native.relink(previous, native.link_target(self.machine, chain.members[index][1]))
+        del chain.members[index]
+        if not chain.members:
+            native.unpatch_site(chain.site, chain.kind)
+            del self.chains[chain.site.address]
 
     def remove_all(self) -> None:
         for item in self.installed.values():

@@ -161,6 +161,7 @@ class TraceVariable:
     initial: int
     builtin: bool
     name: str
+    settable: bool = True  # a built-in GDB may set with `tvariable $name = value` (QTDV); KGTP ignores the others
 
 
 @dataclass
@@ -208,7 +209,8 @@ class Definitions:
     def define_variable(self, spec: VariableSpec) -> None:
         existing = self.variables.get(spec.number)
         if existing is not None and existing.builtin:
-            existing.initial = spec.value  # GDB may re-send a built-in (e.g. `tvariable $ignore_error = 1`)
+            if existing.settable:  # GDB re-sends every built-in at tstart (`tvariable $ignore_error = 1`)
+                existing.initial = spec.value
             return
         # only the stub's own variables are built-in: a client's flag must not make one outlive QTinit
         self.variables[spec.number] = TraceVariable(spec.number, spec.value, False, spec.name)

@@ -14,7 +14,7 @@ from ..agent.errors import BytecodeError, ErrorCode
 from ..agent.verify import Program, verify
 from ..machine import KernelImage, Marker
 from . import model as t
-from .builtins import BUILTIN_VARIABLES
+from .builtins import BUILTIN_VARIABLES, check_access, expand_bt
 from .model import TraceError, Tracepoint
 from .native import NativeProbe
 from .probes import ProbePlacementError, ProbeSite, plan_probe
@@ -33,7 +33,7 @@ class Installed:
     want_jump: bool = False
     stepping: list[tuple[t.Action, Program | None]] = field(default_factory=list)
     marker: Marker | None = None  # static tracepoints: the TRACE_EVENT site they enable
-    shared: bool = False  # another tracepoint has the same address: both run from one int3, in Python
+    shared: bool = False  # another tracepoint has the same address: they share one probe (resolve_overlaps)
     fired: int = 0
     hits: int = 0
     usage: int = 0
@@ -54,12 +54,10 @@ def prepare(
     except BytecodeError as error:
         raise TraceError(f"{where}: condition rejected: {error}") from None
     actions = verified_actions(tp.actions, tsv_slots, f"{where}: action")
-    bt = BUILTIN_VARIABLES.by_name("bt").number
-    if any(p is not None and any(i.name == "tracev" and i.operands[0] == bt for i in p.insns) for _, p in actions):
-        # KGTP's `collect $bt`: also record $bt bytes of stack from rsp, so GDB can unwind the frame
-        stack = bytes((0x26, 0x00, 0x07, 0x2C)) + bt.to_bytes(2, "big") + bytes((0x0C, 0x27))
-        actions.append((t.EvalExpression(stack), verify(stack, tsv_slots=tsv_slots)))
     stepping = verified_actions(tp.stepping_actions, tsv_slots, f"{where}: while-stepping action")
+    check_access([p for p in (condition, *(p for _, p in actions + stepping)) if p is not None], where)
+    # KGTP's `collect $bt`: also the registers and $bt bytes of stack from rsp, so GDB can unwind the frame
+    actions, stepping = expand_bt(actions, tsv_slots, verify), expand_bt(stepping, tsv_slots, verify)
     if tp.step_count and tp.fast_insn_length is not None:
         raise TraceError(f"{where}: while-stepping needs single-stepping; use trace, not ftrace")
     if tp.static:
@@ -86,31 +84,54 @@ def prepare(
 def resolve_overlaps(image: KernelImage, new: list[Installed], armed: list[Installed]) -> None:
     """Probes must not patch over each other (as kprobes refuses to optimize over another probe).
 
-    A jump whose window covers another probe's address becomes an int3 (re-planned: its detour then runs
-    only the one instruction); a probe inside an armed jump's window, or a second tracepoint at an address
-    that already has one, is refused with a message.
+    Several tracepoints at one address (GDB allows it) share one probe, as kprobes aggregates probes: they are
+    marked `shared` and get the same site, a jump when every one of them wants it, and run in definition order
+    (compiled: a chain of detours; else one int3 in Python). A tracepoint added during a run joins the probe
+    already at its address, unless that is a compiled probe of a single tracepoint (define both before tstart).
+    A jump whose window covers another probe's address becomes an int3 (re-planned: its detour then runs only
+    the one instruction); a probe inside an armed jump's window is refused with a message.
     """
-    armed_at = {item.site.address: item for item in armed}
-    addresses = [item.site.address for item in new] + list(armed_at)
+    armed_at: dict[int, list[Installed]] = {}
+    for item in armed:
+        armed_at.setdefault(item.site.address, []).append(item)
+    new_at: dict[int, list[Installed]] = {}
+    for item in new:
+        new_at.setdefault(item.site.address, []).append(item)
+    addresses = set(new_at) | set(armed_at)
+    for address, items in new_at.items():
+        others = armed_at.get(address, [])
+        if len(items) + len(others) < 2:
+            continue
+        if others:  # join the armed probe: its site, its kind
+            first = others[0]
+            if first.native is not None and not first.shared:
+                where = f"tracepoint {items[0].tracepoint.number} at {address:#x}"
+                raise TraceError(f"{where}: tracepoint {first.tracepoint.number} already has a compiled "
+                                 "probe here; define both before tstart")
+            site, jumps = first.site, first.want_jump
+        else:
+            site, jumps = None, all(item.want_jump for item in items)
+            if jumps:
+                try:
+                    site = plan_probe(image, address, "jump")
+                except ProbePlacementError:
+                    jumps = False
+            if site is None:
+                site = plan_probe(image, address, "int3")
+        for item in items:
+            if item.tracepoint.fast_insn_length is not None and not jumps:
+                raise TraceError(f"tracepoint {item.tracepoint.number} at {address:#x}: fast tracepoint "
+                                 "impossible: the probe shared at this address cannot be a jump")
+            item.shared, item.site, item.want_jump = True, site, jumps
+        for other in others:
+            other.shared = True
     for item in new:
         where = f"tracepoint {item.tracepoint.number} at {item.site.address:#x}"
-        if addresses.count(item.site.address) > 1:
-            # several tracepoints at one address (GDB allows it): one int3 runs them all, in Python
-            other = armed_at.get(item.site.address)
-            if other is not None and other.native is not None:
-                raise TraceError(f"{where}: tracepoint {other.tracepoint.number} already has a compiled "
-                                 "probe here; define both before tstart")
-            if item.tracepoint.fast_insn_length is not None:
-                raise TraceError(f"{where}: fast tracepoint impossible: another tracepoint at this address")
-            item.shared = True
-            item.site = plan_probe(image, item.site.address, "int3")
-            item.want_jump = False
-            continue
         for other in armed:
             if other.native is not None and other.native.kind == "jump" and \
                     other.site.address < item.site.address < other.site.address + other.site.length:
                 raise TraceError(f"{where}: inside the 5-byte jump of tracepoint {other.tracepoint.number}")
-        if item.site.kind == "jump":
+        if item.site.kind == "jump" and item.site.address not in armed_at:
             window = range(item.site.address + 1, item.site.address + item.site.length)
             if any(address in window for address in addresses):
                 if item.tracepoint.fast_insn_length is not None:

@@ -21,8 +21,8 @@ from unicorn.x86_const import UC_X86_REG_RIP
 
 from ..agent.errors import ErrorCode, EvalError
 from ..agent.verify import Program
-from ..machine import Machine, Marker
-from .builtins import BUILTIN_VARIABLES, BuiltinContext
+from ..machine import MODULE_BASE, MODULE_SIZE, Machine, Marker
+from .builtins import BUILTIN_VARIABLES, EINVAL, IGNORE_ERROR, LAST_ERRNO, BuiltinContext, KgtpState, gdb_value, setting
 from .clock import Tsc
 from .fastregs import RegisterReader
 from .frames import StaticBlock, TraceFrame, encode_frame
@@ -37,9 +37,9 @@ from .sdata import render
 
 log = logging.getLogger(__name__)
 
-#: Bound on the instructions run to let a hit leave the tracer's code before a run changes (a detour with a
-#: looping expression under its loop budget stays far below it).
-MAX_STEPS_TO_FINISH_A_HIT = 2_000_000
+#: Bound on the runs that let a hit leave the tracer's code before a run changes (each ends at a block boundary;
+#: only requests of other threads can end one early, so a few suffice).
+MAX_RUNS_TO_FINISH_A_HIT = 10_000
 
 
 class MachineMemory:
@@ -89,6 +89,7 @@ class Tracer:
         self.printed: list[str] = []
         self.tsc = Tsc()
         self.registers = RegisterReader()
+        self.kgtp = KgtpState()  # what KGTP's special variables keep across hits (builtins.py)
         for variable in BUILTIN_VARIABLES:
             self.definitions.variables[variable.number] = variable.definition()
 
@@ -97,7 +98,12 @@ class Tracer:
     def variable_value(self, number: int, hit: HitContext | None = None) -> int | None:
         builtin = BUILTIN_VARIABLES.by_number(number)
         if builtin is not None and builtin.computed and hit is not None:
-            return builtin.compute(BuiltinContext(hit.uc, self.machine, self.tsc))
+            return builtin.compute(BuiltinContext(hit.uc, self.machine, self.tsc, hit, self))
+        if builtin is not None and hit is None:  # GDB asks (qTv): live, a setting, or unknown, as KGTP answers
+            return gdb_value(self, builtin, lambda: self._stored_value(number))
+        return self._stored_value(number)
+
+    def _stored_value(self, number: int) -> int | None:
         if self.native is not None and number < self.native.tsv_slots and self._has_run:
             return self.native.read_tsv(number)
         if number in self.values:
@@ -120,9 +126,6 @@ class Tracer:
         else:
             self.values[number] = value
 
-    @property
-    def ignore_errors(self) -> bool:
-        return bool(self.variable_value(BUILTIN_VARIABLES.by_name("ignore_error").number))
 
     # ---- settings the handlers change ---------------------------------------------------------------------
 
@@ -153,23 +156,43 @@ class Tracer:
         if self.running:
             self._stop_now(StopReason.STOP_COMMAND)
         self.retired.release()
-        prepared = [self._prepare(tp) for tp in self.definitions.tracepoints.values() if tp.enabled]
+        # KGTP's $ignore_error: a tracepoint that cannot be installed is left out, its error in $last_errno
+        ignore_error, last_errno = bool(setting(self, IGNORE_ERROR)), 0
+        prepared = []
+        for tp in [tp for tp in self.definitions.tracepoints.values() if tp.enabled]:
+            try:
+                prepared.append(self._prepare(tp))
+            except TraceError as error:
+                if not ignore_error:
+                    raise
+                log.warning("tstart left out %s", error)
+                last_errno = -EINVAL
         resolve_overlaps(self.machine.image, prepared, [])
+        self.kgtp.start([item.tracepoint for item in prepared], self.tsc)
         try:
             self._allocate_ring()
         except MemoryError as error:
             raise TraceError(f"cannot allocate a {self.definitions.buffer_size:#x}-byte trace buffer: {error}") from None
         self.values = {n: v.initial for n, v in self.definitions.variables.items()}
+        self.values[LAST_ERRNO] = last_errno
         self.probes.reset()
         self.room = self.frame_room()
         self._start_native()
+        self.probes.plan(prepared)
         try:
             for item in prepared:
-                self.probes.install(item)
+                try:
+                    self.probes.install(item)
+                except TraceError as error:
+                    if not ignore_error:
+                        raise
+                    log.warning("tstart left out %s", error)
+                    last_errno = -EINVAL
         except Exception:
             self.probes.remove_all()
             raise
         self.running = True
+        self.set_variable(LAST_ERRNO, last_errno & (2**64 - 1))
         self.stop_reason = StopReason.NOT_RUN  # what gdbserver reports while running, too
         self.stop_note = None
         self.stopping_tracepoint = 0
@@ -216,14 +239,16 @@ class Tracer:
         regions = self.retired.regions + (self.native.code_regions if self.native is not None else [])
         regions += self.probes.code_regions()
         cpu = self.machine.cpu
-        for step in range(MAX_STEPS_TO_FINISH_A_HIT):
+        for _ in range(MAX_RUNS_TO_FINISH_A_HIT):
             rip = uc.reg_read(UC_X86_REG_RIP)
             if not any(low <= rip < high for low, high in regions):
                 return
-            if step == 0:
-                uc.ctl_flush_tb()  # blocks translated without a count would run past `count=1`
-            cpu.run(count=1)
-        raise TraceError(f"a hit did not leave the tracer's code within {MAX_STEPS_TO_FINISH_A_HIT} instructions")
+            # Every piece of the tracer's code lives in module space: run until a block starts outside it. (Not
+            # one instruction at a time: a run limited by a count drops a #PF raised by its instruction, so a
+            # collection that faults would be retried forever instead of reaching its fault fixup.)
+            cpu.stopper.stop_outside(MODULE_BASE, MODULE_BASE + MODULE_SIZE)
+            cpu.run(keep_stop_request=True)
+        raise TraceError(f"a hit did not leave the tracer's code within {MAX_RUNS_TO_FINISH_A_HIT} runs")
 
     def _stop_now(self, reason: StopReason, note: str | None = None, tracepoint: int = 0) -> None:
         if not self.running:
@@ -257,6 +282,7 @@ class Tracer:
     def arm(self, tp: Tracepoint) -> None:
         """Install one location during a run (InstallInTrace, QTEnable)."""
         if self.running and tp.enabled and tp.key not in self.probes.installed:
+            self.kgtp.admit(tp)
             item = self._prepare(tp)
             resolve_overlaps(self.machine.image, [item], list(self.probes.installed.values()))
             earlier = self.probes.removed.pop(tp.key, None)
@@ -278,11 +304,11 @@ class Tracer:
         return error is not None and error.code is ErrorCode.MEMORY_FAULT and faults_lose_a_block(program)
 
     def check(self, error: EvalError | None, tp: Tracepoint) -> bool:
-        """True when there is no error; else records `terror` (unless `$ignore_error`) and says the hit ends."""
+        """True when there is no error; else records `terror` and says the hit ends (as KGTP, whose
+        `$ignore_error` is about tstart only)."""
         if error is None:
             return True
-        if not self.ignore_errors:
-            self.stop(StopReason.ERROR, note=f"tracepoint {tp.number}: {error}", tracepoint=tp.number)
+        self.stop(StopReason.ERROR, note=f"tracepoint {tp.number}: {error}", tracepoint=tp.number)
         return False
 
     # ---- what GDB asks about the run ----------------------------------------------------------------------

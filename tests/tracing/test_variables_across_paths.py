@@ -13,6 +13,7 @@ import pytest
 from kgtp_sim.agent.opcodes import assemble
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
+from kgtp_sim.tracing.builtins import BUILTIN_VARIABLES
 from kgtp_sim.tracing import Tracer
 from kgtp_sim.arch import amd64
 from kgtp_sim.tracing.frames import TsvBlock
@@ -24,7 +25,7 @@ from ..conftest import VMLINUX
 IMAGE = KernelImage.load(VMLINUX)
 SITE = IMAGE.address_of("kgtp_test_function")
 MARKER = next(m for m in IMAGE.markers if m.name == "kgtp_module_event")
-HITS = 8  # the first number GDB gives a user variable after the stub's built-ins
+HITS = max(b.number for b in BUILTIN_VARIABLES) + 1  # the first number GDB gives a user variable after them
 CALLS = 12
 # GDB 13's bytecode for `teval $hits = $hits + 1` and `collect $hits` (tests/agent/data/gdb13_corpus.json)
 INCREMENT = assemble(f"getv {HITS}; const8 1; add; ext 64; setv {HITS}; pop; end")

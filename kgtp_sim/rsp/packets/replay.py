@@ -1,0 +1,78 @@
+"""Packets that move execution: single step, reverse step and continue, software breakpoints.
+
+The kernel never stops, so these act only on a replay of recorded while-stepping frames (`monitor replay`, see
+kgtp_sim/stub/replay.py). `c` is in connect.py (outside a replay it waits for the user's Ctrl-C).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Self
+
+from .base import Packet, PacketError, parse_hex, split_exact
+
+
+@dataclass(frozen=True)
+class Step(Packet):
+    """`s [addr]`: one step forward."""
+
+    PREFIX = b"s"
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        if body:
+            parse_hex(body, "resume address")
+        return cls()
+
+
+@dataclass(frozen=True)
+class ReverseStep(Packet):
+    """`bs`: one step backward (advertised so that GDB's reverse-step and reverse-next use it)."""
+
+    PREFIX = b"bs"
+    EXACT = True
+    FEATURES = ("ReverseStep+",)
+
+
+@dataclass(frozen=True)
+class ReverseContinue(Packet):
+    """`bc`: backward until a breakpoint or the start of the recording."""
+
+    PREFIX = b"bc"
+    EXACT = True
+    FEATURES = ("ReverseContinue+",)
+
+
+def _breakpoint(body: bytes, what: str) -> tuple[int, int, int]:
+    kind, address, size = split_exact(body.split(b";", 1)[0], b",", 3, what)
+    if len(kind) != 1 or kind not in b"01234":
+        raise PacketError(f"{what}: unknown breakpoint type {kind!r}")
+    return int(kind), parse_hex(address, "address"), parse_hex(size, "kind", bits=32)
+
+
+@dataclass(frozen=True)
+class InsertBreakpoint(Packet):
+    """`Z<type>,<addr>,<kind>[;cond...]`."""
+
+    PREFIX = b"Z"
+    type: int = 0
+    address: int = 0
+    kind: int = 1
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        return cls(*_breakpoint(body, "Z"))
+
+
+@dataclass(frozen=True)
+class RemoveBreakpoint(Packet):
+    """`z<type>,<addr>,<kind>`."""
+
+    PREFIX = b"z"
+    type: int = 0
+    address: int = 0
+    kind: int = 1
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        return cls(*_breakpoint(body, "z"))
