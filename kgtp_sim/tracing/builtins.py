@@ -16,6 +16,10 @@ What each one means on the simulated machine (one CPU, kernel threads only, no p
 The compiled engines refresh the slots of the computed ones their bytecode reads at each hit (`native_refresh_asm`,
 used by `detour.py`); the few only Python can compute run their tracepoint on the Python hit path instead
 (`runs_natively`).
+
+Why this module is long: it is KGTP's table of 48 variables, each with its access rules, its Python computation
+and, for the computed ones, the native code that refreshes it in a detour; one variable's three faces are kept
+together so that no engine can disagree with another about it.
 """
 
 from __future__ import annotations
