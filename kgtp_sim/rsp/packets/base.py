@@ -32,6 +32,18 @@ class Packet:
         return cls()
 
 
+@dataclass(frozen=True)
+class Resume(Packet):
+    """A packet that resumes execution (`c [addr]`, `s [addr]`): the optional address GDB may send is checked,
+    then ignored, as execution goes on where it is."""
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        if body:
+            parse_hex(body, "resume address")
+        return cls()
+
+
 def parse_hex(text: bytes, what: str = "number", *, bits: int = 64) -> int:
     """A non-empty unsigned hex number that fits in `bits` bits (GDB never sends more than 64)."""
     if not text:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Self
 
-from .base import Packet, PacketError, parse_hex, parse_hex_bytes, parse_signed_hex
+from .base import Packet, PacketError, Resume, parse_hex, parse_hex_bytes, parse_signed_hex
 
 
 @dataclass(frozen=True)
@@ -130,16 +130,10 @@ class Kill(Packet):
 
 
 @dataclass(frozen=True)
-class Continue(Packet):
+class Continue(Resume):
     """`c`: the kernel never stops, so continuing only means waiting for the user's Ctrl-C."""
 
     PREFIX = b"c"
-
-    @classmethod
-    def parse(cls, body: bytes) -> Self:
-        if body:
-            parse_hex(body, "resume address")
-        return cls()
 
 
 @dataclass(frozen=True)

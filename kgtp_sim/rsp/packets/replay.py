@@ -9,20 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Self
 
-from .base import Packet, PacketError, parse_hex, split_exact
+from .base import Packet, PacketError, Resume, parse_hex, split_exact
 
 
 @dataclass(frozen=True)
-class Step(Packet):
+class Step(Resume):
     """`s [addr]`: one step forward."""
 
     PREFIX = b"s"
-
-    @classmethod
-    def parse(cls, body: bytes) -> Self:
-        if body:
-            parse_hex(body, "resume address")
-        return cls()
 
 
 @dataclass(frozen=True)
