@@ -35,6 +35,11 @@ BLOCK_BYTES = (abi.REG_BLOCK_BYTES + 7) & ~7
 #: for passcount), frame bytes written, and the start of the frame being written (scratch).
 COUNTERS = struct.Struct("<QQQQ")
 FIRED, HITS, USAGE, FRAME_START = 0x0, 0x8, 0x10, 0x18
+#: The counters have a page of their own, which holds no code, right before the detour's entry: the emulator
+#: drops the translated code of a page its guest writes to (self-modifying code), so counters that shared a page
+#: with code would have that code translated again at every hit (host memory grew with the hits).
+DATA_PAGE = 0x1000
+_DATA = ["counters:", ".quad 0x0, 0x0, 0x0, 0x0", f".space {DATA_PAGE - COUNTERS.size:#x}", "detour:"]
 
 _GPR = ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15")
 #: What the compiled code and the ring routines may clobber (SysV caller-saved): restored from the block.
@@ -121,7 +126,7 @@ class Detour:
     full_call: int  # ... when the ring refused a frame
     pass_call: int  # ... when the pass count is reached
     sdata_calls: tuple[int, ...] = ()  # ... where `collect $_sdata` builds the entry
-    counters: int = 0  # the location's COUNTERS (fired, hits, bytes, scratch), just before the entry
+    counters: int = 0  # the location's COUNTERS (fired, hits, bytes, scratch), on the page before the entry
 
 
 def _save_block(site: int, segments: bool) -> list[str]:
@@ -225,7 +230,7 @@ def fast_path_offset(plan: DetourPlan, base: int, where: str) -> int:
     jump to fast_slow has the same size with the label right after, as long as what follows stays under 128
     bytes."""
     assert plan.fast is not None
-    lines = ["counters:", ".quad 0x0, 0x0, 0x0, 0x0", "detour:"] + _fast_path(plan)
+    lines = _DATA + _fast_path(plan)
     prefix = _expand(lines[: lines.index({"inline": _INLINE, "tail": _TAIL}[where])], plan.fast) + ["fast_slow:"]
     return len(assemble("\n".join(prefix), base))
 
@@ -234,9 +239,9 @@ def build(plan: DetourPlan, base: int) -> Detour:
     """Assemble the detour at `base`. Without a fast path the caller appends the displaced-code tail; with one,
     the tail sits right after the fast path (see FastPath) and the full path ends by jumping to it."""
     ctx = plan.ctx
-    # The location's counters open the allocation (never executed); the detour's entry follows them, so any
-    # path can count with one RIP-relative instruction.
-    lines = ["counters:", ".quad 0x0, 0x0, 0x0, 0x0", "detour:"]
+    # The location's counters open the allocation on a page of their own (never executed); the detour's entry
+    # starts the next page, so any path counts with one RIP-relative instruction and no write lands on code.
+    lines = list(_DATA)
     if plan.fast is not None:
         lines += _expand(_fast_path(plan), plan.fast)
     lines += _save_block(plan.site, plan.collect_registers or plan.reads_segments)
@@ -347,10 +352,10 @@ def build(plan: DetourPlan, base: int) -> Detour:
     if plan.fast is not None:
         lines.append(f"jmp {plan.fast_tail_address:#x}")
     code = assemble("\n".join(lines), base)
-    entry = base + COUNTERS.size
+    entry = base + DATA_PAGE
     # The hypercall int3s, in source order: [pass_call,] error_call, full_call (decoded, so an 0xcc inside an
     # immediate is never mistaken for one).
-    calls = [insn.address for insn in decode(code[COUNTERS.size :], entry) if insn.mnemonic == "int3"]
+    calls = [insn.address for insn in decode(code[DATA_PAGE:], entry) if insn.mnemonic == "int3"]
     sdata = sum(1 for entry, *_ in plan.actions if entry is None)  # only the hypercall form has an int3
     sdata_calls, calls = tuple(calls[:sdata]), calls[sdata:]
     if plan.pass_count:

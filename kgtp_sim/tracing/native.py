@@ -231,7 +231,7 @@ class CompiledRun:
         if fast is not None:
             plan = replace(plan, fast=fast)
             trial = d.build(replace(plan, fast=replace(fast, tail=bytes(tail_bound))), _TRIAL_BASE)
-            base = self.machine.alloc_code(len(trial.code) + 16)
+            raw, base = self._alloc_detour(len(trial.code) + 16)
             tail_at = base + d.fast_path_offset(plan, base, "tail")
             tail = self._tail(site, tail_at, continue_to)
             if fast.inline:  # the condition's branch, linked where it goes, to fast_slow right after the tail
@@ -245,16 +245,22 @@ class CompiledRun:
             end = base + len(code)
         else:
             trial = d.build(plan, _TRIAL_BASE)
-            base = self.machine.alloc_code(len(trial.code) + 16 + tail_bound)
+            raw, base = self._alloc_detour(len(trial.code) + 16 + tail_bound)
             built = d.build(plan, base)
             tail_at = base + len(built.code)
             tail = self._tail(site, tail_at, continue_to)
             code = built.code + tail
             end = tail_at + len(tail)
         self.machine.write_memory(base, code)
-        regions = [c.base for c in compiled] + [base]
-        self.code_regions += [(c.base, c.end) for c in compiled] + [(base, end)]
+        regions = [c.base for c in compiled] + [raw]
+        self.code_regions += [(c.base, c.end) for c in compiled] + [(raw, end)]
         return NativeProbe("int3", built, built.counters, compiled, regions)
+
+    def _alloc_detour(self, length: int) -> tuple[int, int]:
+        """(allocation, base): `length` bytes from a page boundary, so that the counters' page (detour.DATA_PAGE)
+        holds nothing of another allocation's code."""
+        raw = self.machine.alloc_code(length + d.DATA_PAGE)
+        return raw, (raw + d.DATA_PAGE - 1) & ~(d.DATA_PAGE - 1)
 
     @staticmethod
     def _tail(site: ProbeSite, at: int, continue_to: int | None) -> bytes:
