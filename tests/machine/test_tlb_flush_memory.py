@@ -34,10 +34,10 @@ def rss_mib():
     return next(int(l.split()[1]) // 1024 for l in open("/proc/self/status") if l.startswith("VmRSS"))
 
 def code_buffer_kib():
-    # the translated-code buffer: the one writable and executable mapping of 256 MiB or more
+    # the translated-code buffer: the one writable and executable mapping of 16 MiB or more (cpu.TRANSLATION_CACHE)
     for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", open("/proc/self/smaps").read()):
         start, end = (int(x, 16) for x in block.split()[0].split("-"))
-        if " rwxp " in block.split("\n", 1)[0] and end - start >= 256 << 20:
+        if " rwxp " in block.split("\n", 1)[0] and end - start >= 16 << 20:
             return int(re.search(r"^Rss:\s+(\d+)", block, re.M).group(1))
     raise SystemExit("no code buffer mapping found")
 
