@@ -402,8 +402,6 @@ class Cpu:
         self.frames_in_use = 0
 
         self.breakpoints: dict[int, BreakpointHandler] = {}
-        #: called as listener(vector, interrupted_rip, interrupted_rsp) after each delivery through the IDT
-        self.delivery_listeners: list[Callable[[int, int, int], None]] = []
         #: the single-step trap (#DB after an instruction run with EFLAGS.TF): the stub's while-stepping, never the
         #: kernel's (it sets no TF); handler(uc) runs with RIP at the next instruction
         self.debug_trap: BreakpointHandler | None = None
@@ -580,8 +578,6 @@ class Cpu:
         regs.write(X.UC_X86_REG_EFLAGS, rflags)
         regs.write(X.UC_X86_REG_RIP, low | middle << 16 | high << 32)
         self.delivered[vector] += 1
-        for listener in self.delivery_listeners:  # e.g. single-stepping, which must not step into handlers
-            listener(vector, rip, rsp)
 
     # ---- hooks (run on the CPU thread, inside emu_start) ---------------------------------------------------
 

@@ -37,36 +37,32 @@ class ReverseContinue(Packet):
     FEATURES = ("ReverseContinue+",)
 
 
-def _breakpoint(body: bytes, what: str) -> tuple[int, int, int]:
-    kind, address, size = split_exact(body.split(b";", 1)[0], b",", 3, what)
-    if len(kind) != 1 or kind not in b"01234":
-        raise PacketError(f"{what}: unknown breakpoint type {kind!r}")
-    return int(kind), parse_hex(address, "address"), parse_hex(size, "kind", bits=32)
+@dataclass(frozen=True)
+class _Breakpoint(Packet):
+    """`Z`/`z<type>,<addr>,<kind>[;cond...]`: the fields both share."""
+
+    type: int = 0
+    address: int = 0
+    kind: int = 1
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        what = cls.PREFIX.decode()
+        kind, address, size = split_exact(body.split(b";", 1)[0], b",", 3, what)
+        if len(kind) != 1 or kind not in b"01234":
+            raise PacketError(f"{what}: unknown breakpoint type {kind!r}")
+        return cls(int(kind), parse_hex(address, "address"), parse_hex(size, "kind", bits=32))
 
 
 @dataclass(frozen=True)
-class InsertBreakpoint(Packet):
+class InsertBreakpoint(_Breakpoint):
     """`Z<type>,<addr>,<kind>[;cond...]`."""
 
     PREFIX = b"Z"
-    type: int = 0
-    address: int = 0
-    kind: int = 1
-
-    @classmethod
-    def parse(cls, body: bytes) -> Self:
-        return cls(*_breakpoint(body, "Z"))
 
 
 @dataclass(frozen=True)
-class RemoveBreakpoint(Packet):
+class RemoveBreakpoint(_Breakpoint):
     """`z<type>,<addr>,<kind>`."""
 
     PREFIX = b"z"
-    type: int = 0
-    address: int = 0
-    kind: int = 1
-
-    @classmethod
-    def parse(cls, body: bytes) -> Self:
-        return cls(*_breakpoint(body, "z"))
