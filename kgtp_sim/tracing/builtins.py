@@ -250,8 +250,7 @@ def _live_clock(tracer: Tracer) -> int:
 
 
 def _discarded(tracer: Tracer) -> int:
-    state = tracer.ring.state() if tracer.ring is not None else None
-    return 0 if state is None else max(0, state.created - state.frames)
+    return tracer.ring.state().discards if tracer.ring is not None else 0
 
 
 class BuiltinTable(tuple):
@@ -285,7 +284,7 @@ BUILTIN_VARIABLES = BuiltinTable((
     Builtin(8, "cooked_rdtsc", compute=_cooked_rdtsc,
             summary="$rdtsc minus the ticks tracepoint handlers took since tstart"),
     Builtin(9, "gtp_rb_discard_page_number", agent_read=False, gdb_read=_discarded,
-            summary="frames the circular buffer discarded to make room (the ring has no pages)"),
+            summary="times the circular buffer discarded its oldest page's worth of frames to make room"),
     Builtin(10, "printk_tmp", agent_write=True, summary="scratch value for $printk_format"),
     Builtin(11, "printk_level", PRINTK_LEVEL_DEFAULT, agent_read=False, agent_write=True,
             summary="level of direct output (kept; direct output is not implemented yet)"),

@@ -26,8 +26,9 @@ from ..agent.asm import assemble_text
 from ..agent.errors import ErrorCode
 from ..arch import amd64
 from .builtins import native_refresh_asm
+from .frames import ALL_GENERAL, COMPACT_HEADER, FRAME_HEADER
 from .probes import decode
-from .ring import reserve_and_commit_asm
+from .ring import BLOCKS_AT, CTL_CREATED, CTL_FRAMES, CTL_HEAD, CTL_LIMIT, CTL_PHYS, reserve_and_commit_asm
 
 #: Bytes of the register block on the detour's stack: the 24 registers GDB's agent numbers, 8-aligned.
 BLOCK_BYTES = (abi.REG_BLOCK_BYTES + 7) & ~7
@@ -104,7 +105,8 @@ class DetourPlan:
     ctx: int
     runtime: Runtime
     condition: int | None  # entry of the compiled condition
-    collect_registers: bool
+    #: the general registers the frame records (frames.compact_mask; 0: none, ALL_GENERAL: a full `R` block)
+    register_mask: int
     #: (entry, faults lose a block, loops); None = $_sdata through a hypercall, SdataPlan = $_sdata built in place
     actions: tuple[tuple[int | SdataPlan | None, bool, bool], ...]
     max_frame: int  # bytes of blocks a frame may take
@@ -116,6 +118,10 @@ class DetourPlan:
     loop_budget: int = 10000
     fast: FastPath | None = None
     fast_tail_address: int = 0  # where FastPath.tail sits (the full path ends there too)
+    #: ring control block; with `lean`, a hit whose frame is only its compact register block records it on the
+    #: short path (see `_lean_path`) and takes the full path only when the ring needs padding or eviction
+    ring_ctl: int = 0
+    lean: bool = False
 
 
 @dataclass(frozen=True)
@@ -244,9 +250,11 @@ def build(plan: DetourPlan, base: int) -> Detour:
     lines = list(_DATA)
     if plan.fast is not None:
         lines += _expand(_fast_path(plan), plan.fast)
-    lines += _save_block(plan.site, plan.collect_registers or plan.reads_segments)
+    if plan.lean:
+        lines += _lean_path(plan)
+    lines += _save_block(plan.site, bool(plan.register_mask & _SEGMENTS) or plan.reads_segments)
     lines += [f"movabs ${ctx:#x}, %rsi"]
-    if plan.fast is None:  # with a fast path, it counted the hit already
+    if plan.fast is None and not plan.lean:  # else the fast or the short path counted the hit already
         lines.append(f"incq counters+{FIRED:#x}(%rip)")
     lines += _builtins(plan)
     if plan.condition is not None:
@@ -275,24 +283,7 @@ def build(plan: DetourPlan, base: int) -> Detour:
         f"mov %rax, {abi.CTX_TRACE_PTR:#x}(%rsi)",
         f"mov %rdx, {abi.CTX_TRACE_LIMIT:#x}(%rsi)",
     ]
-    if plan.collect_registers:
-        # 'R' + the 24 registers + zeros up to the `g` packet's length (x87 state: not collected)
-        zero_bytes = amd64.G_PACKET_SIZE - abi.REG_BLOCK_BYTES
-        assert zero_bytes % 8 == 0 and BLOCK_BYTES - abi.REG_BLOCK_BYTES == 4
-        lines += [
-            "mov %rax, %rdi",
-            "movb $0x52, (%rdi)",
-            "inc %rdi",
-            "mov %rsp, %rsi",
-            f"mov ${BLOCK_BYTES // 8:#x}, %ecx",  # qwords: the block's 4 bytes of padding are zeroed next
-            "rep movsq",
-            "sub $0x4, %rdi",
-            "xor %eax, %eax",
-            f"mov ${zero_bytes // 8:#x}, %ecx",
-            "rep stosq",
-            f"movabs ${ctx:#x}, %rsi",
-            f"mov %rdi, {abi.CTX_TRACE_PTR:#x}(%rsi)",
-        ]
+    lines += _collect_registers(plan)
     for index, (entry, fault_tolerant, loops) in enumerate(plan.actions):
         if entry is None:  # $_sdata: a hypercall writes the entry at ctx.trace_ptr
             lines += ["int3", f"movabs ${ctx:#x}, %rsi"]
@@ -349,8 +340,7 @@ def build(plan: DetourPlan, base: int) -> Detour:
         "int3",
         "done:",
     ] + _restore_block()
-    if plan.fast is not None:
-        lines.append(f"jmp {plan.fast_tail_address:#x}")
+    lines.append(_to_tail(plan) if plan.fast is not None else "detour_tail:")
     code = assemble("\n".join(lines), base)
     entry = base + DATA_PAGE
     # The hypercall int3s, in source order: [pass_call,] error_call, full_call (decoded, so an 0xcc inside an
@@ -363,6 +353,134 @@ def build(plan: DetourPlan, base: int) -> Detour:
     else:
         (error_call, full_call), pass_call = calls, 0
     return Detour(entry, code, error_call, full_call, pass_call, sdata_calls, counters=base)
+
+
+#: Register mask bits of cs..gs.
+_SEGMENTS = sum(1 << amd64.REGISTER_INDEX[name] for name in ("cs", "ss", "ds", "es", "fs", "gs"))
+
+
+def _collect_registers(plan: DetourPlan) -> list[str]:
+    """The register block at the frame's start (%rax), from the block on the stack: all of GDB's `R` block
+    (the x87 part zero), or the compact `r` block of the registers the mask names (frames.py)."""
+    mask = plan.register_mask
+    if not mask:
+        return []
+    lines = ["mov %rax, %rdi"]
+    if mask == ALL_GENERAL:
+        # 'R' + the 24 registers + zeros up to the `g` packet's length (x87 state: not collected)
+        zero_bytes = amd64.G_PACKET_SIZE - abi.REG_BLOCK_BYTES
+        assert zero_bytes % 8 == 0 and BLOCK_BYTES - abi.REG_BLOCK_BYTES == 4
+        lines += [
+            "movb $0x52, (%rdi)",
+            "inc %rdi",
+            "mov %rsp, %rsi",
+            f"mov ${BLOCK_BYTES // 8:#x}, %ecx",  # qwords: the block's 4 bytes of padding are zeroed next
+            "rep movsq",
+            "sub $0x4, %rdi",
+            "xor %eax, %eax",
+            f"mov ${zero_bytes // 8:#x}, %ecx",
+            "rep stosq",
+        ]
+    else:
+        lines += ["movb $0x72, (%rdi)", f"movl ${mask:#x}, 0x1(%rdi)"]
+        at = 1 + COMPACT_HEADER.size
+        for index, register in enumerate(amd64.GENERAL_REGISTERS):
+            if mask >> index & 1:
+                source = "%rax" if register.size == 8 else "%eax"  # a 32-bit load zero-extends
+                lines += [f"mov {amd64.OFFSETS[index]:#x}(%rsp), {source}", f"mov %rax, {at:#x}(%rdi)"]
+                at += 8
+        lines.append(f"add ${at:#x}, %rdi")
+    return lines + [f"movabs ${plan.ctx:#x}, %rsi", f"mov %rdi, {abi.CTX_TRACE_PTR:#x}(%rsi)"]
+
+
+def _to_tail(plan: DetourPlan) -> str:
+    """The jump to the displaced instructions: they follow the fast path, or the detour's code."""
+    return f"jmp {plan.fast_tail_address:#x}" if plan.fast is not None else "jmp detour_tail"
+
+
+#: The entry header's fields, as ring.py lays them out.
+_LENGTH, _TIMESTAMP, _SEQUENCE, _TRACEPOINT, _FRAME_SIZE = 0x0, 0x8, 0x10, 0x18, 0x1A
+
+
+def _lean_path(plan: DetourPlan) -> list[str]:
+    """A frame that is only the compact register block, written straight into the ring: its size is known
+    here, so when the ring's short-path limit shows it fits with no padding and no eviction, the entry is stamped
+    and published in place, registers stored from where they are, with none of the full path's block save, calls
+    or hypercalls. Otherwise it falls through to the full path with the site's state untouched (the condition,
+    pure, is then evaluated again there). Reached with the site's registers and flags, right after the fast
+    path found the condition true, or at the entry."""
+    mask = plan.register_mask
+    assert mask and mask != ALL_GENERAL and plan.site >= (1 << 64) - (1 << 31)  # rip stored as a sign-extended imm32
+    frame_size = register_bytes(mask)
+    need = (BLOCKS_AT + frame_size + 7) & ~7
+    pushed = ("rax", "rcx", "rdx", "r8")
+    lines = ["pushfq", "cli"]
+    if plan.fast is None:
+        lines.append(f"incq counters+{FIRED:#x}(%rip)")
+    lines += [f"push %{name}" for name in pushed]
+    slot = {name: 8 * (len(pushed) - 1 - i) for i, name in enumerate(pushed)}  # where each pushed one is
+    flags_slot, site_rsp = 8 * len(pushed), 8 * len(pushed) + 8
+    lines += [
+        "rdtsc",
+        "shl $0x20, %rdx",
+        "or %rax, %rdx",  # the timestamp
+        f"movabs ${plan.ring_ctl:#x}, %r8",
+        f"mov {CTL_HEAD:#x}(%r8), %rax",
+        f"add ${need:#x}, %rax",
+        f"cmp {CTL_LIMIT:#x}(%r8), %rax",
+        "ja lean_slow",
+        f"mov {CTL_PHYS:#x}(%r8), %rcx",  # the entry
+        f"mov %rdx, {_TIMESTAMP:#x}(%rcx)",
+        f"movq ${need:#x}, {_LENGTH:#x}(%rcx)",  # length, and cpu 0
+        f"mov {CTL_CREATED:#x}(%r8), %rdx",
+        f"mov %rdx, {_SEQUENCE:#x}(%rcx)",
+        f"movw ${plan.tracepoint:#x}, {_TRACEPOINT:#x}(%rcx)",
+        f"movl ${frame_size:#x}, {_FRAME_SIZE:#x}(%rcx)",
+        f"movb $0x72, {BLOCKS_AT:#x}(%rcx)",
+        f"movl ${mask:#x}, {BLOCKS_AT + 1:#x}(%rcx)",
+    ]
+    at = BLOCKS_AT + 1 + COMPACT_HEADER.size
+    for index, register in enumerate(amd64.GENERAL_REGISTERS):
+        if not mask >> index & 1:
+            continue
+        name = register.name
+        if name == "rip":
+            lines.append(f"movq ${plan.site - (1 << 64):#x}, {at:#x}(%rcx)")
+        else:
+            if name in slot:
+                lines.append(f"mov {slot[name]:#x}(%rsp), %rdx")
+            elif name == "rsp":
+                lines.append(f"lea {site_rsp:#x}(%rsp), %rdx")
+            elif name == "eflags":
+                lines.append(f"mov {flags_slot:#x}(%rsp), %edx")
+            elif register.size == 4:  # a segment register: its selector, zero-extended
+                lines.append(f"mov %{name}, %edx")
+            else:
+                lines.append(f"mov %{name}, {at:#x}(%rcx)")
+                at += 8
+                continue
+            lines.append(f"mov %rdx, {at:#x}(%rcx)")
+        at += 8
+    pops = [f"pop %{name}" for name in reversed(pushed)] + ["popfq"]
+    return lines + [
+        f"incq {CTL_CREATED:#x}(%r8)",
+        f"incq {CTL_FRAMES:#x}(%r8)",
+        f"addq ${need:#x}, {CTL_PHYS:#x}(%r8)",
+        f"incq counters+{HITS:#x}(%rip)",
+        f"addq ${frame_size + FRAME_HEADER.size:#x}, counters+{USAGE:#x}(%rip)",  # what qTP's usage counts
+        f"mov %rax, {CTL_HEAD:#x}(%r8)",  # published
+        *pops,
+        _to_tail(plan),
+        "lean_slow:",
+        *pops,
+    ]
+
+
+def register_bytes(mask: int) -> int:
+    """Bytes the register block of `mask` takes in a frame."""
+    if not mask:
+        return 0
+    return 1 + (amd64.G_PACKET_SIZE if mask == ALL_GENERAL else COMPACT_HEADER.size + 8 * mask.bit_count())
 
 
 _LOAD = {8: "mov {src}, %rax", 4: "mov {src}, %eax", 2: "movzwl {src}, %eax", 1: "movzbl {src}, %eax"}

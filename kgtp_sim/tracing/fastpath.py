@@ -64,6 +64,15 @@ def eligible(program: Program, computed_builtins: set[int]) -> bool:
     return True
 
 
+def silent(program: Program, computed_builtins: set[int]) -> bool:
+    """Does the program leave no trace at all: nothing collected or set, nothing printed, no way to fail or to
+    loop, no computed variable read? An action made of it is dropped by the optimizing engine (the interpreter,
+    running it, records nothing either): GDB sends one when it collects an expression's value, which it reads
+    back from the registers it asks for beside it."""
+    return not any(insn.name in _IMPURE or insn.name in _CAN_FAIL or insn.name in ("goto", "if_goto")
+                   or (insn.name == "getv" and insn.operands[0] in computed_builtins) for insn in program.insns)
+
+
 def regnums_read(program: Program) -> set[int]:
     return {insn.operands[0] for insn in program.insns if insn.name == "reg"}
 

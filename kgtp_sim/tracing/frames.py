@@ -4,6 +4,12 @@ A frame is `u16 tracepoint, u32 size` followed by `size` bytes of blocks (little
 `R` + register block (exactly the length of a `g` reply), `M` + u64 address + u16 length + bytes,
 `V` + i32 trace-variable number + i64 value, `S` + u16 length + static-tracepoint data.
 The same bytes are what `qTBuffer` hands to `tsave`, so GDB's tfile reader is the final judge of this module.
+
+One block is the ring's own: `r` + u32 mask + one u64 per register of the mask, in register order (bit n: GDB's
+register n of the general ones, rax..gs). A register collection that names fewer than all of them is recorded
+so, always with rip, at the cost of what it names; `to_gdb` widens it to an `R` block (registers not collected
+read zero there, as GDB's tfile format has no way to say unavailable), and while GDB looks at the frame live they
+are unavailable (`FrameView`).
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ from ..arch import amd64
 
 FRAME_HEADER = struct.Struct("<HI")
 STATIC_HEADER = struct.Struct("<H")
+COMPACT_HEADER = struct.Struct("<I")
+#: Mask of every register a register block holds (rax..gs): a collection of all of them is a full `R` block.
+ALL_GENERAL = (1 << len(amd64.GENERAL_REGISTERS)) - 1
 
 
 class ViewError(Exception):
@@ -45,6 +54,35 @@ class RegisterBlock:
 
 
 @dataclass(frozen=True)
+class CompactRegisters:
+    """The registers of `mask` (bit n: GDB register n), their values in register order."""
+
+    mask: int
+    values: tuple[int, ...]
+
+    def registers(self) -> dict[str, int]:
+        regs = [r for i, r in enumerate(amd64.GENERAL_REGISTERS) if self.mask >> i & 1]
+        return {r.name: v & ((1 << 8 * r.size) - 1) for r, v in zip(regs, self.values)}
+
+    def expanded(self) -> RegisterBlock:
+        return RegisterBlock(amd64.encode_registers(self.registers()))
+
+
+def compact_mask(gdb_mask: int) -> int:
+    """What a register collection of GDB's `mask` records: the general registers it names, and rip (the frame's
+    pc, which GDB needs to place it); ALL_GENERAL means a full `R` block."""
+    return (gdb_mask & ALL_GENERAL) | 1 << amd64.PC_REGNUM
+
+
+def register_collection(gdb_mask: int, values: list[int]) -> Block:
+    """The block a hit records for `R<mask>`, from the general registers' values in GDB order."""
+    mask = compact_mask(gdb_mask)
+    if mask == ALL_GENERAL:
+        return RegisterBlock(amd64.encode_general(values))
+    return CompactRegisters(mask, tuple(v for i, v in enumerate(values) if mask >> i & 1))
+
+
+@dataclass(frozen=True)
 class MemoryBlock:
     address: int
     data: bytes
@@ -61,7 +99,7 @@ class StaticBlock:
     data: bytes
 
 
-Block = RegisterBlock | MemoryBlock | TsvBlock | StaticBlock
+Block = RegisterBlock | CompactRegisters | MemoryBlock | TsvBlock | StaticBlock
 
 
 def encode_block(block: Block) -> bytes:
@@ -69,6 +107,8 @@ def encode_block(block: Block) -> bytes:
         if len(block.data) != amd64.G_PACKET_SIZE:
             raise FrameFormatError(f"register block of {len(block.data)} bytes, expected {amd64.G_PACKET_SIZE}")
         return b"R" + block.data
+    if isinstance(block, CompactRegisters):
+        return b"r" + COMPACT_HEADER.pack(block.mask) + struct.pack(f"<{len(block.values)}Q", *block.values)
     if isinstance(block, MemoryBlock):
         return memory_block(block.address, block.data)
     if isinstance(block, TsvBlock):
@@ -93,6 +133,16 @@ def parse_blocks(body: bytes) -> tuple[Block, ...]:
                 if end > len(body):
                     raise FrameFormatError("truncated register block")
                 blocks.append(RegisterBlock(body[pos:end]))
+            elif kind == b"r":
+                (mask,) = COMPACT_HEADER.unpack_from(body, pos)
+                count = mask.bit_count()
+                if mask & ~ALL_GENERAL:
+                    raise FrameFormatError(f"compact register block with mask {mask:#x}")
+                start = pos + COMPACT_HEADER.size
+                end = start + 8 * count
+                if end > len(body):
+                    raise FrameFormatError("truncated compact register block")
+                blocks.append(CompactRegisters(mask, struct.unpack_from(f"<{count}Q", body, start)))
             elif kind == b"M":
                 address, length = MEMORY_HEADER.unpack_from(body, pos)
                 start = pos + MEMORY_HEADER.size
@@ -135,6 +185,8 @@ class TraceFrame:
         for block in self.blocks:
             if isinstance(block, RegisterBlock):
                 return amd64.decode_registers(block.data)
+            if isinstance(block, CompactRegisters):
+                return block.registers()
         return None
 
     def memory_ranges(self) -> list[tuple[int, int]]:
@@ -153,7 +205,9 @@ class TraceFrame:
         return None
 
     def to_gdb(self) -> bytes:
-        return encode_frame(self.tracepoint, self.blocks)
+        """The frame in GDB's format: a compact register block widened to `R`."""
+        return encode_frame(self.tracepoint, tuple(
+            b.expanded() if isinstance(b, CompactRegisters) else b for b in self.blocks))
 
 
 @dataclass

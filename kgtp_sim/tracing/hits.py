@@ -21,7 +21,7 @@ from ..agent.interp import evaluate
 from ..arch import amd64
 from ..machine import Marker, MemoryFault
 from . import model as t
-from .frames import MemoryBlock, StaticBlock, encode_block
+from .frames import MemoryBlock, StaticBlock, encode_block, register_collection
 from .placement import Installed
 from .probes import INT3
 from .sdata import build_entry
@@ -139,7 +139,7 @@ def commit(tracer: Tracer, number: int, hit: HitContext, item: Installed) -> boo
 def collect(action: t.Action, hit: HitContext) -> None:
     """A collection that is not bytecode: registers, a memory range, or the marker's static data."""
     if isinstance(action, t.CollectRegisters):
-        hit.blocks.append(b"R" + amd64.encode_general(hit.regs))
+        hit.blocks.append(encode_block(register_collection(action.mask, hit.regs)))
     elif isinstance(action, t.CollectMemory):
         base = 0 if action.basereg < 0 else hit.register(action.basereg)
         address = (base + action.offset) & ((1 << 64) - 1)

@@ -28,6 +28,7 @@ from ..machine import FieldKind, Machine
 from . import model as t
 from . import detour as d
 from . import fastpath
+from .frames import ALL_GENERAL, compact_mask
 from .builtins import BUILTIN_VARIABLES
 from ..agent.blocks import MEMORY_BLOCK_OVERHEAD, TSV_BLOCK_SIZE
 from .probes import INT3, JUMP_SIZE, ProbeSite, jump, relocate, relocated_size_bound
@@ -188,18 +189,20 @@ class CompiledRun:
         if condition is not None:
             compiled.append(self._compile(condition))
             cond_entry = compiled[-1].entry
-        collect_registers = False
+        gdb_mask = 0
+        silent_builtins = {number for number, _ in builtin_slots} | COMPUTED_BUILTINS
         entries: list[tuple[int | None, bool, bool]] = []
         max_frame = 0
         for action, program in actions:
             if isinstance(action, t.CollectRegisters):
-                collect_registers = True
-                max_frame += 1 + amd64.G_PACKET_SIZE
+                gdb_mask |= action.mask  # GDB sends one per action list; several would share one block
                 continue
             if isinstance(action, t.CollectMemory):
                 program = verify(d.collect_memory_bytecode(action.basereg, action.offset, action.length))
                 max_frame += 11 + min(action.length, 0xFFFF)
             elif isinstance(action, t.EvalExpression):
+                if self.engine == "opt" and fastpath.silent(program, silent_builtins):
+                    continue
                 bound = traced_bytes_bound(program)
                 max_frame += frame_room if bound is None else bound  # the room: what the interpreter allows
             elif isinstance(action, t.CollectStaticData) and marker is not None:
@@ -212,8 +215,10 @@ class CompiledRun:
             compiled.append(self._compile(program))
             entries.append((compiled[-1].entry, isinstance(action, t.CollectMemory) or faults_lose_a_block(program),
                             bool(program.backward_jumps)))
+        register_mask = compact_mask(gdb_mask) if any(isinstance(a, t.CollectRegisters) for a, _ in actions) else 0
+        max_frame += d.register_bytes(register_mask)
         plan = d.DetourPlan(
-            site.address, number, self.ctx, self.runtime, cond_entry, collect_registers,
+            site.address, number, self.ctx, self.runtime, cond_entry, register_mask,
             tuple(entries), max(min(max_frame, frame_room), 8), pass_count, builtin_slots, current_symbol,
             condition_loops=condition is not None and bool(condition.backward_jumps),
             loop_budget=DEFAULT_LOOP_BUDGET,
@@ -224,9 +229,15 @@ class CompiledRun:
             ),
         )
         fast = self._fast_path(condition, compiled[0] if condition is not None else None, site, builtin_slots,
-                               flags_recorded=collect_registers or plan.reads_segments or any(
+                               flags_recorded=bool(register_mask >> amd64.REGISTER_INDEX["eflags"] & 1)
+                               or plan.reads_segments or any(
                                    insn.name == "reg" and insn.operands[0] == amd64.REGISTER_INDEX["eflags"]
                                    for program in [p for _, p in actions if p] for insn in program.insns))
+        # the short path: a frame of registers only, after a condition known true (a fast path that may fail
+        # leaves the error to the full path), nothing that could fail, count or call
+        lean = (self.engine == "opt" and register_mask not in (0, ALL_GENERAL) and not entries and not pass_count
+                and not builtin_slots and (condition is None or (fast is not None and not fast.can_fail)))
+        plan = replace(plan, ring_ctl=self.ring_ctl, lean=lean)
         tail_bound = relocated_size_bound(site.displaced) + JUMP_SIZE
         if fast is not None:
             plan = replace(plan, fast=fast)

@@ -12,8 +12,9 @@ the rest and the entry starts at physical 0. Entries are 8-byte aligned:
     u64 timestamp (TSC)                           u64 sequence number
     u16 tracepoint  u32 frame size  blocks...     (GDB's trace-frame format, what qTBuffer serves)
 
-A frame may take at most half the ring. Circular mode evicts the oldest entries to make room; otherwise a frame that does not fit sets `full` and is
-dropped, which stops the run with `tfull`.
+A frame may take at most half the ring. Circular mode evicts the oldest entries to make room, a page's worth
+more than the entry needs (CTL_DISCARD); otherwise a frame that does not fit sets `full` and is dropped, which
+stops the run with `tfull`.
 """
 
 from __future__ import annotations
@@ -33,8 +34,18 @@ CTL_FRAMES = 0x20
 CTL_CREATED = 0x28
 CTL_CIRCULAR = 0x30
 CTL_FULL = 0x38
-CTL_ENTRY = 0x40  # logical position of the entry being written (between reserve and commit)
-CTL_BYTES = 0x48
+#: Kept by every writer for the detours' short path (`detour.py`, lean frames): the address of the byte at
+#: `head`, and the logical position up to which an entry fits with no padding and no eviction,
+#: min(tail + size, the end of head's lap).
+CTL_PHYS = 0x40
+CTL_LIMIT = 0x48
+#: A circular ring that must evict frees this much more than the entry needs (or empties), as KGTP's ring
+#: discards a page at a time: the hits that follow find room again on the short path. CTL_DISCARDS counts
+#: those rounds (KGTP's `$gtp_rb_discard_page_number`).
+CTL_DISCARD = 0x50
+CTL_DISCARDS = 0x58
+CTL_BYTES = 0x60
+DISCARD = 0x1000
 
 ENTRY_HEADER = struct.Struct("<IIQQ")
 #: A padding entry (to the ring's physical end) is only its length and PAD_CPU: it may be as short as 8 bytes.
@@ -46,11 +57,16 @@ BLOCKS_AT = FRAME_AT + FRAME_HEADER.size
 #: The smallest ring that still holds a frame with a full register block.
 MIN_SIZE = 0x1000
 
-_CTL = struct.Struct("<9Q")
+_CTL = struct.Struct("<12Q")
 
 
 def align8(n: int) -> int:
     return (n + 7) & ~7
+
+
+def short_path_fields(base: int, size: int, head: int, tail: int) -> bytes:
+    """CTL_PHYS and CTL_LIMIT for these positions."""
+    return struct.pack("<QQ", base + head % size, min(tail + size, head - head % size + size))
 
 
 class Memory(Protocol):
@@ -69,6 +85,7 @@ class RingState:
     created: int
     circular: bool
     full: bool
+    discards: int = 0  # rounds of eviction (CTL_DISCARDS)
 
     @property
     def used(self) -> int:
@@ -98,6 +115,12 @@ ring_reserve:
     cmp {CTL_SIZE:#x}(%r8), %rax
     ja ring_fail
     mov {CTL_HEAD:#x}(%r8), %r10
+    lea (%r10,%r9), %rax
+    cmp {CTL_LIMIT:#x}(%r8), %rax
+    ja ring_slow                         /* padding or eviction needed */
+    mov {CTL_PHYS:#x}(%r8), %rdx         /* rdx = entry address */
+    jmp ring_entry
+ring_slow:
     mov %r10, %rax
     xor %edx, %edx
     divq {CTL_SIZE:#x}(%r8)              /* rdx = physical offset of head */
@@ -118,6 +141,9 @@ ring_evict:
     jae ring_fits
     cmpq $0x0, {CTL_CIRCULAR:#x}(%r8)
     je ring_full
+    incq {CTL_DISCARDS:#x}(%r8)
+    add {CTL_DISCARD:#x}(%r8), %r9       /* evict until this much more is free, or the ring is empty */
+ring_discard:
     mov {CTL_TAIL:#x}(%r8), %rax         /* evict the oldest entry */
     push %rdx
     xor %edx, %edx
@@ -130,7 +156,13 @@ ring_evict:
     decq {CTL_FRAMES:#x}(%r8)
 ring_evicted_pad:
     add %r11, {CTL_TAIL:#x}(%r8)
-    jmp ring_evict
+    mov {CTL_SIZE:#x}(%r8), %rax
+    sub %r10, %rax
+    add {CTL_TAIL:#x}(%r8), %rax         /* free */
+    cmp %r9, %rax
+    jae ring_fits
+    cmp %r10, {CTL_TAIL:#x}(%r8)
+    jb ring_discard                      /* tail < head: more to evict */
 ring_fits:
     test %rcx, %rcx
     je ring_place
@@ -141,8 +173,17 @@ ring_fits:
     mov %r10, {CTL_HEAD:#x}(%r8)
     xor %edx, %edx
 ring_place:
-    mov %r10, {CTL_ENTRY:#x}(%r8)
+    mov %r10, %rax
+    sub %rdx, %rax
+    add {CTL_SIZE:#x}(%r8), %rax         /* the end of head's lap */
+    mov {CTL_TAIL:#x}(%r8), %rcx
+    add {CTL_SIZE:#x}(%r8), %rcx
+    cmp %rax, %rcx
+    cmovb %rcx, %rax
+    mov %rax, {CTL_LIMIT:#x}(%r8)        /* min(tail + size, lap end) */
     add {CTL_BASE:#x}(%r8), %rdx         /* rdx = entry address */
+    mov %rdx, {CTL_PHYS:#x}(%r8)
+ring_entry:
     movw %di, {FRAME_AT:#x}(%rdx)
     lea {BLOCKS_AT:#x}(%rdx), %rax
     add %rsi, %rdx
@@ -157,10 +198,7 @@ ring_fail:
 
 ring_commit:
     movabs ${ctl:#x}, %r8
-    mov {CTL_ENTRY:#x}(%r8), %rax
-    xor %edx, %edx
-    divq {CTL_SIZE:#x}(%r8)
-    add {CTL_BASE:#x}(%r8), %rdx         /* rdx = entry address */
+    mov {CTL_PHYS:#x}(%r8), %rdx         /* rdx = entry address */
     mov %rdi, %rcx
     sub %rdx, %rcx                       /* rcx = entry length before alignment */
     lea {-BLOCKS_AT:#x}(%rcx), %r9
@@ -178,6 +216,7 @@ ring_commit:
     mov %rax, 0x10(%r9)
     incq {CTL_CREATED:#x}(%r8)
     incq {CTL_FRAMES:#x}(%r8)
+    add %rcx, {CTL_PHYS:#x}(%r8)
     add %rcx, {CTL_HEAD:#x}(%r8)
     ret
 """
@@ -196,15 +235,15 @@ class Ring:
             raise ValueError(f"trace buffer size must be a multiple of 8 of at least {MIN_SIZE} bytes")
         if base + size != self.ctl:
             raise ValueError("the control block must follow the ring")
-        self.memory.write(self.ctl, _CTL.pack(base, size, 0, 0, 0, 0, int(circular), 0, 0))
+        self.memory.write(self.ctl, _CTL.pack(base, size, 0, 0, 0, 0, int(circular), 0, base, size, min(DISCARD, size // 4), 0))
 
     def state(self) -> RingState:
         return self._parse_state(self.memory.read(self.ctl, _CTL.size))
 
     @staticmethod
     def _parse_state(control: bytes) -> RingState:
-        base, size, head, tail, frames, created, circular, full, _ = _CTL.unpack(control)
-        return RingState(base, size, head, tail, frames, created, bool(circular), bool(full))
+        base, size, head, tail, frames, created, circular, full, _, _, _, discards = _CTL.unpack(control)
+        return RingState(base, size, head, tail, frames, created, bool(circular), bool(full), discards)
 
     def set_circular(self, circular: bool) -> None:
         self.memory.write(self.ctl + CTL_CIRCULAR, struct.pack("<Q", int(circular)))
@@ -255,6 +294,7 @@ class Ring:
             tail += length
         if dropped:
             self.memory.write(self.ctl + CTL_TAIL, struct.pack("<QQ", tail, frames))
+            self.memory.write(self.ctl + CTL_PHYS, short_path_fields(state.base, state.size, state.head, tail))
         return dropped
 
     def append(self, tracepoint: int, blocks: bytes, timestamp: int, cpu: int = 0) -> bool:
@@ -266,15 +306,18 @@ class Ring:
         head, tail, frames = state.head, state.tail, state.frames
         to_end = state.size - head % state.size
         pad = to_end if to_end < need else 0
-        while state.size - (head - tail) < need + pad:
+        if state.size - (head - tail) < need + pad:
             if not state.circular:
                 self.memory.write(self.ctl + CTL_FULL, struct.pack("<Q", 1))
                 return False
-            phys = state.base + tail % state.size
-            length, cpu_field = _PAD.unpack(self.memory.read(phys, _PAD.size))
-            if cpu_field != PAD_CPU:
-                frames -= 1
-            tail += length
+            discard, discards = struct.unpack("<QQ", self.memory.read(self.ctl + CTL_DISCARD, 16))
+            self.memory.write(self.ctl + CTL_DISCARDS, struct.pack("<Q", discards + 1))
+            while tail < head and state.size - (head - tail) < need + pad + discard:
+                phys = state.base + tail % state.size
+                length, cpu_field = _PAD.unpack(self.memory.read(phys, _PAD.size))
+                if cpu_field != PAD_CPU:
+                    frames -= 1
+                tail += length
         if pad:
             self.memory.write(state.base + head % state.size, _PAD.pack(pad, PAD_CPU))
             head += pad
@@ -285,4 +328,5 @@ class Ring:
             self.ctl + CTL_HEAD,
             struct.pack("<QQQQ", head + need, tail, frames + 1, state.created + 1),
         )
+        self.memory.write(self.ctl + CTL_PHYS, short_path_fields(state.base, state.size, head + need, tail))
         return True

@@ -112,6 +112,33 @@ def test_tsave_then_target_tfile_shows_the_same_frames(gdb, fresh_stub, tmp_path
     assert dump(live) and dump(live) == dump(offline), offline
 
 
+@pytest.mark.parametrize("engine", ["interp", "naive", "opt"])
+def test_compact_frames_read_back_the_same_live_from_tfile_and_ctf(gdb, engine, tmp_path):
+    """`collect (2*counter1+3*counter2)` records rdi, rsi (and rip) only: live, GDB sees the other registers
+    unavailable; `tsave` + `target tfile` and `tsave -ctf` + `target ctf` read the same expression values."""
+    from ..conftest import start_stub
+
+    server = start_stub("--engine", engine)
+    saved, ctf = tmp_path / "trace.tf", tmp_path / "ctf"
+    frames = ("tfind 0", "tdump", "tfind 3", "tdump")
+    try:
+        live = run_gdb(gdb, server, f"trace kgtp_test_function if {COND}", "actions", f"collect {EXPR}", "end",
+                       "tstart", *wait_for_hits(1, 4), "tstop", *frames, "info registers rax rdi rip",
+                       f"tsave {saved}", f"tsave -ctf {ctf}")
+    finally:
+        server.stop()
+    values = re.findall(rf"^{re.escape(EXPR)} = (-?\d+)$", live, re.M)
+    assert len(values) == 2 and values[0] != values[1], live
+    assert re.search(r"^rax\s+<unavailable>", live, re.M), live
+    assert re.search(r"^rdi\s+0x[0-9a-f]+\s+\d+", live, re.M), live
+    assert re.search(r"^rip\s+0x[0-9a-f]+\s+0x[0-9a-f]+ <kgtp_test_function", live, re.M), live
+    offline = run_gdb(gdb, None, f"target tfile {saved}", *frames, attach=False)
+    assert re.findall(rf"^{re.escape(EXPR)} = (-?\d+)$", offline, re.M) == values, offline
+    if "unknown option `-ctf'" not in live:  # a GDB built without CTF support cannot write or read it
+        offline = run_gdb(gdb, None, f"target ctf {ctf}", *frames, attach=False)
+        assert re.findall(rf"^{re.escape(EXPR)} = (-?\d+)$", offline, re.M) == values, offline
+
+
 def test_bad_tracepoint_location_fails_tstart_with_a_message(gdb, fresh_stub):
     out = run_gdb(gdb, fresh_stub, "trace *(kgtp_test_function+1)", "tstart", "tstatus")
     assert "middle of an instruction" in out, out

@@ -59,7 +59,7 @@ def test_engines_collect_identical_frames(actions):
 
 
 def test_register_block_is_the_site_state():
-    frames, _, _ = run("opt", b"R01ffff", calls=3)
+    frames, _, _ = run("opt", b"R03ffff", calls=3)
     regs = frames[0].registers
     assert regs["rip"] == SITE and regs["rdi"] == 1 and regs["eflags"] & 0x2
     # rsp at the site points at the return address into kgtp_bench_loop

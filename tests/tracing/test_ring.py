@@ -8,7 +8,7 @@ from unicorn.x86_const import UC_X86_REG_RAX, UC_X86_REG_RDI, UC_X86_REG_RDX, UC
 
 from kgtp_sim.tracing.frames import MemoryBlock, encode_block
 from kgtp_sim.tracing.detour import Runtime
-from kgtp_sim.tracing.ring import BLOCKS_AT, Ring, align8
+from kgtp_sim.tracing.ring import BLOCKS_AT, CTL_PHYS, DISCARD, Ring, align8, short_path_fields
 
 CODE = 0xFFFFFFFFA0000000
 DATA = 0xFFFFC90000100000
@@ -80,8 +80,11 @@ def test_native_and_python_writers_agree(sequence, circular, size):
         if ok_native:
             accepted.append((tp, payload))
     n_state, p_state = native_ring.state(), python_ring.state()
-    assert (n_state.head, n_state.tail, n_state.frames, n_state.created, n_state.full) == (
-        p_state.head, p_state.tail, p_state.frames, p_state.created, p_state.full)
+    for ring, state in ((native_ring, n_state), (python_ring, p_state)):  # the detours' short path relies on it
+        assert ring.memory.read(ring.ctl + CTL_PHYS, 16) == short_path_fields(state.base, state.size, state.head,
+                                                                                state.tail)
+    assert (n_state.head, n_state.tail, n_state.frames, n_state.created, n_state.full, n_state.discards) == (
+        p_state.head, p_state.tail, p_state.frames, p_state.created, p_state.full, p_state.discards)
     entries = native_ring.entries()
     assert len(entries) == n_state.frames
     got = [(e.tracepoint, e.blocks[0].data) for e in entries]
@@ -145,3 +148,45 @@ def test_padding_shorter_than_an_entry_header_is_read_back(left):
     assert [f.tracepoint for f in ring.entries()] == [2, 3]
     native_append(uc, commit_at, 4, blocks(16))
     assert [f.tracepoint for f in ring.entries()] == [2, 3, 4]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 300), st.integers(0, 3)), min_size=1, max_size=80))
+def test_consuming_keeps_the_short_path_fields(steps):
+    """Consumed frames free their room: the limit the detours' short path checks follows the tail."""
+    uc, ring, commit_at = machine(0x1000, circular=False)
+    for native, length, consume in steps:
+        blocks = encode_block(MemoryBlock(0, bytes(length)))
+        if native:
+            native_append(uc, commit_at, 1, blocks)
+        else:
+            ring.append(1, blocks, timestamp=0)
+        if consume:
+            entries = ring.entries()
+            if entries:
+                ring.consume(entries[min(consume, len(entries)) - 1].sequence)
+        state = ring.state()
+        assert ring.memory.read(ring.ctl + CTL_PHYS, 16) == short_path_fields(state.base, state.size, state.head,
+                                                                                state.tail)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_a_circular_ring_that_must_evict_frees_a_page_more(native):
+    """KGTP's ring discards a page at a time: one round of eviction leaves room for the entry and a page's worth
+    (a quarter of a small ring) more, so the hits that follow write on the short path again."""
+    size = 0x4000
+    uc, ring, commit_at = machine(size, circular=True)
+    blocks = encode_block(MemoryBlock(0, bytes(100)))
+    need = align8(BLOCKS_AT + len(blocks))
+    append = (lambda: native_append(uc, commit_at, 1, blocks)) if native else (lambda: ring.append(1, blocks, 0))
+    while ring.state().discards == 0:
+        before = ring.state()
+        assert append()
+    after = ring.state()
+    assert before.free < need  # this one had to evict
+    assert after.free >= DISCARD and after.discards == 1  # ... a page's worth more than it needed
+    rounds = 0
+    for _ in range(200):
+        assert append()
+        rounds = ring.state().discards
+    assert 1 < rounds < 200 * need // DISCARD + 2  # about one round per page written, not one per entry

@@ -106,7 +106,7 @@ def test_sdata_built_in_place_is_the_entry_of_the_hit_registers(engine, marker):
     found = next(m for m in IMAGE.markers if m.name == marker)
     machine = Machine(IMAGE, hz=1000)
     tracer = Tracer(machine, engine)
-    _define(tracer, 1, found.site, b"R01ffffL", static=True)
+    _define(tracer, 1, found.site, b"RffffffL", static=True)
     tracer.start()
     machine.start()
     try:
