@@ -53,6 +53,7 @@ from unicorn import (
     UcError,
 )
 from unicorn import x86_const as X
+from unicorn.unicorn_const import UC_CTL_IO_WRITE, UC_CTL_TLB_FLUSH
 from unicorn.unicorn_py3.unicorn import HOOK_INTR_CFUNC
 
 from .. import uc_paging as paging
@@ -122,6 +123,19 @@ PAGE_FAULT = 14
 #: exceptions QEMU calls "contributory": a second one before the first is delivered makes a #DF
 CONTRIBUTORY_VECTORS = frozenset({0, 10, 11, 12, 13})
 
+
+
+def _gaps(regions) -> list[tuple[int, int]]:
+    """The physical addresses no region backs, as inclusive (begin, end) ranges, from unicorn's inclusive
+    (begin, end, perms) regions."""
+    gaps, cursor = [], 0
+    for begin, end, _ in sorted(regions):
+        if begin > cursor:
+            gaps.append((cursor, begin - 1))
+        cursor = end + 1
+    if cursor <= 2**64 - 1:
+        gaps.append((cursor, 2**64 - 1))
+    return gaps
 
 class Stop(enum.Enum):
     """Why `Cpu.run` returned."""
@@ -395,8 +409,8 @@ class Cpu:
         self.tables = paging.PageTables(uc, PHYS_TABLES, PHYS_TABLES_SIZE)
         self._map_image(image)
         self.tables.prepare(DEMAND_BASE, DEMAND_SIZE)  # entries absent: the kernel's #PF handler fills them
-        #: module and vmalloc pages mapped so far (`map_stub_pages`)
-        self._stub_pages: set[int] = set()
+        #: module and vmalloc pages mapped so far, with their rights (`map_stub_pages`)
+        self._stub_pages: dict[int, int] = {}
         #: frames of the demand pool not handed to the kernel (it asks through port 0x80)
         self._free_frames = list(range(PHYS_DEMAND + PHYS_DEMAND_SIZE - PAGE_SIZE, PHYS_DEMAND - 1, -PAGE_SIZE))
         self.frames_in_use = 0
@@ -416,7 +430,10 @@ class Cpu:
         #: int3 -> target without Python (`InterruptDispatch`); other interrupts reach `_on_interrupt`
         self.jumps = InterruptDispatch(uc, self._on_interrupt)
         uc.hook_add(UC_HOOK_INSN_INVALID, self._on_invalid)
-        uc.hook_add(UC_HOOK_MEM_INVALID, self._on_bad_access)
+        # Only where no frame is: a memory hook whose range covers a frame makes the emulator take its slow path
+        # for every store to that frame, forever (it never marks a hooked page's TLB entry dirty).
+        for begin, end in _gaps(uc.mem_regions()):
+            uc.hook_add(UC_HOOK_MEM_INVALID, self._on_bad_access, None, begin, end)
         uc.hook_add(UC_HOOK_INSN, self._on_out, None, 1, 0, X.UC_X86_INS_OUT)
         uc.hook_add(UC_HOOK_INSN, self._on_in, None, 1, 0, X.UC_X86_INS_IN)
         #: counts only while enabled (Machine.counting): the hook costs about 12 ns per instruction
@@ -450,27 +467,33 @@ class Cpu:
         for seg in image.segments:
             self.uc.phys_write(PHYS_KERNEL + seg.vaddr - low, seg.data)
 
-    def map_stub_pages(self, address: int, length: int) -> None:
-        """Map the pages of module or vmalloc space under [address, address + length) that are not mapped yet
-        (module space read-write-execute, vmalloc space no-execute), each to its own frame."""
+    def map_stub_pages(self, address: int, length: int, data: bool = False) -> None:
+        """Map the pages of module or vmalloc space under [address, address + length) as their space wants them
+        (module space read-write-execute, vmalloc space no-execute), each to its own frame; `data` maps module
+        pages no-execute (data that code in module space keeps beside itself: see `Machine.alloc_code`).
+        A page mapped before with other rights is mapped again."""
         if MODULE_BASE <= address < MODULE_BASE + MODULE_SIZE:
-            base, physical, flags = MODULE_BASE, PHYS_MODULE, paging.CODE
+            base, physical, flags = MODULE_BASE, PHYS_MODULE, paging.DATA if data else paging.CODE
         elif VMALLOC_BASE <= address < VMALLOC_BASE + VMALLOC_SIZE:
             base, physical, flags = VMALLOC_BASE, PHYS_VMALLOC, paging.DATA
         else:
             raise ValueError(f"{address:#x} is neither in module space nor in vmalloc space")
         first = page_floor(address)
         last = page_ceil(address + length)
+        remapped = False
         run_start = None
         for page in list(range(first, last, PAGE_SIZE)) + [None]:
-            if page is not None and page not in self._stub_pages:
+            if page is not None and self._stub_pages.get(page) != flags:
+                remapped |= page in self._stub_pages
                 run_start = page if run_start is None else run_start
                 continue
             if run_start is not None:
                 end = page if page is not None else last
                 self.tables.map(run_start, physical + run_start - base, end - run_start, flags)
-                self._stub_pages.update(range(run_start, end, PAGE_SIZE))
+                self._stub_pages.update(dict.fromkeys(range(run_start, end, PAGE_SIZE), flags))
                 run_start = None
+        if remapped:  # the TLB may still hold the old rights
+            self.uc.ctl(UC_CTL_TLB_FLUSH, UC_CTL_IO_WRITE)
 
     def _reset(self, entry: int) -> None:
         """The state a 64-bit bootloader hands over: long mode with paging on the machine's tables, flat

@@ -37,9 +37,11 @@ from .image import KernelImage
 from .layout import (
     MODULE_BASE,
     MODULE_SIZE,
+    PAGE_SIZE,
     VMALLOC_BASE,
     VMALLOC_SIZE,
     RegionAllocator,
+    page_ceil,
 )
 
 log = logging.getLogger(__name__)
@@ -104,6 +106,7 @@ class Machine:
         #: stub-code ranges -> handler(uc, fault_address), consulted before the kernel's #PF (see cpu.py)
         self.fault_fixups = self.cpu.fault_fixups
         self._code = RegionAllocator(MODULE_BASE, MODULE_SIZE, 16)
+        self._aligned: dict[int, int] = {}  # alloc_code(data_pages=...) address -> the allocation
         self._data = RegionAllocator(VMALLOC_BASE, VMALLOC_SIZE, 16)
         self._call_frame: tuple[int, int] | None = None  # (stack top, return sentinel) for call()
 
@@ -354,15 +357,33 @@ class Machine:
 
     # ---- stub-owned memory -------------------------------------------------------------------------------
 
-    def alloc_code(self, length: int) -> int:
-        """Executable memory in module space (detours, compiled expressions). Contents start zeroed."""
-        address = self._code.alloc(length)
-        self.run_on_cpu(lambda uc: self.cpu.map_stub_pages(address, self._code.size_of(address)))
-        self.write_memory(address, bytes(self._code.size_of(address)))
+    def alloc_code(self, length: int, data_pages: int = 0) -> int:
+        """Executable memory in module space (detours, compiled expressions). Contents start zeroed.
+
+        With `data_pages`, the allocation starts on a page boundary with that many no-execute pages, for data
+        the code reaches RIP-relative (a detour's counters): the emulator stores to a page it may execute the
+        slow way, every time, and drops translated code of a page its guest writes."""
+        size = length + data_pages * PAGE_SIZE
+        raw = self._code.alloc(size + (PAGE_SIZE - 1 if data_pages else 0))
+        address = page_ceil(raw) if data_pages else raw
+
+        def map_pages(uc) -> None:
+            end = raw + self._code.size_of(raw)
+            data_end = address + data_pages * PAGE_SIZE
+            if data_pages:
+                self.cpu.map_stub_pages(address, data_end - address, data=True)
+                if raw < address:
+                    self.cpu.map_stub_pages(raw, address - raw)
+            self.cpu.map_stub_pages(data_end, end - data_end)
+
+        self.run_on_cpu(map_pages)
+        self.write_memory(raw, bytes(self._code.size_of(raw)))
+        if data_pages:
+            self._aligned[address] = raw
         return address
 
     def free_code(self, address: int) -> None:
-        self._code.free(address)
+        self._code.free(self._aligned.pop(address, address))
 
     def alloc_data(self, length: int) -> int:
         """Read-write memory in vmalloc space (trace buffer, agent contexts). Contents start zeroed."""

@@ -242,7 +242,7 @@ class CompiledRun:
         if fast is not None:
             plan = replace(plan, fast=fast)
             trial = d.build(replace(plan, fast=replace(fast, tail=bytes(tail_bound))), _TRIAL_BASE)
-            raw, base = self._alloc_detour(len(trial.code) + 16)
+            base = self._alloc_detour(len(trial.code) + 16)
             tail_at = base + d.fast_path_offset(plan, base, "tail")
             tail = self._tail(site, tail_at, continue_to)
             if fast.inline:  # the condition's branch, linked where it goes, to fast_slow right after the tail
@@ -256,22 +256,21 @@ class CompiledRun:
             end = base + len(code)
         else:
             trial = d.build(plan, _TRIAL_BASE)
-            raw, base = self._alloc_detour(len(trial.code) + 16 + tail_bound)
+            base = self._alloc_detour(len(trial.code) + 16 + tail_bound)
             built = d.build(plan, base)
             tail_at = base + len(built.code)
             tail = self._tail(site, tail_at, continue_to)
             code = built.code + tail
             end = tail_at + len(tail)
         self.machine.write_memory(base, code)
-        regions = [c.base for c in compiled] + [raw]
-        self.code_regions += [(c.base, c.end) for c in compiled] + [(raw, end)]
+        regions = [c.base for c in compiled] + [base]
+        self.code_regions += [(c.base, c.end) for c in compiled] + [(base, end)]
         return NativeProbe("int3", built, built.counters, compiled, regions)
 
-    def _alloc_detour(self, length: int) -> tuple[int, int]:
-        """(allocation, base): `length` bytes from a page boundary, so that the counters' page (detour.DATA_PAGE)
-        holds nothing of another allocation's code."""
-        raw = self.machine.alloc_code(length + d.DATA_PAGE)
-        return raw, (raw + d.DATA_PAGE - 1) & ~(d.DATA_PAGE - 1)
+    def _alloc_detour(self, length: int) -> int:
+        """`length` bytes of detour (its counters' page first, detour.DATA_PAGE): that page is data, no-execute,
+        and holds nothing of another allocation's code (Machine.alloc_code)."""
+        return self.machine.alloc_code(length - d.DATA_PAGE, data_pages=d.DATA_PAGE // 0x1000)
 
     @staticmethod
     def _tail(site: ProbeSite, at: int, continue_to: int | None) -> bytes:

@@ -121,3 +121,41 @@ def test_counting_is_off_in_a_serving_machine_and_exact_when_asked(image):
         assert machine.instructions() == frozen
     finally:
         machine.shutdown()
+
+
+@pytest.mark.parametrize("access", ["mov rax, qword ptr [rdi]", "mov qword ptr [rdi], rsi"])
+def test_an_entry_to_a_frame_no_memory_backs_is_still_caught(image, access):
+    """The hook for accesses to absent physical memory covers only the gaps between frames (a memory hook over
+    a frame would send every store to it down the emulator's slow path): an access there still stops the
+    instruction and reaches the fault fixups, with the frame's address."""
+    machine = booted(image)
+    last_frame_end = max(end for _begin, end, _perms in machine.uc.mem_regions())
+    absent = (last_frame_end + 1 + 0xFFFF) & ~0xFFFF  # a physical page above every frame
+    page = VMALLOC_BASE + (200 << 20)
+    machine.cpu.tables.map(page, absent, 0x1000, paging.DATA)
+    code = machine.alloc_code(32)
+    machine.write_memory(code, assemble(f"{access}; mov rax, 7; ret", code))
+    seen = []
+    machine.cpu.fault_fixups.add(code, code + 32, lambda uc, address: (seen.append(address),
+                                                                       uc.reg_write(X.UC_X86_REG_RIP, code + 3)))
+    assert machine.call(code, page + 0x10, 5) == 7
+    assert seen == [absent + 0x10]
+
+
+def test_a_detours_counters_page_is_data_and_reused_pages_are_code_again(image):
+    machine = Machine(image)
+    tables = machine.cpu.tables
+    address = machine.alloc_code(0x80, data_pages=1)
+    assert address % 0x1000 == 0
+    assert tables.walk(address) & paging.PTE_NX and not tables.walk(address + 0x1000) & paging.PTE_NX
+    machine.free_code(address)
+    again = machine.alloc_code(0x3000)  # the same space, all of it code now
+    assert again <= address < again + 0x3000
+    assert not tables.walk(address) & paging.PTE_NX
+
+
+def test_the_absent_memory_hook_covers_exactly_the_gaps_between_frames():
+    from kgtp_sim.machine.cpu import _gaps
+
+    regions = [(0x1000, 0x1FFF, 7), (0x100000, 0x2FFFFF, 7), (0x300000, 0x3FFFFF, 7)]
+    assert _gaps(regions) == [(0, 0xFFF), (0x2000, 0xFFFFF), (0x400000, 2**64 - 1)]
