@@ -118,8 +118,9 @@ class DetourPlan:
     loop_budget: int = 10000
     fast: FastPath | None = None
     fast_tail_address: int = 0  # where FastPath.tail sits (the full path ends there too)
-    #: ring control block; with `lean`, a hit whose frame is only its compact register block records it on the
-    #: short path (see `_lean_path`) and takes the full path only when the ring needs padding or eviction
+    #: ring control block; with `lean`, a hit whose frame is only its compact register block and register-built
+    #: `$_sdata` records it on the short path (see `_lean_path`), the full path only when the ring needs padding
+    #: or eviction
     ring_ctl: int = 0
     lean: bool = False
 
@@ -403,16 +404,18 @@ _LENGTH, _TIMESTAMP, _SEQUENCE, _TRACEPOINT, _FRAME_SIZE = 0x0, 0x8, 0x10, 0x18,
 
 
 def _lean_path(plan: DetourPlan) -> list[str]:
-    """A frame that is only the compact register block, written straight into the ring: its size is known
-    here, so when the ring's short-path limit shows it fits with no padding and no eviction, the entry is stamped
-    and published in place, registers stored from where they are, with none of the full path's block save, calls
-    or hypercalls. Otherwise it falls through to the full path with the site's state untouched (the condition,
+    """A frame of a compact register block and `$_sdata` entries built from registers only, written straight
+    into the ring: its size is known here, so when the ring's short-path limit shows it fits with no padding and
+    no eviction, the entry is stamped and published in place, registers stored from where they are, with none of
+    the full path's block save, calls or hypercalls. Otherwise it falls through to the full path with the site's state untouched (the condition,
     pure, is then evaluated again there). Reached with the site's registers and flags, right after the fast
     path found the condition true, or at the entry."""
     mask = plan.register_mask
-    assert mask and mask != ALL_GENERAL and plan.site >= (1 << 64) - (1 << 31)  # rip stored as a sign-extended imm32
-    frame_size = register_bytes(mask)
-    need = (BLOCKS_AT + frame_size + 7) & ~7
+    sdata = [entry for entry, _, _ in plan.actions]
+    assert all(isinstance(entry, SdataPlan) for entry in sdata) and mask != ALL_GENERAL and (mask or sdata)
+    assert not mask or plan.site >= (1 << 64) - (1 << 31)  # rip is stored as a sign-extended imm32
+    frame_size = register_bytes(mask) + sum(3 + entry.entry_size for entry in sdata)
+    need = (BLOCKS_AT + max(frame_size, 8) + 7) & ~7  # what ring_reserve would take for it
     pushed = ("rax", "rcx", "rdx", "r8")
     lines = ["pushfq", "cli"]
     if plan.fast is None:
@@ -436,31 +439,33 @@ def _lean_path(plan: DetourPlan) -> list[str]:
         f"mov %rdx, {_SEQUENCE:#x}(%rcx)",
         f"movw ${plan.tracepoint:#x}, {_TRACEPOINT:#x}(%rcx)",
         f"movl ${frame_size:#x}, {_FRAME_SIZE:#x}(%rcx)",
-        f"movb $0x72, {BLOCKS_AT:#x}(%rcx)",
-        f"movl ${mask:#x}, {BLOCKS_AT + 1:#x}(%rcx)",
     ]
-    at = BLOCKS_AT + 1 + COMPACT_HEADER.size
+    at = BLOCKS_AT
+    if mask:
+        lines += [f"movb $0x72, {at:#x}(%rcx)", f"movl ${mask:#x}, {at + 1:#x}(%rcx)"]
+        at += 1 + COMPACT_HEADER.size
     for index, register in enumerate(amd64.GENERAL_REGISTERS):
         if not mask >> index & 1:
             continue
         name = register.name
         if name == "rip":
             lines.append(f"movq ${plan.site - (1 << 64):#x}, {at:#x}(%rcx)")
+        elif name == "eflags":
+            lines += [f"mov {flags_slot:#x}(%rsp), %edx", f"mov %rdx, {at:#x}(%rcx)"]
+        elif register.size == 4:  # a segment register: its selector, zero-extended
+            lines += [f"mov %{name}, %edx", f"mov %rdx, {at:#x}(%rcx)"]
+        elif name in slot or name == "rsp":
+            lines += _into_rdx(name, 8, slot, site_rsp) + [f"mov %rdx, {at:#x}(%rcx)"]
         else:
-            if name in slot:
-                lines.append(f"mov {slot[name]:#x}(%rsp), %rdx")
-            elif name == "rsp":
-                lines.append(f"lea {site_rsp:#x}(%rsp), %rdx")
-            elif name == "eflags":
-                lines.append(f"mov {flags_slot:#x}(%rsp), %edx")
-            elif register.size == 4:  # a segment register: its selector, zero-extended
-                lines.append(f"mov %{name}, %edx")
-            else:
-                lines.append(f"mov %{name}, {at:#x}(%rcx)")
-                at += 8
-                continue
-            lines.append(f"mov %rdx, {at:#x}(%rcx)")
+            lines.append(f"mov %{name}, {at:#x}(%rcx)")
         at += 8
+    for entry in sdata:  # `collect $_sdata`: the marker's fields from the argument registers, as _sdata_in_place
+        lines += [f"movb $0x53, {at:#x}(%rcx)", f"movw ${entry.entry_size:#x}, {at + 1:#x}(%rcx)"]
+        lines += _zero_gaps(entry, "%rcx", at + 3, "rdx")
+        for offset, field_size, block_offset, width in entry.fields:
+            lines += _into_rdx(_BLOCK_REGISTER[block_offset], width, slot, site_rsp)
+            lines.append(f"mov %{_SUB['rdx'][field_size]}, {at + 3 + offset:#x}(%rcx)")
+        at += 3 + entry.entry_size
     pops = [f"pop %{name}" for name in reversed(pushed)] + ["popfq"]
     return lines + [
         f"incq {CTL_CREATED:#x}(%r8)",
@@ -474,6 +479,49 @@ def _lean_path(plan: DetourPlan) -> list[str]:
         "lean_slow:",
         *pops,
     ]
+
+
+#: The general registers by their offset in the register block, and each one's names by width.
+_BLOCK_REGISTER = {amd64.OFFSETS[i]: r.name for i, r in enumerate(amd64.GENERAL_REGISTERS[:16])}
+_SUB = {
+    **{name: {8: name, 4: "e" + name[1:], 2: name[1:], 1: name[1] + "l"} for name in ("rax", "rbx", "rcx", "rdx")},
+    **{name: {8: name, 4: "e" + name[1:], 2: name[1:], 1: name[1:] + "l"} for name in ("rsi", "rdi", "rbp", "rsp")},
+    **{f"r{n}": {8: f"r{n}", 4: f"r{n}d", 2: f"r{n}w", 1: f"r{n}b"} for n in range(8, 16)},
+}
+
+
+def _into_rdx(name: str, width: int, slot: dict[str, int], site_rsp: int) -> list[str]:
+    """%rdx = the low `width` bytes of the site's register `name`, zero-extended, on the short path: the
+    registers it pushed are on the stack, rsp is above them."""
+    if name in slot:
+        source = f"{slot[name]:#x}(%rsp)"
+        return [{8: f"mov {source}, %rdx", 4: f"mov {source}, %edx", 2: f"movzwl {source}, %edx",
+                 1: f"movzbl {source}, %edx"}[width]]
+    lines = [f"lea {site_rsp:#x}(%rsp), %rdx"] if name == "rsp" else []
+    source = "rdx" if name == "rsp" else name
+    if width == 8:
+        return lines + ([] if source == "rdx" else [f"mov %{source}, %rdx"])
+    if width == 4:
+        return lines + [f"mov %{_SUB[source][4]}, %edx"]
+    return lines + [f"movz{'w' if width == 2 else 'b'}l %{_SUB[source][width]}, %edx"]
+
+
+def _zero_gaps(sdata: SdataPlan, pointer: str, at: int, zero: str) -> list[str]:
+    """Zero the bytes of an `S` entry (at `at`(`pointer`)) that no field covers: padding reads as zero."""
+    covered = set()
+    for offset, field_size, _, _ in sdata.fields:
+        covered.update(range(offset, offset + field_size))
+    gaps = [i for i in range(sdata.entry_size) if i not in covered]
+    if not gaps:
+        return []
+    lines = [f"xor %{_SUB[zero][4]}, %{_SUB[zero][4]}"]
+    position = 0
+    while position < sdata.entry_size:
+        step = next(w for w in (8, 4, 2, 1) if position % w == 0 and position + w <= sdata.entry_size)
+        if any(position <= g < position + step for g in gaps):
+            lines.append(f"mov %{_SUB[zero][step]}, {at + position:#x}({pointer})")
+        position += step
+    return lines
 
 
 def register_bytes(mask: int) -> int:
@@ -500,18 +548,7 @@ def _sdata_in_place(sdata: SdataPlan, index: int) -> list[str]:
         "movb $0x53, (%rdi)",
         f"movw ${sdata.entry_size:#x}, 0x1(%rdi)",
     ]
-    covered = set()
-    for offset, field_size, _, _ in sdata.fields:
-        covered.update(range(offset, offset + field_size))
-    gaps = [i for i in range(sdata.entry_size) if i not in covered]
-    if gaps:  # padding and unassigned bytes read as zero
-        lines.append("xor %eax, %eax")
-        position = 0
-        while position < sdata.entry_size:
-            step = next(w for w in (8, 4, 2, 1) if position % w == 0 and position + w <= sdata.entry_size)
-            if any(position <= g < position + step for g in gaps):
-                lines.append(f"mov {_STORE[step]}, {3 + position:#x}(%rdi)")
-            position += step
+    lines += _zero_gaps(sdata, "%rdi", 3, "rax")
     for offset, field_size, block_offset, width in sdata.fields:
         lines.append(_LOAD[width].format(src=f"{block_offset:#x}(%rsp)"))
         lines.append(f"mov {_STORE[field_size]}, {3 + offset:#x}(%rdi)")

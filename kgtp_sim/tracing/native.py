@@ -233,9 +233,10 @@ class CompiledRun:
                                or plan.reads_segments or any(
                                    insn.name == "reg" and insn.operands[0] == amd64.REGISTER_INDEX["eflags"]
                                    for program in [p for _, p in actions if p] for insn in program.insns))
-        # the short path: a frame of registers only, after a condition known true (a fast path that may fail
-        # leaves the error to the full path), nothing that could fail, count or call
-        lean = (self.engine == "opt" and register_mask not in (0, ALL_GENERAL) and not entries and not pass_count
+        # the short path: a frame of registers and register-built `$_sdata` only, after a condition known true (a
+        # fast path that may fail leaves the error to the full path), nothing that could fail, count or call
+        lean = (self.engine == "opt" and register_mask != ALL_GENERAL and bool(register_mask or entries)
+                and all(isinstance(entry, d.SdataPlan) for entry, _, _ in entries) and not pass_count
                 and not builtin_slots and (condition is None or (fast is not None and not fast.can_fail)))
         plan = replace(plan, ring_ctl=self.ring_ctl, lean=lean)
         tail_bound = relocated_size_bound(site.displaced) + JUMP_SIZE

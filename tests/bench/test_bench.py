@@ -78,6 +78,8 @@ def test_frames_cost_what_they_collect(rows):
         assert expr <= 60 and both <= 80, (probe, expr, both)
         assert 3 * expr <= by(rows, probe, "expr", "naive")["insns_per_hit"], probe
         assert 3 * both <= by(rows, probe, "cond+expr", "naive")["insns_per_hit"], probe
+    # `collect $_sdata` at module::kgtp_module_event: its fields are register values, built on the short path
+    assert by(rows, "static", "sdata", "opt")["insns_per_hit"] <= 60
 
 
 def test_json_schema_and_markdown(rows, tmp_path):

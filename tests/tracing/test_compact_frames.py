@@ -91,6 +91,29 @@ def test_every_engine_records_the_interpreters_frames(path, mask, conditional):
         assert frames == reference, (engine, path, mask)
 
 
+def _marker_data(tr, actions: bytes, cond) -> None:
+    c = b":" + _x(cond) if cond else b""
+    tr.definitions.define(t.DefineTracepoint.parse(b"1:%x:E:0:0:S%s-" % (MARKER.site, c)))
+    tr.definitions.add_actions(t.TracepointActions.parse(b"1:%x:%s" % (MARKER.site, actions)))
+
+
+PATHS["marker-sdata"] = lambda tr, mask, cond: _marker_data(tr, b"L", cond)
+PATHS["marker-registers-sdata"] = lambda tr, mask, cond: _marker_data(tr, b"R%sL" % _mask_hex(mask), cond)
+
+
+@pytest.mark.parametrize("conditional", [False, True], ids=["always", "condition"])
+@pytest.mark.parametrize("path", ["marker-sdata", "marker-registers-sdata"])
+def test_static_data_built_on_the_short_path_is_the_interpreters(path, conditional):
+    """`collect $_sdata` at a marker whose fields are register values: built in place on the short path (with
+    the registers asked beside it, or alone), block for block what the interpreter builds."""
+    condition = TRUE if conditional else None
+    reference, counts = _run("interp", path, MASKS["scratch+rsp"], condition)
+    assert counts[0] > counts[1] > 0 and any(b.__class__.__name__ == "StaticBlock" for b in reference[0][1])
+    for engine in ("naive", "opt"):
+        frames, engine_counts = _run(engine, path, MASKS["scratch+rsp"], condition)
+        assert (engine_counts, frames) == (counts, reference), (engine, path)
+
+
 @pytest.mark.parametrize("engine", ["interp", "naive", "opt"])
 def test_a_compact_block_holds_what_was_asked_and_rip(engine):
     frames, _ = _run(engine, "jump", MASKS["flags+segments"], None, size=0x100000)

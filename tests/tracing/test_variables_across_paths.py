@@ -134,3 +134,30 @@ def test_sdata_at_the_benchmark_marker_counts_along(engine):
     tracer.stop(t.StopReason.STOP_COMMAND)
     assert [tracer.rendered_sdata(f) for f in tracer.frames()] == [
         f"counter1={n + 1} counter2={n}" for n in range(4)]
+
+
+@pytest.mark.parametrize("marker", REGISTER_MARKERS)
+def test_sdata_on_the_short_path_is_the_full_paths_at_every_register_marker(marker):
+    """Two tracepoints at one marker, one hit: `collect $regs, $_sdata` takes the optimizing engine's full path,
+    `collect $_sdata` alone its short path; their entries must be the same at every hit."""
+    import time
+
+    found = next(m for m in IMAGE.markers if m.name == marker)
+    machine = Machine(IMAGE, hz=1000)
+    tracer = Tracer(machine, "opt")
+    _define(tracer, 1, found.site, b"RffffffL", static=True)
+    _define(tracer, 2, found.site, b"L", static=True)
+    tracer.start()
+    machine.start()
+    try:
+        deadline = time.monotonic() + 60
+        while tracer.status().created < 10:
+            assert time.monotonic() < deadline, marker
+            time.sleep(0.01)
+        tracer.stop(t.StopReason.STOP_COMMAND)
+    finally:
+        machine.shutdown()
+    full = [f.static_data() for f in tracer.frames() if f.tracepoint == 1]
+    short = [f.static_data() for f in tracer.frames() if f.tracepoint == 2]
+    assert full and short and full[:len(short)] == short[:len(full)], marker
+    assert all(f.registers is None for f in tracer.frames() if f.tracepoint == 2)
