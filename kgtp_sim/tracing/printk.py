@@ -14,7 +14,8 @@ user wrote it, the value in `$printk_format`'s layout). A hit that printed and r
 (KGTP makes a frame when the first block is written). GDB sends registers and memory ranges (`R`, `M`: `$regs`,
 a register variable, a global) before any expression: ranges are recorded (KGTP refuses them; as its howto says,
 `collect $printk_tmp=jiffies` prints a global), and the one `R` action, where GDB merges the registers of every
-collect, is dropped when every collect of the hit printed (KGTP drops it always).
+collect, is dropped when every collect of the hit printed (KGTP drops it always). Conditional expressions and
+loops work in such a tracepoint (KGTP refuses them there); while-stepping actions cannot print (as in KGTP).
 
 `$printk_format` (gtp.c's `GTP_PRINTK_FORMAT_*`): 0 A: 1, 2, 4 or 8 bytes as U, else as B; 1 D signed decimal;
 2 U unsigned decimal; 3 X `0x` hexadecimal; 4 S a string; 5 B the bytes in hexadecimal. A value is at most 8
