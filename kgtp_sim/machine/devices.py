@@ -91,6 +91,12 @@ class Devices:
         else:
             self._line.append(byte)
 
+    def console_write(self, data: bytes) -> None:
+        """Text the host side prints on the kernel's console (KGTP's printk from a tracepoint), as if the kernel
+        wrote it to the port byte by byte."""
+        for byte in data:
+            self._console_byte(byte)
+
     def console_text(self) -> str:
         """The most recent console output (up to 64 KiB)."""
         return bytes(self._console).decode("utf-8", "replace")

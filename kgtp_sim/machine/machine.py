@@ -336,6 +336,10 @@ class Machine:
     def console_text(self) -> str:
         return self.devices.console_text()
 
+    def console_write(self, data: bytes) -> None:
+        """Print on the kernel's console from the host (a tracepoint's printk); call on the CPU thread."""
+        self.run_on_cpu(lambda uc: self.devices.console_write(data))
+
     # ---- settings ----------------------------------------------------------------------------------------
 
     def set_hz(self, hz: int) -> None:

@@ -229,7 +229,7 @@ def _step_id(ctx: BuiltinContext) -> int:
 
 
 def _dump_stack(ctx: BuiltinContext) -> int:
-    """KGTP prints the stack with printk; here it goes where tracepoint `printf` output goes. Never fails the
+    """KGTP prints the stack with printk: here on the kernel's console (printk.dump_stack). Never fails the
     hit: a stack that cannot be walked prints what was found."""
 
     def dump() -> None:
@@ -285,11 +285,11 @@ BUILTIN_VARIABLES = BuiltinTable((
             summary="$rdtsc minus the ticks tracepoint handlers took since tstart"),
     Builtin(9, "gtp_rb_discard_page_number", agent_read=False, gdb_read=_discarded,
             summary="times the circular buffer discarded its oldest page's worth of frames to make room"),
-    Builtin(10, "printk_tmp", agent_write=True, summary="scratch value for $printk_format"),
+    Builtin(10, "printk_tmp", agent_write=True, summary="scratch value to print (`collect $printk_tmp=global`)"),
     Builtin(11, "printk_level", PRINTK_LEVEL_DEFAULT, agent_read=False, agent_write=True,
-            summary="level of direct output (kept; direct output is not implemented yet)"),
+            summary="below 8: `collect` prints at this level on the console instead of recording (printk.py)"),
     Builtin(12, "printk_format", agent_read=False, agent_write=True,
-            summary="format of direct output (kept; direct output is not implemented yet)"),
+            summary="layout of direct output: 0 A, 1 D, 2 U, 3 X, 4 S, 5 B (printk.py)"),
     Builtin(13, "dump_stack", compute=_dump_stack, summary="reading it prints the hit's backtrace; reads 0"),
     Builtin(14, "self_trace", agent_write=True,
             summary="KGTP skips hits in its own processes unless set; no such task exists here: no effect"),
@@ -316,14 +316,14 @@ BUILTIN_VARIABLES = BuiltinTable((
     Builtin(26, "current_task_pid", compute=_current_pid, summary="current->pid"),
     Builtin(27, "current_task_user", compute=_ZERO,
             summary="current task in user mode: the kernel runs kernel threads only: 0"),
-    Builtin(28, "current", agent_read=False, refused="$current (another context's registers) is not implemented",
-            summary="registers of another context (not implemented)"),
+    Builtin(28, "current", agent_write=True,
+            summary="set to a struct pt_regs pointer: the hit's registers are that context's (printk.py)"),
     Builtin(29, "bt", BT_DEFAULT, gdb_read="stored", gdb_write=True,
             summary="bytes of stack `collect $bt` records with the registers"),
-    Builtin(30, "enable", agent_read=False, refused="$enable is not implemented yet",
-            summary="enables a tracepoint from an action (not implemented yet)"),
-    Builtin(31, "disable", agent_read=False, refused="$disable is not implemented yet",
-            summary="disables a tracepoint from an action (not implemented yet)"),
+    Builtin(30, "enable", agent_read=False, agent_write=True,
+            summary="set to N: tracepoint N is switched on from the next hit (0: all others; printk.py)"),
+    Builtin(31, "disable", agent_read=False, agent_write=True,
+            summary="set to N: tracepoint N is switched off from the next hit (0: all others; printk.py)"),
     *(Builtin(number, name, initial, agent_read=False, refused=_WATCH, summary="watch tracepoints (not implemented)")
       for number, name, initial in (
           (32, "watch_static", 0), (33, "watch_type", 0), (34, "watch_size", WATCH_SIZE_DEFAULT),
@@ -395,29 +395,13 @@ class KgtpState:
             self._cost_ns += time.perf_counter_ns() - begin
 
     def dump_stack(self, ctx: BuiltinContext) -> None:
-        machine = ctx.machine
-        image = machine.image  # type: ignore[attr-defined]
-        regs = dict(zip(("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", "r10", "r11", "r12",
-                         "r13", "r14", "r15", "rip"), ctx.hit.regs[:17]))
+        from .printk import dump_stack
+
         if self._dwarf is None:
             from ..view.dwarf import KernelDwarf
 
-            self._dwarf = KernelDwarf(image.path)
-
-        def read(address: int, length: int) -> bytes | None:
-            try:
-                return bytes(machine.read_memory(address, length))  # type: ignore[attr-defined]
-            except Exception:
-                return None
-
-        tp = getattr(ctx.hit, "tracepoint", None)
-        lines = [f"CPU0 gtp {tp.number if tp else 0} {tp.address if tp else regs['rip']:#x}:"]
-        for pc in self._dwarf.unwind(regs, read):
-            where = self._dwarf.symbolize(pc)
-            lines.append(f" [<{pc:016x}>] " + (f"{where[0]}+{where[1]:#x}" if where else "?"))
-        text = "\n".join(lines) + "\n"
-        ctx.tracer.printed.append(text)
-        log.info("tracepoint $dump_stack:\n%s", text.rstrip("\n"))
+            self._dwarf = KernelDwarf(ctx.machine.image.path)  # type: ignore[attr-defined]
+        dump_stack(ctx, self._dwarf)
 
 
 # ---- checks at tstart, and which engine runs a location ----------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from unicorn import Uc
 from unicorn.x86_const import UC_X86_REG_EFLAGS, UC_X86_REG_RIP
 
-from ..agent.errors import UnreadableMemory
+from ..agent.errors import EvalResult, UnreadableMemory
 from ..agent.interp import evaluate
 from ..arch import amd64
 from ..machine import Marker, MemoryFault
@@ -81,6 +81,20 @@ class HitContext:
         self.tracer.printed.append(text)
         log.info("tracepoint printf: %s", text.rstrip("\n"))
 
+    # What a hit does besides recording (`printk.DirectHit`: direct output, $enable/$disable, $current).
+
+    def begin(self) -> bool:
+        """Before the condition; False ends the hit."""
+        return True
+
+    def run(self, program) -> EvalResult:
+        """One expression action."""
+        return evaluate(program, self)
+
+    def finish(self) -> bool:
+        """After the actions: is the hit's frame committed?"""
+        return True
+
 
 def hit_registers(tracer: Tracer, uc: Uc, pc: int) -> list[int]:
     """The hit's registers in GDB's order, with the PC GDB must see and eflags as the 32 bits GDB reads."""
@@ -97,8 +111,10 @@ def interpreted_hit(tracer: Tracer, uc: Uc, item: Installed) -> None:
         return
     item.fired += 1
     tp = item.tracepoint
-    hit = HitContext(uc, hit_registers(tracer, uc, item.site.address), tracer, room=tracer.room, marker=item.marker,
-                     tracepoint=tp)
+    hit = (item.hit_context or HitContext)(uc, hit_registers(tracer, uc, item.site.address), tracer,
+                                           room=tracer.room, marker=item.marker, tracepoint=tp)
+    if not hit.begin():
+        return
     if item.condition is not None:
         result = evaluate(item.condition, hit)
         if not tracer.check(result.error, tp):
@@ -108,14 +124,14 @@ def interpreted_hit(tracer: Tracer, uc: Uc, item: Installed) -> None:
     item.hits += 1
     for action, program in item.actions:
         if program is not None:
-            result = evaluate(program, hit)
+            result = hit.run(program)
             if tracer.lost_block(result.error, program):
                 continue
             if not tracer.check(result.error, tp):
                 return
         else:
             collect(action, hit)
-    if not commit(tracer, tp.number, hit, item):
+    if hit.finish() and not commit(tracer, tp.number, hit, item):
         return
     passed = bool(tp.pass_count and item.hits >= tp.pass_count)
     if tp.step_count and tracer.running and not tracer.stepper.active:
@@ -215,8 +231,8 @@ class Stepper:
     def _collect(self, uc: Uc, item: Installed, address: int) -> None:
         tracer = self.tracer
         regs = hit_registers(tracer, uc, address)
-        hit = HitContext(uc, regs, tracer, room=tracer.room, tracepoint=item.tracepoint,
-                         step=item.tracepoint.step_count - self._remaining + 1)
+        hit = (item.hit_context or HitContext)(uc, regs, tracer, room=tracer.room, tracepoint=item.tracepoint,
+                                               step=item.tracepoint.step_count - self._remaining + 1)
         has_registers = False
         for action, program in item.stepping:
             if program is not None:

@@ -77,10 +77,10 @@ class ProbeSet:
     # ---- installing --------------------------------------------------------------------------------------
 
     def _needs_python(self, item: Installed) -> bool:
-        """Interpreted engine, while-stepping (single-stepping lives in Python), or a variable only Python
-        computes."""
-        return self.tracer.native is None or bool(item.tracepoint.step_count) or \
-            not runs_natively(self.tracer, item.programs(), NATIVE_BUILTINS)
+        """Interpreted engine, while-stepping (single-stepping lives in Python), a variable only Python
+        computes, or one whose action only Python performs (printk.attach)."""
+        return self.tracer.native is None or bool(item.tracepoint.step_count) or item.hit_context is not None \
+            or not runs_natively(self.tracer, item.programs(), NATIVE_BUILTINS)
 
     def plan(self, items: list[Installed]) -> None:
         """tstart, before installing `items`: at an address shared with a location that needs Python, every
@@ -118,7 +118,8 @@ class ProbeSet:
 
     def _hit_all(self, uc: Uc, items: list[Installed]) -> None:
         for item in list(items):
-            self.tracer.kgtp.timed(lambda item=item: interpreted_hit(self.tracer, uc, item))
+            if any(armed is item for armed in items):  # not switched off by an earlier one's $disable
+                self.tracer.kgtp.timed(lambda item=item: interpreted_hit(self.tracer, uc, item))
 
     def _install_native(self, item: Installed) -> None:
         native = self.tracer.native

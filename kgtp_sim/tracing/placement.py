@@ -9,6 +9,7 @@ what `installer.py` then puts into the kernel. Runs on the CPU thread (inside `T
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..agent.errors import BytecodeError, ErrorCode
 from ..agent.verify import Program, verify
@@ -34,6 +35,7 @@ class Installed:
     stepping: list[tuple[t.Action, Program | None]] = field(default_factory=list)
     marker: Marker | None = None  # static tracepoints: the TRACE_EVENT site they enable
     shared: bool = False  # another tracepoint has the same address: they share one probe (resolve_overlaps)
+    hit_context: Any = None  # printk.attach: the hit context of direct output, $enable/$disable, $current
     fired: int = 0
     hits: int = 0
     usage: int = 0

@@ -31,6 +31,7 @@ from .installer import ProbeSet
 from .model import Definitions, ProbeRow, StopReason, TraceError, Tracepoint, TraceStatus
 from .native import ENGINES, CompiledRun, faults_lose_a_block
 from .placement import prepare, resolve_overlaps
+from .printk import attach
 from .retire import RetiredCode
 from .ring import BLOCKS_AT, CTL_BYTES, Ring
 from .sdata import render
@@ -202,8 +203,10 @@ class Tracer:
 
     def _prepare(self, tp: Tracepoint):
         tsv_slots = max(self.definitions.variables, default=0) + 1
-        return prepare(tp, self.machine.image, tsv_slots, compiled=self.engine != "interp", probe=self.probe,
+        item = prepare(tp, self.machine.image, tsv_slots, compiled=self.engine != "interp", probe=self.probe,
                        marker=self.marker_at(tp.address))
+        attach(item, self)  # direct output, $enable/$disable, $current
+        return item
 
     def _start_native(self) -> None:
         if self.engine == "interp":
