@@ -77,9 +77,9 @@ class ProbeSet:
     # ---- installing --------------------------------------------------------------------------------------
 
     def _needs_python(self, item: Installed) -> bool:
-        """Interpreted engine, while-stepping (single-stepping lives in Python), or a variable only Python
-        computes."""
-        return self.tracer.native is None or bool(item.tracepoint.step_count) or \
+        """Interpreted engine, while-stepping (single-stepping lives in Python), a variable only Python
+        computes, or a return probe (its entry hijacks the return in Python: kret.py)."""
+        return self.tracer.native is None or bool(item.tracepoint.step_count) or item.kret is not None or \
             not runs_natively(self.tracer, item.programs(), NATIVE_BUILTINS)
 
     def plan(self, items: list[Installed]) -> None:
@@ -103,6 +103,8 @@ class ProbeSet:
                 self._install_native(item)
             return
         site = item.site
+        if item.kret is not None:
+            self.tracer.kret.install(item)  # its trampolines, before the site can be hit
         group = self.int3_sites.get(site.address)
         if group is None:  # the first tracepoint here: one int3 and one out-of-line copy for all of them
             out_of_line = self.machine.alloc_code(relocated_size_bound(site.displaced) + 5)
@@ -118,7 +120,8 @@ class ProbeSet:
 
     def _hit_all(self, uc: Uc, items: list[Installed]) -> None:
         for item in list(items):
-            self.tracer.kgtp.timed(lambda item=item: interpreted_hit(self.tracer, uc, item))
+            hit = interpreted_hit if item.kret is None else self.tracer.kret.enter  # a return probe: hijack
+            self.tracer.kgtp.timed(lambda item=item, hit=hit: hit(self.tracer, uc, item))
 
     def _install_native(self, item: Installed) -> None:
         native = self.tracer.native
@@ -226,6 +229,8 @@ class ProbeSet:
             self.removed[key] = item
 
     def _remove_probe(self, item: Installed) -> None:
+        if item.kret is not None:
+            self.tracer.kret.remove(item)  # pending returns go on natively
         native = self.tracer.native
         if item.native is not None:
             assert native is not None
@@ -293,6 +298,7 @@ class ProbeSet:
         for item in list(self.installed.values()) + list(self.removed.values()):
             fired, hits, usage = self.counters(item)
             kind = item.native.kind if item.native is not None else "int3"
+            function = item.site.function if item.kret is None else self.tracer.kret.describe(item, item.site.function)
             rows.append(ProbeRow(item.tracepoint.number, item.site.address, kind,
-                                 item.tracepoint.key in self.installed, fired, hits, usage, item.site.function))
+                                 item.tracepoint.key in self.installed, fired, hits, usage, function))
         return rows

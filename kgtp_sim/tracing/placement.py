@@ -9,6 +9,7 @@ what `installer.py` then puts into the kernel. Runs on the CPU thread (inside `T
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..agent.errors import BytecodeError, ErrorCode
 from ..agent.verify import Program, verify
@@ -18,6 +19,9 @@ from .builtins import BUILTIN_VARIABLES, check_access, expand_bt
 from .model import TraceError, Tracepoint
 from .native import NativeProbe
 from .probes import ProbePlacementError, ProbeSite, plan_probe
+
+if TYPE_CHECKING:
+    from .kret import KretProbe
 
 
 @dataclass
@@ -34,6 +38,7 @@ class Installed:
     stepping: list[tuple[t.Action, Program | None]] = field(default_factory=list)
     marker: Marker | None = None  # static tracepoints: the TRACE_EVENT site they enable
     shared: bool = False  # another tracepoint has the same address: they share one probe (resolve_overlaps)
+    kret: KretProbe | None = None  # a return probe (`$kret`): its return side (kret.py)
     fired: int = 0
     hits: int = 0
     usage: int = 0
