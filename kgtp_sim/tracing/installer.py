@@ -93,8 +93,8 @@ class ProbeSet:
         if item.shared and (python or address in self.int3_sites):
             if address in self.chains:
                 raise TraceError(f"tracepoint {item.tracepoint.number} at {address:#x} needs the Python hit path "
-                                 "(while-stepping, or a variable only Python computes) but the tracepoints at "
-                                 "this address run compiled: define it before tstart")
+                                 "(while-stepping, a variable only Python computes, a return probe) but the "
+                                 "tracepoints at this address run compiled: define it before tstart")
             python = True
         if not python:
             if item.shared:

@@ -224,6 +224,30 @@ def test_ignore_error_leaves_out_a_return_probe_that_is_not_at_a_functions_start
     tracer.stop(t.StopReason.STOP_COMMAND)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_return_probe_armed_and_disarmed_during_a_run(engine):
+    """QTEnable / a new tracepoint during a run (InstallInTrace), then QTDisable: the calls it caught while armed
+    return through their trampolines; after it goes, nothing more is recorded and the kernel's bytes are back."""
+    machine = Machine(IMAGE)
+    machine.call("kgtp_bench_loop", 0)
+    tracer = Tracer(machine, engine)
+    _define(tracer, 1, IMAGE.address_of("load_module"), t.CollectRegisters(1))
+    tracer.start()
+    syscall = Syscalls(machine)
+    assert syscall(KGTP_COUNT) == 1 and tracer.frames() == []
+    _define(tracer, 2, DO_SYSCALL, KRET, t.CollectRegisters(1), ORIG_AX)
+    tracer.arm(tracer.definitions.tracepoints[(2, DO_SYSCALL)])
+    assert syscall(KGTP_COUNT) == 2 and syscall(GETPID) == 0
+    tracer.disarm((2, DO_SYSCALL))
+    assert syscall(KGTP_COUNT) == 3
+    frames = tracer.frames()
+    tracer.stop(t.StopReason.STOP_COMMAND)
+    assert [(f.tracepoint, _orig_ax(f), f.registers["rax"]) for f in frames] == [(2, 500, 2), (2, 39, 0)]
+    assert machine.read_memory(DO_SYSCALL, 8) == IMAGE.read_code(DO_SYSCALL, 8)
+    row = next(row for row in tracer.probe_rows() if row.number == 2)
+    assert not row.armed and row.hits == 2 and "2 entered, 0 pending" in row.function
+
+
 def test_two_return_probes_on_one_call_both_fire_innermost_first():
     """`do_interrupt` and `do_syscall`, each a return probe: the inner returns first; the stack memory the inner
     one collects holds the outer's hijacked return address, which GDB is shown as the original one."""
