@@ -102,7 +102,7 @@ def sets_kret(program: Program) -> bool:
 
 
 def constant_setting(program: Program) -> int:
-    """N of `teval $kret = N` when N is a constant (GDB: `const8 N; setv; pop; end`), else 0."""
+    """N of `teval $kret = N` when N is a constant (GDB 13: `const8 N; setv 0x11; end`), else 0."""
     insns = program.insns
     for index, insn in enumerate(insns):
         if insn.name != "setv" or insn.operands[0] != KRET:
@@ -124,7 +124,7 @@ class Instance:
     arguments: dict[int, int]
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: it and its location refer to each other
 class KretProbe:
     """The return side of one location: its trampolines, its pending calls, its figures."""
 
@@ -324,6 +324,8 @@ class KretRun:
         if not probe.armed:
             return
         probe.armed = False
+        if probe.count:
+            log.info("tracepoint %d: %d calls in flight return untraced", item.tracepoint.number, probe.count)
         probe.left += probe.count
         probe.pending.clear()
         probe.count = 0
