@@ -78,9 +78,10 @@ class ProbeSet:
 
     def _needs_python(self, item: Installed) -> bool:
         """Interpreted engine, while-stepping (single-stepping lives in Python), a variable only Python
-        computes, or one whose action only Python performs (printk.attach)."""
+        computes, one whose action only Python performs (printk.attach), or a return probe (its entry hijacks the
+        return in Python: kret.py)."""
         return self.tracer.native is None or bool(item.tracepoint.step_count) or item.hit_context is not None \
-            or not runs_natively(self.tracer, item.programs(), NATIVE_BUILTINS)
+            or item.kret is not None or not runs_natively(self.tracer, item.programs(), NATIVE_BUILTINS)
 
     def plan(self, items: list[Installed]) -> None:
         """tstart, before installing `items`: at an address shared with a location that needs Python, every
@@ -93,8 +94,8 @@ class ProbeSet:
         if item.shared and (python or address in self.int3_sites):
             if address in self.chains:
                 raise TraceError(f"tracepoint {item.tracepoint.number} at {address:#x} needs the Python hit path "
-                                 "(while-stepping, or a variable only Python computes) but the tracepoints at "
-                                 "this address run compiled: define it before tstart")
+                                 "(while-stepping, a variable only Python computes, a return probe) but the "
+                                 "tracepoints at this address run compiled: define it before tstart")
             python = True
         if not python:
             if item.shared:
@@ -103,6 +104,8 @@ class ProbeSet:
                 self._install_native(item)
             return
         site = item.site
+        if item.kret is not None:
+            self.tracer.kret.install(item)  # its trampolines, before the site can be hit
         group = self.int3_sites.get(site.address)
         if group is None:  # the first tracepoint here: one int3 and one out-of-line copy for all of them
             out_of_line = self.machine.alloc_code(relocated_size_bound(site.displaced) + 5)
@@ -119,7 +122,8 @@ class ProbeSet:
     def _hit_all(self, uc: Uc, items: list[Installed]) -> None:
         for item in list(items):
             if any(armed is item for armed in items):  # not switched off by an earlier one's $disable
-                self.tracer.kgtp.timed(lambda item=item: interpreted_hit(self.tracer, uc, item))
+                hit = interpreted_hit if item.kret is None else self.tracer.kret.enter  # a return probe: hijack
+                self.tracer.kgtp.timed(lambda item=item, hit=hit: hit(self.tracer, uc, item))
 
     def _install_native(self, item: Installed) -> None:
         native = self.tracer.native
@@ -227,6 +231,8 @@ class ProbeSet:
             self.removed[key] = item
 
     def _remove_probe(self, item: Installed) -> None:
+        if item.kret is not None:
+            self.tracer.kret.remove(item)  # pending returns go on natively
         native = self.tracer.native
         if item.native is not None:
             assert native is not None
@@ -294,6 +300,7 @@ class ProbeSet:
         for item in list(self.installed.values()) + list(self.removed.values()):
             fired, hits, usage = self.counters(item)
             kind = item.native.kind if item.native is not None else "int3"
+            function = item.site.function if item.kret is None else self.tracer.kret.describe(item, item.site.function)
             rows.append(ProbeRow(item.tracepoint.number, item.site.address, kind,
-                                 item.tracepoint.key in self.installed, fired, hits, usage, item.site.function))
+                                 item.tracepoint.key in self.installed, fired, hits, usage, function))
         return rows

@@ -9,7 +9,7 @@ what `installer.py` then puts into the kernel. Runs on the CPU thread (inside `T
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..agent.errors import BytecodeError, ErrorCode
 from ..agent.verify import Program, verify
@@ -19,6 +19,9 @@ from .builtins import BUILTIN_VARIABLES, check_access, expand_bt
 from .model import TraceError, Tracepoint
 from .native import NativeProbe
 from .probes import ProbePlacementError, ProbeSite, plan_probe
+
+if TYPE_CHECKING:
+    from .kret import KretProbe
 
 
 @dataclass
@@ -36,6 +39,7 @@ class Installed:
     marker: Marker | None = None  # static tracepoints: the TRACE_EVENT site they enable
     shared: bool = False  # another tracepoint has the same address: they share one probe (resolve_overlaps)
     hit_context: Any = None  # printk.attach: the hit context of direct output, $enable/$disable, $current
+    kret: KretProbe | None = None  # a return probe (`$kret`): its return side (kret.py)
     fired: int = 0
     hits: int = 0
     usage: int = 0

@@ -324,7 +324,7 @@ class DirectHit(HitContext):
         ran printed (none recorded, not even a register variable's, whose `X` is empty), they go too. A hit
         that printed and recorded nothing makes no frame."""
         if self.printed and not self._recorded_collects:
-            self.blocks = [block for block in self.blocks if block[:1] != b"R"]
+            self.blocks = [block for block in self.blocks if block[:1] not in (b"R", b"r")]  # full or compact
         return bool(self.blocks) or not self.printed
 
     # ---- the agent context ------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from .fastregs import RegisterReader
 from .frames import StaticBlock, TraceFrame, encode_frame
 from .hits import MAX_COLLECT, HitContext, Stepper
 from .installer import ProbeSet
+from .kret import KretRun
 from .model import Definitions, ProbeRow, StopReason, TraceError, Tracepoint, TraceStatus
 from .native import ENGINES, CompiledRun, faults_lose_a_block
 from .placement import prepare, resolve_overlaps
@@ -91,6 +92,7 @@ class Tracer:
         self.tsc = Tsc()
         self.registers = RegisterReader()
         self.kgtp = KgtpState()  # what KGTP's special variables keep across hits (builtins.py)
+        self.kret = KretRun(self)  # return probes (`$kret`, kret.py)
         for variable in BUILTIN_VARIABLES:
             self.definitions.variables[variable.number] = variable.definition()
 
@@ -169,6 +171,7 @@ class Tracer:
                 log.warning("tstart left out %s", error)
                 last_errno = -EINVAL
         resolve_overlaps(self.machine.image, prepared, [])
+        self.kret.start(prepared)
         self.kgtp.start([item.tracepoint for item in prepared], self.tsc)
         try:
             self._allocate_ring()
@@ -203,8 +206,8 @@ class Tracer:
 
     def _prepare(self, tp: Tracepoint):
         tsv_slots = max(self.definitions.variables, default=0) + 1
-        item = prepare(tp, self.machine.image, tsv_slots, compiled=self.engine != "interp", probe=self.probe,
-                       marker=self.marker_at(tp.address))
+        item = self.kret.prepare(prepare(tp, self.machine.image, tsv_slots, compiled=self.engine != "interp",
+                                         probe=self.probe, marker=self.marker_at(tp.address)))
         attach(item, self)  # direct output, $enable/$disable, $current
         return item
 
@@ -287,6 +290,7 @@ class Tracer:
         if self.running and tp.enabled and tp.key not in self.probes.installed:
             self.kgtp.admit(tp)
             item = self._prepare(tp)
+            self.kret.admit(item, list(self.probes.installed.values()))
             resolve_overlaps(self.machine.image, [item], list(self.probes.installed.values()))
             earlier = self.probes.removed.pop(tp.key, None)
             self.probes.install(item)
@@ -353,7 +357,7 @@ class Tracer:
         state = self.ring.state()
         key = (state.base, state.head, state.tail, state.created)
         if self._frames_cache is None or self._frames_cache[0] != key:
-            self._frames_cache = (key, self.ring.entries())
+            self._frames_cache = (key, self.kret.visible(self.ring.entries()))
         return self._frames_cache[1]
 
     def consume_frames(self, through_sequence: int) -> int:

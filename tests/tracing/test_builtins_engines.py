@@ -168,7 +168,7 @@ def test_stepping_frames_carry_their_step_number_and_the_hits_step_id(engine):
     (f"const8 1; setv {N['clock']:#x}; end", "$clock cannot be set by a tracepoint"),
     (f"getv {N['ignore_error']:#x}; end", "$ignore_error cannot be read by a tracepoint"),
     (f"getv {N['last_errno']:#x}; end", "$last_errno cannot be read by a tracepoint"),
-    (f"const8 1; setv {N['kret']:#x}; end", "$kret: return probes are not implemented yet"),
+    (f"const8 1; setv {N['kret']:#x}; end", "$kret cannot be set in a condition"),
     (f"getv {N['watch_val']:#x}; end", "$watch_val: watch tracepoints"),
 ])
 def test_what_kgtp_refuses_in_an_action_fails_tstart(code, text):

@@ -18,7 +18,7 @@ from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.tracing import TraceError, Tracer
 from kgtp_sim.tracing.builtins import BUILTIN_VARIABLES
-from kgtp_sim.tracing.frames import MemoryBlock, RegisterBlock, TsvBlock
+from kgtp_sim.tracing.frames import CompactRegisters, MemoryBlock, RegisterBlock, TsvBlock
 from kgtp_sim.tracing.printk import PrintkError, expression_names, render, split_items
 
 from ..conftest import VMLINUX
@@ -201,7 +201,7 @@ def test_a_printing_collect_records_nothing_while_the_others_record(engine):
     assert len(frames) == 3
     for n, frame in enumerate(frames, 1):
         kinds = [type(b) for b in frame.blocks]
-        assert kinds == [RegisterBlock, MemoryBlock, TsvBlock, TsvBlock]  # nothing of the printed collect
+        assert kinds == [CompactRegisters, MemoryBlock, TsvBlock, TsvBlock]  # nothing of the printed collect
         assert frame.tsv_values() == [(USER, n), (N["printk_tmp"], n)]
     assert tracer.location_status(1, SITE)[0] == 3
 
@@ -212,9 +212,9 @@ PRINTED = _x(f"reg 0x5; setv {N['printk_tmp']:#x}; tracev {N['printk_tmp']:#x}; 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("actions, kinds", [
     ([_setv("printk_level", 0), PRINTED], []),  # rdi was there for the printed collect only
-    ([_x("end"), _setv("printk_level", 0), PRINTED], [RegisterBlock]),  # `collect counter1` wants rdi recorded
+    ([_x("end"), _setv("printk_level", 0), PRINTED], [CompactRegisters]),  # `collect counter1` wants rdi
     ([_setv("printk_level", 0), PRINTED, _setv("printk_level", 8), _x(f"tracev {N['cpu_id']:#x}; end")],
-     [RegisterBlock, TsvBlock]),
+     [CompactRegisters, TsvBlock]),
 ])
 def test_registers_gdb_adds_for_printed_collects_are_not_recorded(engine, actions, kinds):
     """GDB merges the registers of every collect into one `R` action, sent first."""
