@@ -156,7 +156,8 @@ class DebugRegisters:
         return sum(w is not None for w in self.slots)
 
     def set(self, slot: int, address: int, size: int, kind: int, handler: TrapHandler) -> Watchpoint:
-        """Arm `slot` on [address, address + size) for `kind`; raises WatchpointError."""
+        """Arm `slot` on [address, address + size) for `kind`; raises WatchpointError. Between runs, or inside
+        emulation from an interrupt hook (a tracepoint's int3): the first data breakpoint then ends the run."""
         if size not in SIZES:
             raise WatchpointError(f"a hardware breakpoint covers 1, 2, 4 or 8 bytes, not {size}")
         if kind not in (EXECUTE, WRITE, READ_WRITE):
@@ -217,7 +218,7 @@ class DebugRegisters:
         self._previous_trap, self.cpu.debug_trap = self.cpu.debug_trap, self._on_debug_trap
         if self.cpu.after_run != self._after_run:  # still ours when the last run did not end since disengaging
             self._previous_after_run, self.cpu.after_run = self.cpu.after_run, self._after_run
-        self._flush()
+        self._flush(now=True)  # code translated before runs no load or store through the hooks
 
     def _disengage(self) -> None:
         if not self._engaged:
@@ -231,14 +232,17 @@ class DebugRegisters:
         self._flush()
         self._safe_point()
 
-    def _flush(self) -> None:
-        """Drop translated code (hooks compiled in or out); inside emulation only at the run's end, which a stop
-        brings at once (a hit runs in an interrupt hook, between translated blocks)."""
-        if self.cpu.in_emulation:
-            self._flush_due = True
-            self.uc.emu_stop()
-        else:
+    def _flush(self, now: bool = False) -> None:
+        """Drop translated code (hooks compiled in or out); inside emulation only at the run's end. With `now`,
+        that end comes at once: a stop, which only an interrupt hook may ask (it runs between translated
+        blocks; asked from a memory hook, unicorn would leave the block after a later access and run that
+        instruction again from its start)."""
+        if not self.cpu.in_emulation:
             self.uc.ctl_flush_tb()
+            return
+        self._flush_due = True
+        if now:
+            self.uc.emu_stop()
 
     def _retire(self, hook: object) -> None:
         if self.cpu.in_emulation:

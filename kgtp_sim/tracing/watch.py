@@ -358,18 +358,28 @@ class Watches:
             self._registers.clear_all()
 
     def arm(self, tp: Tracepoint, tsv_slots: int) -> bool:
-        """A watch tracepoint enabled or defined during the run. False: not a watch tracepoint."""
-        earlier = self.plans.get(tp.key)
-        if earlier is not None and earlier.armed:
-            return True
+        """A watch tracepoint enabled or defined during the run (server thread; the change is made on the CPU
+        thread, where hits read the plans). False: not a watch tracepoint."""
         plan = classify(tp, tsv_slots)
         if plan is None:
+            check_ordinary(tp, tsv_slots)
             return False
-        if earlier is not None:
-            plan.fired, plan.hits, plan.usage = earlier.fired, earlier.hits, earlier.usage
-        self.plans[tp.key] = plan
-        if plan.static:
-            self.tracer.machine.run_on_cpu(lambda uc: self._arm_static(plan))
+
+        def install(uc: Uc) -> None:
+            earlier = self.plans.get(tp.key)
+            if earlier is not None and earlier.armed:
+                return  # enabled again while armed: nothing to do
+            if earlier is not None:
+                plan.fired, plan.hits, plan.usage = earlier.fired, earlier.hits, earlier.usage
+            self.plans[tp.key] = plan
+            if plan.static:
+                try:
+                    self._arm_static(plan)
+                except ArmError:
+                    plan.armed = False  # refused: enabling it again tries again
+                    raise
+
+        self.tracer.machine.run_on_cpu(install)
         return True
 
     def disarm(self, key: tuple[int, int]) -> bool:
@@ -508,7 +518,7 @@ class Watches:
             hit.watch = SettingState()
         state: SettingState = hit.watch
         if name in ("set_id", "set_addr"):
-            plan = next((p for p in self.plans.values() if p.armed and not p.static and (
+            plan = next((p for p in list(self.plans.values()) if p.armed and not p.static and (
                 p.tracepoint.number if name == "set_id" else p.tracepoint.address) == value), None)
             if plan is None:
                 what = "number" if name == "set_id" else "address"
@@ -552,7 +562,7 @@ class Watches:
         image = self.tracer.machine.image
         armed = {id(s.watch) for s in self.slots if s is not None}
         rows = []
-        for plan in self.plans.values():
+        for plan in list(self.plans.values()):  # the CPU thread may add one (arm)
             tp = plan.tracepoint
             symbol = image.symbol_at(tp.address) if plan.static else None
             rows.append(ProbeRow(tp.number, tp.address, "watch", id(plan) in armed and self.tracer.running,

@@ -386,3 +386,18 @@ def test_a_probed_instruction_running_displaced_still_traps(engine):
         if number == 1:
             assert values["watch_val"] == values["watch_prev_val"] + 1
             assert IMAGE.function_at(rip) is None  # module space: the displaced copy
+
+
+def test_a_fifth_watch_armed_during_the_run_is_refused():
+    machine, tracer = _tracer("opt")
+    for number, address in enumerate(OTHER, start=1):
+        _define(tracer, number, address, *_static(size=4))
+    tracer.start()
+    _define(tracer, 5, COUNTER, *_static(), _collect("watch_val"))
+    with pytest.raises(TraceError, match="tracepoint 5: no free hardware breakpoint"):
+        tracer.arm(tracer.definitions.tracepoints[(5, COUNTER)])
+    tracer.disarm((1, OTHER[0]))  # one register free again
+    tracer.arm(tracer.definitions.tracepoints[(5, COUNTER)])
+    machine.call("kgtp_bench_loop", 2)
+    assert [f[0] for f in _frames(tracer)] == [5, 5] and tracer.running
+    tracer.stop(t.StopReason.STOP_COMMAND)
