@@ -419,6 +419,9 @@ class Cpu:
         #: the single-step trap (#DB after an instruction run with EFLAGS.TF): the stub's while-stepping, never the
         #: kernel's (it sets no TF); handler(uc) runs with RIP at the next instruction
         self.debug_trap: BreakpointHandler | None = None
+        #: called on the CPU thread when a run ends, outside emulation, before `run` returns (the hardware
+        #: breakpoints finish an instruction the stop cut in two there: watchpoints.py)
+        self.after_run: BreakpointHandler | None = None
         self.fault_fixups = FaultFixups()
         self.delivered: Counter[int] = Counter()  # vector -> times delivered through the IDT
         self.breakpoint_hits = 0
@@ -724,6 +727,11 @@ class Cpu:
             self._in_emulation = False
             if until != NO_EXIT:
                 uc.ctl_set_exits([])
+        if self.after_run is not None and failure is None and self._error is None and self._fault is None:
+            try:
+                self.after_run(uc)
+            except BaseException as error:  # noqa: BLE001 - surfaced below, as a hook's
+                self._error = error
         if self._error is not None:
             error, self._error = self._error, None
             raise error

@@ -125,6 +125,8 @@ class Builtin:
     gdb_read: Callable[[Tracer], int | None] | str | None = None  # "stored": the setting; a function: live
     gdb_write: bool = False  # `tvariable $x = v` (QTDV) sets it
     refused: str = ""  # why an action may not use it at all (a feature not implemented yet)
+    #: a write from a hit that Python carries out (`setv` of it puts the tracepoint on the Python hit path)
+    assign: Callable[[BuiltinContext, int], None] | None = None
 
     @property
     def computed(self) -> bool:
@@ -261,7 +263,14 @@ class BuiltinTable(tuple):
         return next(b for b in self if b.name == name)
 
 
-_WATCH = "watch tracepoints ($watch_*) are not implemented yet"
+def _watch(name: str) -> Callable[[BuiltinContext], int]:
+    return lambda ctx: ctx.tracer.watches.value(ctx.hit, name)
+
+
+def _watch_set(name: str) -> Callable[[BuiltinContext, int], None]:
+    return lambda ctx, value: ctx.tracer.watches.assign(ctx.hit, name, value)
+
+
 _ZERO = lambda ctx: 0  # noqa: E731
 
 
@@ -324,16 +333,33 @@ BUILTIN_VARIABLES = BuiltinTable((
             summary="set to N: tracepoint N is switched on from the next hit (0: all others; printk.py)"),
     Builtin(31, "disable", agent_read=False, agent_write=True,
             summary="set to N: tracepoint N is switched off from the next hit (0: all others; printk.py)"),
-    *(Builtin(number, name, initial, agent_read=False, refused=_WATCH, summary="watch tracepoints (not implemented)")
-      for number, name, initial in (
-          (32, "watch_static", 0), (33, "watch_type", 0), (34, "watch_size", WATCH_SIZE_DEFAULT),
-          (35, "watch_set_id", 0), (36, "watch_set_addr", 0), (37, "watch_start", 0), (38, "watch_stop", 0),
-          (39, "watch_trace_num", 0), (40, "watch_trace_addr", 0), (41, "watch_addr", 0), (42, "watch_val", 0),
-          (43, "watch_count", 0), (46, "watch_prev_val", 0))),
+    # watch tracepoints (watch.py has the rules: who may read and write which, and what each one means)
+    Builtin(32, "watch_static", agent_read=False, agent_write=True,
+            summary="an action setting it to 1 (0) makes its tracepoint a static (dynamic) watch tracepoint"),
+    Builtin(33, "watch_type", compute=_watch("type"), agent_write=True, assign=_watch_set("type"),
+            summary="0 execute, 1 write, 2 read or write: of a watch, or for the next $watch_start"),
+    Builtin(34, "watch_size", WATCH_SIZE_DEFAULT, compute=_watch("size"), agent_write=True, assign=_watch_set("size"),
+            summary="1, 2, 4 or 8 bytes watched: of a watch, or for the next $watch_start"),
+    Builtin(35, "watch_set_id", agent_read=False, agent_write=True, assign=_watch_set("set_id"),
+            summary="chooses the dynamic watch tracepoint (by number) the next $watch_start arms"),
+    Builtin(36, "watch_set_addr", agent_read=False, agent_write=True, assign=_watch_set("set_addr"),
+            summary="chooses the dynamic watch tracepoint (by address) the next $watch_start arms"),
+    Builtin(37, "watch_start", compute=_watch("start"), agent_write=True, assign=_watch_set("start"),
+            summary="set: arm the chosen dynamic watch on that address; read: 0 or -errno (-16: all 4 in use)"),
+    Builtin(38, "watch_stop", compute=_watch("stop"), agent_write=True, assign=_watch_set("stop"),
+            summary="set: disarm the watch on that address; read: 0 or -errno (-6: none there)"),
+    *(Builtin(number, f"watch_{name}", compute=_watch(name), summary=summary) for number, name, summary in (
+        (39, "trace_num", "in a watch hit: the tracepoint that armed the watch"),
+        (40, "trace_addr", "in a watch hit: that tracepoint's address"),
+        (41, "addr", "in a watch hit: the address watched"),
+        (42, "val", "in a watch hit: the value there now (after the access)"),
+        (43, "count", "in a watch hit: the number of this watch session (grows with each arming)"))),
     Builtin(44, "step_count", compute=_step_count,
             summary="in a while-stepping frame, the step's number from 1; 0 at the hit"),
     Builtin(45, "step_id", compute=_step_id,
             summary="one number per while-stepping hit, shared by its steps (`monitor replay` needs it)"),
+    Builtin(46, "watch_prev_val", compute=_watch("prev_val"),
+            summary="in a watch hit: the value at the watch's previous hit (or when it was armed)"),
     Builtin(47, "inferior_pid", compute=_ZERO, gdb_read=lambda tracer: 0,
             summary="the user process GDB attached to (KGTP's user-space tracing): none, 0"),
     Builtin(48, "task_pt_regs", compute=_task_pt_regs,
@@ -461,12 +487,16 @@ def expand_bt(actions: list, tsv_slots: int, verify) -> list:
 
 
 def runs_natively(tracer: Tracer, programs, native_builtins: tuple[str, ...]) -> bool:
-    """Can a compiled detour run this location? Not when it reads a variable only Python computes, nor in a
-    run that times its hits for `$cooked_*` (the Python hit path times every hit)."""
+    """Can a compiled detour run this location? Not when it reads a variable only Python computes or writes one
+    only Python carries out, nor in a run that times its hits for `$cooked_*` (the Python hit path times every
+    hit)."""
     from .placement import builtin_slots
 
     if tracer.kgtp.cooked:
         return False
+    if any(op == "setv" and getattr(_BY_NUMBER.get(n), "assign", None) for p in programs
+           for op, n in _variable_ops(p)):
+        return False  # a write Python carries out ($watch_start ...)
     return all(kind in native_builtins for _, kind in builtin_slots(programs))
 
 

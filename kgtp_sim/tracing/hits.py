@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from unicorn import Uc
 from unicorn.x86_const import UC_X86_REG_EFLAGS, UC_X86_REG_RIP
@@ -48,6 +48,7 @@ class HitContext:
     marker: Marker | None = None
     tracepoint: t.Tracepoint | None = None  # whose hit this is ($dump_stack names it)
     step: int = 0  # while-stepping: the step's number from 1 ($step_count); 0 at the hit
+    watch: Any = None  # watch.py's state of this hit: the breakpoint that trapped, or $watch_* settings
 
     def try_read(self, addr: int, n: int) -> bytes | None:
         try:
@@ -69,7 +70,7 @@ class HitContext:
         return self.tracer.variable_value(n, self) or 0
 
     def tsv_set(self, n: int, value: int) -> None:
-        self.tracer.set_variable(n, value)
+        self.tracer.set_variable(n, value, self)
 
     def trace_room(self) -> int | None:
         return self.room - sum(len(b) for b in self.blocks)

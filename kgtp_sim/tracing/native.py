@@ -132,6 +132,9 @@ class CompiledRun:
         self.ctx = machine.alloc_data(abi.CTX_SIZE + 8 * self.tsv_slots)
         self.tsv_array = self.ctx + abi.CTX_SIZE
         self.code_regions = [(base, base + size)]
+        #: where kernel instructions run displaced (detour tails, shared tails): inside `code_regions`, but the
+        #: kernel's accesses, not the tracer's (watch.py)
+        self.displaced: list[tuple[int, int]] = []
 
     def reset(self, initial: dict[int, int]) -> None:
         context = abi.AgentCtx(tsv_base=self.tsv_array, loop_budget=DEFAULT_LOOP_BUDGET)
@@ -266,6 +269,8 @@ class CompiledRun:
         self.machine.write_memory(base, code)
         regions = [c.base for c in compiled] + [base]
         self.code_regions += [(c.base, c.end) for c in compiled] + [(base, end)]
+        if continue_to is None:
+            self.displaced.append((tail_at, tail_at + len(tail)))
         return NativeProbe("int3", built, built.counters, compiled, regions)
 
     def _alloc_detour(self, length: int) -> int:
@@ -305,6 +310,7 @@ class CompiledRun:
         code = self._tail(site, at, None)
         self.machine.write_memory(at, code)
         self.code_regions.append((at, at + len(code)))
+        self.displaced.append((at, at + len(code)))
         return at
 
     def _fast_path(self, condition, compiled: CompiledExpr | None, site, builtin_slots,

@@ -36,6 +36,7 @@ from .printk import attach
 from .retire import RetiredCode
 from .ring import BLOCKS_AT, CTL_BYTES, Ring
 from .sdata import render
+from .watch import Watches
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,7 @@ class Tracer:
         self.registers = RegisterReader()
         self.kgtp = KgtpState()  # what KGTP's special variables keep across hits (builtins.py)
         self.kret = KretRun(self)  # return probes (`$kret`, kret.py)
+        self.watches = Watches(self)  # watch tracepoints and the hardware breakpoints they hold (watch.py)
         for variable in BUILTIN_VARIABLES:
             self.definitions.variables[variable.number] = variable.definition()
 
@@ -120,9 +122,14 @@ class Tracer:
     def _has_run(self) -> bool:
         return self.running or self.stop_reason is not StopReason.NOT_RUN
 
-    def set_variable(self, number: int, value: int) -> None:
+    def set_variable(self, number: int, value: int, hit: HitContext | None = None) -> None:
         """Write a variable where every path of this run reads it: the compiled engines' array in emulated
-        memory when the run has one (so Python hits and detours share it), else the tracer's own table."""
+        memory when the run has one (so Python hits and detours share it), else the tracer's own table. A hit's
+        write of a variable Python carries out ($watch_start ...) goes to it instead."""
+        builtin = BUILTIN_VARIABLES.by_number(number) if hit is not None else None
+        if builtin is not None and builtin.assign is not None:
+            builtin.assign(BuiltinContext(hit.uc, self.machine, self.tsc, hit, self), value)
+            return
         value = value - (1 << 64) if value >> 63 else value
         if self.native is not None and number < self.native.tsv_slots and self._has_run:
             self.native.write_tsv(number, value)
@@ -162,17 +169,22 @@ class Tracer:
         # KGTP's $ignore_error: a tracepoint that cannot be installed is left out, its error in $last_errno
         ignore_error, last_errno = bool(setting(self, IGNORE_ERROR)), 0
         prepared = []
-        for tp in [tp for tp in self.definitions.tracepoints.values() if tp.enabled]:
+        enabled = [tp for tp in self.definitions.tracepoints.values() if tp.enabled]
+        self.watches.reset()
+        for tp in enabled:
             try:
+                if self.watches.admit(tp, self._tsv_slots()):
+                    continue  # a watch tracepoint: a hardware breakpoint, no probe
                 prepared.append(self._prepare(tp))
             except TraceError as error:
                 if not ignore_error:
                     raise
                 log.warning("tstart left out %s", error)
                 last_errno = -EINVAL
+        self.watches.check_run(enabled)
         resolve_overlaps(self.machine.image, prepared, [])
         self.kret.start(prepared)
-        self.kgtp.start([item.tracepoint for item in prepared], self.tsc)
+        self.kgtp.start([item.tracepoint for item in prepared] + self.watches.tracepoints(), self.tsc)
         try:
             self._allocate_ring()
         except MemoryError as error:
@@ -192,8 +204,10 @@ class Tracer:
                         raise
                     log.warning("tstart left out %s", error)
                     last_errno = -EINVAL
+            last_errno = self.watches.start(ignore_error) or last_errno
         except Exception:
             self.probes.remove_all()
+            self.watches.stop()
             raise
         self.running = True
         self.set_variable(LAST_ERRNO, last_errno & (2**64 - 1))
@@ -204,10 +218,13 @@ class Tracer:
         self.stop_time = None
         log.info("tracing started with %d probes", len(self.probes.installed))
 
+    def _tsv_slots(self) -> int:
+        return max(self.definitions.variables, default=0) + 1
+
     def _prepare(self, tp: Tracepoint):
-        tsv_slots = max(self.definitions.variables, default=0) + 1
-        item = self.kret.prepare(prepare(tp, self.machine.image, tsv_slots, compiled=self.engine != "interp",
-                                         probe=self.probe, marker=self.marker_at(tp.address)))
+        item = self.kret.prepare(prepare(tp, self.machine.image, self._tsv_slots(),
+                                         compiled=self.engine != "interp", probe=self.probe,
+                                         marker=self.marker_at(tp.address)))
         attach(item, self)  # direct output, $enable/$disable, $current
         return item
 
@@ -260,6 +277,7 @@ class Tracer:
         if not self.running:
             return
         self.probes.remove_all()
+        self.watches.stop()
         self.running = False
         self.stop_reason = reason
         self.stop_note = note
@@ -289,6 +307,8 @@ class Tracer:
         """Install one location during a run (InstallInTrace, QTEnable)."""
         if self.running and tp.enabled and tp.key not in self.probes.installed:
             self.kgtp.admit(tp)
+            if self.watches.arm(tp, self._tsv_slots()):
+                return
             item = self._prepare(tp)
             self.kret.admit(item, list(self.probes.installed.values()))
             resolve_overlaps(self.machine.image, [item], list(self.probes.installed.values()))
@@ -299,7 +319,7 @@ class Tracer:
 
     def disarm(self, key: tuple[int, int]) -> None:
         """Remove one location's probe during a run (QTDisable); its hits and frames stay."""
-        self._between_hits(lambda: self.probes.remove(key))
+        self._between_hits(lambda: self.watches.disarm(key) or self.probes.remove(key))
 
     def is_armed(self, key: tuple[int, int]) -> bool:
         return key in self.probes.installed
@@ -342,13 +362,16 @@ class Tracer:
     def location_status(self, number: int, address: int) -> tuple[int, int] | None:
         """(hits, bytes) of a location for qTP; None for a location GDB never defined."""
         item = self.probes.find((number, address))
+        watch = self.watches.find((number, address)) if item is None else None
+        if watch is not None:
+            return watch.hits, watch.usage
         if item is None:
             return None if (number, address) not in self.definitions.tracepoints else (0, 0)
         _, hits, usage = self.probes.counters(item)
         return hits, usage
 
     def probe_rows(self) -> list[ProbeRow]:
-        return self.probes.rows()
+        return self.probes.rows() + self.watches.rows()
 
     def frames(self) -> list[TraceFrame]:
         """The ring's frames, parsed once per change of the ring (tfind asks again and again)."""

@@ -34,6 +34,9 @@ NATIVE = [name for name in NATIVE_BUILTINS]
 #: the ones only Python computes: their tracepoints take the Python hit path in every engine
 PYTHON = ["cooked_clock", "cooked_rdtsc", "xtime_sec", "xtime_nsec", "hardirq_count", "irq_count", "step_id",
           "step_count"]
+#: what a watch tracepoint's hit or a watch-setting hit reads (test_watch.py)
+WATCH = ["watch_type", "watch_size", "watch_start", "watch_stop", "watch_trace_num", "watch_trace_addr",
+         "watch_addr", "watch_val", "watch_count", "watch_prev_val"]
 
 
 def _collect(*names: str) -> bytes:
@@ -73,7 +76,7 @@ def test_numbers_have_no_gap():
 
 def test_the_lists_cover_every_computed_variable():
     computed = {b.name for b in BUILTIN_VARIABLES if b.computed}
-    assert computed == set(NATIVE) | set(PYTHON) | {"dump_stack"}
+    assert computed == set(NATIVE) | set(PYTHON) | set(WATCH) | {"dump_stack"}
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -169,7 +172,7 @@ def test_stepping_frames_carry_their_step_number_and_the_hits_step_id(engine):
     (f"getv {N['ignore_error']:#x}; end", "$ignore_error cannot be read by a tracepoint"),
     (f"getv {N['last_errno']:#x}; end", "$last_errno cannot be read by a tracepoint"),
     (f"const8 1; setv {N['kret']:#x}; end", "$kret cannot be set in a condition"),
-    (f"getv {N['watch_val']:#x}; end", "$watch_val: watch tracepoints"),
+    (f"getv {N['watch_val']:#x}; end", "variable watch_val is read only by a watch tracepoint"),
 ])
 def test_what_kgtp_refuses_in_an_action_fails_tstart(code, text):
     machine = Machine(IMAGE)
