@@ -478,9 +478,11 @@ def expand_bt(actions: list, tsv_slots: int, verify) -> list:
 
     if not any(p is not None and any(i.name == "tracev" and i.operands[0] == BT for i in p.insns) for _, p in actions):
         return actions
-    out = list(actions)
+    unwind = (1 << 17) - 1  # rax..r15 and rip: what GDB's unwinder reads (a compact block holds what is named)
+    out = [(t.CollectRegisters(a.mask | unwind), p) if isinstance(a, t.CollectRegisters) else (a, p)
+           for a, p in actions]
     if not any(isinstance(a, t.CollectRegisters) for a, _ in out):
-        out.append((t.CollectRegisters((1 << 17) - 1), None))
+        out.append((t.CollectRegisters(unwind), None))
     stack = bytes((0x26, 0x00, 0x07, 0x2C)) + BT.to_bytes(2, "big") + bytes((0x0C, 0x27))  # reg rsp; getv; trace
     out.append((t.EvalExpression(stack), verify(stack, tsv_slots=tsv_slots)))
     return out

@@ -116,12 +116,26 @@ def interpreted_hit(tracer: Tracer, uc: Uc, item: Installed) -> None:
                                            room=tracer.room, marker=item.marker, tracepoint=tp)
     if not hit.begin():
         return
+    passed = record_hit(tracer, hit, item)
+    if passed is None:
+        return
+    if tp.step_count and tracer.running and not tracer.stepper.active:
+        tracer.stepper.start(uc, item, stop_after=passed)  # KGTP records the last hit's steps, then stops
+    elif passed:
+        tracer.stop(t.StopReason.PASSCOUNT, tracepoint=tp.number)
+
+
+def record_hit(tracer: Tracer, hit: HitContext, item) -> bool | None:
+    """The condition, the actions and the frame of one hit on the Python path, for any location that has a
+    tracepoint, condition, actions and counters (an int3's `Installed`, a return probe's, a watch tracepoint's).
+    None: nothing recorded (the condition false, an error recorded, the buffer full, the run over); else
+    whether the pass count is now reached."""
+    tp = hit.tracepoint
+    assert tp is not None
     if item.condition is not None:
         result = evaluate(item.condition, hit)
-        if not tracer.check(result.error, tp):
-            return
-        if not result.value:
-            return
+        if not tracer.check(result.error, tp) or not result.value:
+            return None
     item.hits += 1
     for action, program in item.actions:
         if program is not None:
@@ -129,16 +143,12 @@ def interpreted_hit(tracer: Tracer, uc: Uc, item: Installed) -> None:
             if tracer.lost_block(result.error, program):
                 continue
             if not tracer.check(result.error, tp):
-                return
+                return None
         else:
             collect(action, hit)
-    if hit.finish() and not commit(tracer, tp.number, hit, item):
-        return
-    passed = bool(tp.pass_count and item.hits >= tp.pass_count)
-    if tp.step_count and tracer.running and not tracer.stepper.active:
-        tracer.stepper.start(uc, item, stop_after=passed)  # KGTP records the last hit's steps, then stops
-    elif passed:
-        tracer.stop(t.StopReason.PASSCOUNT, tracepoint=tp.number)
+    if hit.finish() and (not tracer.running or not commit(tracer, tp.number, hit, item)):
+        return None
+    return bool(tp.pass_count and item.hits >= tp.pass_count)
 
 
 def commit(tracer: Tracer, number: int, hit: HitContext, item: Installed) -> bool:

@@ -57,13 +57,12 @@ from typing import TYPE_CHECKING
 from unicorn import Uc
 from unicorn.x86_const import UC_X86_REG_RIP
 
-from ..agent.interp import evaluate
 from ..agent.verify import Program
 from ..arch import amd64
 from . import model as t
 from .builtins import BUILTIN_VARIABLES
 from .frames import MemoryBlock, TraceFrame
-from .hits import HitContext, collect, commit
+from .hits import HitContext, record_hit
 from .model import TraceError
 from .probes import INT3, plan_probe
 
@@ -298,21 +297,7 @@ class KretRun:
         item.fired += 1
         tp = item.tracepoint
         hit = ReturnHit(uc, regs, tracer, room=tracer.room, tracepoint=tp, arguments=instance.arguments)
-        if item.condition is not None:
-            result = evaluate(item.condition, hit)
-            if not tracer.check(result.error, tp) or not result.value:
-                return
-        item.hits += 1
-        for action, program in item.actions:
-            if program is not None:
-                result = evaluate(program, hit)
-                if tracer.lost_block(result.error, program):
-                    continue
-                if not tracer.check(result.error, tp):
-                    return
-            else:
-                collect(action, hit)
-        if commit(tracer, tp.number, hit, item) and tp.pass_count and item.hits >= tp.pass_count:
+        if record_hit(tracer, hit, item):
             tracer.stop(t.StopReason.PASSCOUNT, tracepoint=tp.number)
 
     # ---- removal ---------------------------------------------------------------------------------------------

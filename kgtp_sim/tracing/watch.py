@@ -58,7 +58,7 @@ from ..machine import MODULE_BASE, MODULE_SIZE, MemoryFault
 from ..machine.watchpoints import COUNT, EXECUTE, READ_WRITE, SIZES, WRITE, DebugRegisters, WatchpointError
 from . import model as t
 from .builtins import BUILTIN_VARIABLES, check_access, expand_bt
-from .hits import HitContext, collect, commit, hit_registers
+from .hits import HitContext, hit_registers, record_hit
 from .model import ProbeRow, StopReason, TraceError, Tracepoint
 from .placement import verified_actions
 
@@ -460,23 +460,7 @@ class Watches:
         hit = HitContext(uc, hit_registers(tracer, uc, uc.reg_read(UC_X86_REG_RIP)), tracer, room=tracer.room,
                          tracepoint=tp, watch=state)
         plan.fired += 1
-        if plan.condition is not None:
-            result = evaluate(plan.condition, hit)
-            if not tracer.check(result.error, tp) or not result.value:
-                return
-        plan.hits += 1
-        for action, program in plan.actions:
-            if program is not None:
-                result = evaluate(program, hit)
-                if tracer.lost_block(result.error, program):
-                    continue
-                if not tracer.check(result.error, tp):
-                    return
-            else:
-                collect(action, hit)
-        if not tracer.running or not commit(tracer, tp.number, hit, plan):  # type: ignore[arg-type]
-            return
-        if tp.pass_count and plan.hits >= tp.pass_count:
+        if record_hit(tracer, hit, plan):
             tracer.stop(StopReason.PASSCOUNT, tracepoint=tp.number)
 
     def _value(self, slot: Slot) -> int:
