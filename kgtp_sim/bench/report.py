@@ -21,8 +21,9 @@ def markdown(rows: list[dict], calls: int, repetitions: int, speed: tuple[float,
     workload with counting off and on) as a line above it."""
     lines = [
         f"Thesis workload: kgtp_bench_loop({calls}) calling kgtp_test_function, {repetitions} repetitions each.",
-        "insns/hit: emulated instructions per call minus the untraced run (exact). ns/hit: host nanoseconds per "
-        "call minus the untraced median (median, min..max). The `none` row is the untraced loop itself, absolute; "
+        "insns/hit: emulated instructions per call minus the untraced run (exact, from counted runs). ns/hit: host "
+        "nanoseconds per call minus the untraced median (median, min..max), timed with instruction counting off, "
+        "as a serving kernel runs. The `none` row is the untraced loop itself, absolute; "
         "`disabled-marker` is the marker site's one 5-byte NOP (part of every untraced run, no separate time).",
         "Thesis columns are CPU cycles on a 2 GHz Xeon E5405 (KGTP / SystemTap), a different unit: for orientation "
         "only. Static thesis `cond+expr` is condition + $_sdata.",
@@ -33,7 +34,7 @@ def markdown(rows: list[dict], calls: int, repetitions: int, speed: tuple[float,
     if speed:
         lines.append(
             f"Emulated speed of the untraced workload: {speed[0] / 1e6:.1f} M instructions/s with counting off "
-            f"(how a serving kernel runs), {speed[1] / 1e6:.1f} M with counting on (how the rows are measured).")
+            f"(how a serving kernel runs and the rows are timed), {speed[1] / 1e6:.1f} M with counting on.")
     lines += [
         "",
         "| probe | case | engine | insns/hit | ns/hit median | ns/hit min..max | frames | thesis KGTP (cycles) "

@@ -152,25 +152,37 @@ class Bench:
         return statistics.median(rates[False]), statistics.median(rates[True])
 
     def _timed(self, machine: Machine, before=None, after=None) -> tuple[list[int], list[float]]:
+        """Emulated instructions of two counted runs (exact: they must agree), then host time per call of
+        `repetitions` runs with counting off, as a serving kernel runs (the counting hook would add about 12 ns
+        to every instruction), after one untimed run that translates the code again."""
         insns, times = [], []
-        for _ in range(self.repetitions):
+
+        def once() -> int:
             if before:
                 before()
             gc.collect()
             gc.disable()
             try:
-                i0 = machine.instructions()
                 t0 = time.perf_counter_ns()
                 result = machine.call("kgtp_bench_loop", self.calls)
-                t1 = time.perf_counter_ns()
-                i1 = machine.instructions()
+                elapsed = time.perf_counter_ns() - t0
             finally:
                 gc.enable()
             assert result == self.calls, result
-            insns.append(i1 - i0)
-            times.append((t1 - t0) / self.calls)
             if after:
                 after()
+            return elapsed
+
+        for _ in range(2):
+            i0 = machine.instructions()
+            once()
+            insns.append(machine.instructions() - i0)
+        machine.set_counting(False)
+        try:
+            once()
+            times = [once() / self.calls for _ in range(self.repetitions)]
+        finally:
+            machine.set_counting(True)
         return insns, times
 
     def loop_overhead(self, machine: Machine) -> int:
