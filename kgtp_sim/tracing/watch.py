@@ -59,6 +59,7 @@ from ..machine.watchpoints import COUNT, EXECUTE, READ_WRITE, SIZES, WRITE, Debu
 from . import model as t
 from .builtins import BUILTIN_VARIABLES, check_access, expand_bt
 from .hits import HitContext, hit_registers, record_hit
+from .kret import sets_kret
 from .model import ProbeRow, StopReason, TraceError, Tracepoint
 from .placement import verified_actions
 
@@ -258,6 +259,8 @@ def classify(tp: Tracepoint, tsv_slots: int) -> WatchPlan | None:
             raise TraceError(f"{where}: a watch tracepoint cannot set variable {_name(number)} at its hit")
         for number in sorted(_reads(program) & {STATIC, SET_ID, SET_ADDR}):
             raise TraceError(f"{where}: variable {_name(number)} cannot be read by a tracepoint")
+        if sets_kret(program):  # KGTP: a return probe is a kprobe, never a watch
+            raise TraceError(f"{where}: $kret cannot be used with while-stepping or watch")
     check_access(programs, where)
     plan.actions = expand_bt(plan.actions, tsv_slots, verify)
     return plan

@@ -331,6 +331,7 @@ def test_tstop_takes_every_hook_out_run_after_run(engine):
      "a watch tracepoint cannot set variable watch_start at its hit"),
     ((_setv("watch_static", 1), _collect("watch_set_id")), None, 0, "variable watch_set_id cannot be read"),
     ((_setv("watch_static", 1),), None, 2, "a watch tracepoint cannot single-step"),
+    ((_setv("watch_static", 1), _setv("kret", 0)), None, 0, "kret cannot be used with while-stepping or watch"),
     ((_collect("watch_val"),), None, 0, "variable watch_val is read only by a watch tracepoint"),
     ((), assemble(f"const8 1; setv {N['watch_start']:#x}; end"), 0, "a condition cannot set a watch variable"),
 ])
