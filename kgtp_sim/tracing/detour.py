@@ -28,7 +28,8 @@ from ..arch import amd64
 from .builtins import native_refresh_asm
 from .frames import ALL_GENERAL, COMPACT_HEADER, FRAME_HEADER
 from .probes import decode
-from .ring import BLOCKS_AT, CTL_CREATED, CTL_FRAMES, CTL_HEAD, CTL_LIMIT, CTL_PHYS, reserve_and_commit_asm
+from .ring import (BLOCKS_AT, CTL_CREATED, CTL_FRAMES, CTL_HEAD, CTL_LIMIT, CTL_PHYS, ENTRY_LENGTH, ENTRY_SEQUENCE,
+                   ENTRY_TIMESTAMP, FRAME_AT, reserve_and_commit_asm)
 
 #: Bytes of the register block on the detour's stack: the 24 registers GDB's agent numbers, 8-aligned.
 BLOCK_BYTES = (abi.REG_BLOCK_BYTES + 7) & ~7
@@ -399,17 +400,18 @@ def _to_tail(plan: DetourPlan) -> str:
     return f"jmp {plan.fast_tail_address:#x}" if plan.fast is not None else "jmp detour_tail"
 
 
-#: The entry header's fields, as ring.py lays them out.
-_LENGTH, _TIMESTAMP, _SEQUENCE, _TRACEPOINT, _FRAME_SIZE = 0x0, 0x8, 0x10, 0x18, 0x1A
+#: The entry header's fields, as ring.py lays them out (the GDB frame header after it: u16 tracepoint, u32 size).
+_LENGTH, _TIMESTAMP, _SEQUENCE = ENTRY_LENGTH, ENTRY_TIMESTAMP, ENTRY_SEQUENCE
+_TRACEPOINT, _FRAME_SIZE = FRAME_AT, FRAME_AT + 2
 
 
 def _lean_path(plan: DetourPlan) -> list[str]:
     """A frame of a compact register block and `$_sdata` entries built from registers only, written straight
     into the ring: its size is known here, so when the ring's short-path limit shows it fits with no padding and
     no eviction, the entry is stamped and published in place, registers stored from where they are, with none of
-    the full path's block save, calls or hypercalls. Otherwise it falls through to the full path with the site's state untouched (the condition,
-    pure, is then evaluated again there). Reached with the site's registers and flags, right after the fast
-    path found the condition true, or at the entry."""
+    the full path's block save, calls or hypercalls. Otherwise it falls through to the full path with the site's
+    state untouched (the condition, pure, is then evaluated again there). Reached with the site's registers and
+    flags, right after the fast path found the condition true, or at the entry."""
     mask = plan.register_mask
     sdata = [entry for entry, _, _ in plan.actions]
     assert all(isinstance(entry, SdataPlan) for entry in sdata) and mask != ALL_GENERAL and (mask or sdata)

@@ -48,6 +48,8 @@ CTL_BYTES = 0x60
 DISCARD = 0x1000
 
 ENTRY_HEADER = struct.Struct("<IIQQ")
+#: Where ENTRY_HEADER's length (with the cpu after it), timestamp and sequence sit in an entry.
+ENTRY_LENGTH, ENTRY_TIMESTAMP, ENTRY_SEQUENCE = 0x0, 0x8, 0x10
 #: A padding entry (to the ring's physical end) is only its length and PAD_CPU: it may be as short as 8 bytes.
 PAD_CPU = 0xFFFFFFFF
 _PAD = struct.Struct("<II")
