@@ -165,14 +165,33 @@ class ProbeSet:
             frame_room=self.tracer.frame_room(), continue_to=continue_to,
         )
         item.native = probe
-        detour = probe.detour
+        self._hypercalls(item)
+        return probe
+
+    def _hypercalls(self, item: Installed) -> None:
+        assert item.native is not None
+        detour = item.native.detour
         self.machine.breakpoints[detour.error_call] = lambda uc, item=item: self._hypercall_error(uc, item)
         self.machine.breakpoints[detour.full_call] = lambda uc, item=item: self._hypercall_full(uc, item)
         if detour.pass_call:
             self.machine.breakpoints[detour.pass_call] = lambda uc, item=item: self._hypercall_pass(uc, item)
         for address in detour.sdata_calls:
             self.machine.breakpoints[address] = lambda uc, item=item: self._hypercall_sdata(uc, item)
-        return probe
+
+    def resume(self, item: Installed) -> bool:
+        """A compiled location switched off and on again in one run (`$disable`/`$enable`, QTDisable/QTEnable):
+        its detour is still in module space (code is retired when the run ends), so the site goes back to it,
+        counters and all, with no compiling and no new allocation. False when that cannot be: it ran in Python
+        or shared its address, or another location now has its address."""
+        native = self.tracer.native
+        address = item.site.address
+        if native is None or item.native is None or item.shared or address in self.chains or \
+                address in self.int3_sites or any(i.site.address == address for i in self.installed.values()):
+            return False
+        self._hypercalls(item)
+        native.resume(item.site, item.native, item.want_jump)
+        self.installed[item.tracepoint.key] = item
+        return True
 
     def restore_counters(self, item: Installed, earlier: Installed) -> None:
         """A location re-enabled in the same run goes on counting from where it was."""

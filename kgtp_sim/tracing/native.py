@@ -164,11 +164,14 @@ class CompiledRun:
         compiled = compiler(program, base)
         assert len(compiled.code) <= len(trial.code) + 16
         self.machine.write_memory(base, compiled.code)
+        self._fault_fixup(compiled)
+        return compiled
+
+    def _fault_fixup(self, compiled: CompiledExpr) -> None:
         self.machine.fault_fixups.add(
             compiled.base, compiled.end,
             lambda uc, address, compiled=compiled: fault_fixup(uc, compiled, self.ctx, address),
         )
-        return compiled
 
     def build(
         self,
@@ -382,9 +385,16 @@ class CompiledRun:
         self.machine.run_on_cpu(restore)
 
     def release(self, probe: NativeProbe) -> None:
-        """The probe's compiled code no longer runs from now on: its fault fixups go."""
+        """The probe's compiled code no longer runs from now on: its fault fixups go (the code itself stays in
+        `code_regions` until the run ends: `resume` may send the site to it again)."""
         for compiled in probe.compiled:
             self.machine.fault_fixups.remove(compiled.base)
+
+    def resume(self, site: ProbeSite, probe: NativeProbe, want_jump: bool) -> str:
+        """A probe unpatched during this run goes back in as it was built: fault fixups, then the site."""
+        for compiled in probe.compiled:
+            self._fault_fixup(compiled)
+        return self.patch(site, probe, want_jump)
 
     def _window_is_free(self, uc: Uc, site: ProbeSite) -> bool:
         return not in_use(self.machine, uc, site.address + 1, site.address + site.length)

@@ -35,7 +35,8 @@ each printed line takes the next `collect` item, as KGTP does. Without any text 
 locations, from the next hit on; 0 means every tracepoint but the one whose action runs. A disabled location's
 probe comes out of the kernel and a re-enabled one goes back in, compiled or not (`Tracer.disarm`/`arm`, the
 same path as GDB's `disable`/`enable` during a run), so a tracepoint that never switches keeps its instruction
-counts. As with KGTP, a reconnecting GDB is told the new state (`qTfP`); GDB's own `info tracepoints` keeps
+counts; a compiled location switched on again goes back to the detour it had (`ProbeSet.resume`: no compiling,
+no new module space, however often it switches). As with KGTP, a reconnecting GDB is told the new state (`qTfP`); GDB's own `info tracepoints` keeps
 GDB's.
 
 **`$current = P`** (an action, KGTP's `get_regs`; GDB compiles `teval $current = (unsigned long)regs`, not

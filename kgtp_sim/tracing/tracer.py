@@ -309,6 +309,10 @@ class Tracer:
             self.kgtp.admit(tp)
             if self.watches.arm(tp, self._tsv_slots()):
                 return
+            earlier = self.probes.removed.get(tp.key)
+            if earlier is not None and earlier.tracepoint is tp and self.probes.resume(earlier):
+                del self.probes.removed[tp.key]  # the same definition, its detour still there: no compiling
+                return
             item = self._prepare(tp)
             self.kret.admit(item, list(self.probes.installed.values()))
             resolve_overlaps(self.machine.image, [item], list(self.probes.installed.values()))

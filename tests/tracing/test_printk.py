@@ -361,6 +361,29 @@ def test_enable_switches_a_disabled_tracepoint_back_on(engine):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_switching_a_tracepoint_off_and_on_again_compiles_nothing_new(engine):
+    """A compiled location switched on again in the same run goes back to the detour it had (KGTP users switch
+    tracing on and off around every system call): no compiling, no module space, its counters and frames go
+    on as if it had stayed armed while on."""
+    machine, tracer = _tracer(engine)
+    _define(tracer, 1, SITE, [_x(f"reg 0x5; ext 0x20; setv {N['printk_tmp']:#x}; tracev {N['printk_tmp']:#x}; end")])
+    _define(tracer, 2, LOOP, [_setv("disable", 1)], condition=_on_loop_argument(2))
+    _define(tracer, 3, LOOP, [_setv("enable", 1)], condition=_on_loop_argument(3))
+    tracer.start()
+    machine.call("kgtp_bench_loop", 2)
+    machine.call("kgtp_bench_loop", 3)
+    code = machine._code.allocated
+    for _ in range(30):
+        machine.call("kgtp_bench_loop", 2)  # off
+        machine.call("kgtp_bench_loop", 3)  # on: three hits
+    assert machine._code.allocated == code or engine == "interp"
+    counters = [f.tsv_values()[0][1] for f in tracer.frames() if f.tracepoint == 1]
+    assert counters == [1, 2, 3] * 31
+    assert tracer.location_status(1, SITE)[0] == 93
+    assert machine.read_memory(SITE, 1) != IMAGE.read_code(SITE, 1)  # armed: the site is patched
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_disable_zero_switches_off_every_other_tracepoint(engine):
     machine, tracer = _tracer(engine)
     _define(tracer, 1, SITE, [])
