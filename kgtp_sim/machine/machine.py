@@ -1,4 +1,13 @@
-"""The machine: the CPU on its own thread, a timer, idle sleeping, and coherent access for the debugger.
+"""The machine: its CPUs on one thread, a timer per CPU, idle sleeping, and coherent access for the debugger.
+
+Several CPUs, interleaved. The machine has one unicorn instance and one register context per CPU (`_Slot`); the
+CPU thread runs one CPU at a time and switches between them (uc.context_save/restore, about 3 us) when a slice
+ends (SLICE_S, asked by the ticker thread), when the running CPU halts or yields (port 0xe3), never inside a hook
+and never while the CPU runs the stub's own code in module space or single-steps: stub code (detours, compiled
+expressions, the ring routines, while-stepping) never interleaves with itself, and locked instructions are exact
+because only one CPU runs at a time. Memory, the page tables' TLB and the translated code are the one instance's,
+so every CPU sees every patch at once. The kernel starts its other CPUs, sends IPIs and yields through the ports
+of smp.py; every online CPU gets the timer's ticks.
 
 Threading model. Only the CPU thread touches unicorn while the machine runs. Everyone else posts a function
 with `run_on_cpu(fn)`: the poster queues it and asks the CPU's BlockStopper for a stop, which ends emulation at
@@ -30,7 +39,8 @@ from typing import Any, Callable, TypeVar
 from unicorn import Uc, UcError
 from unicorn import x86_const as X
 
-from .cpu import ARGUMENT_REGISTERS, REGISTER_IDS, Cpu, Stop
+from . import smp
+from .cpu import ARGUMENT_REGISTERS, EFLAGS_TF, REGISTER_IDS, Cpu, Stop
 from .devices import Devices
 from .errors import MachineError, MemoryFault
 from .image import KernelImage
@@ -53,6 +63,7 @@ DEFAULT_PACE = 100
 PACE_SYMBOL = "kgtp_test_pace"  #: kernel global: kgtp_test_function calls per tick by the workload thread
 CALL_STACK_SIZE = 64 * 1024
 _KICK_RETRY_S = 0.002
+SLICE_S = 0.002  #: a CPU's turn while another one could run (and how often a pending interrupt is retried)
 _MASK64 = (1 << 64) - 1
 
 
@@ -66,7 +77,7 @@ class MachineStats:
     idle_s: float  #: host time spent asleep in hlt
     hz: int
     pace: int
-    ticks: int  #: timer interrupts delivered
+    ticks: int  #: timer interrupts delivered to CPU 0 (the one that advances jiffies)
     ticks_missed: int  #: ticks that came while the previous one still waited (the kernel lost them)
     jiffies: int
     context_switches: int
@@ -76,6 +87,11 @@ class MachineStats:
     demand_pages_mapped: int  #: demand frames the kernel holds (each mapped at one of its demand pages)
     breakpoint_hits: int  #: int3 taken by the stub's breakpoint table
     fault_fixups: int  #: faults in stub code resolved by the fixup table
+    cpus: int = 1  #: CPUs of the machine
+    cpus_online: int = 1  #: CPUs the kernel has started
+    ticks_per_cpu: tuple[int, ...] = ()  #: timer interrupts delivered to each CPU
+    ipis: int = 0  #: inter-processor interrupts sent
+    cpu_switches: int = 0  #: times the CPU thread went from one CPU to another
 
 
 class _Request:
@@ -94,13 +110,39 @@ class _Request:
             self.done.set()
 
 
-class Machine:
-    """A simulated one-CPU x86_64 machine running `image`."""
+class _Slot:
+    """One CPU of the machine: its registers while another CPU is loaded, and what waits for it."""
 
-    def __init__(self, image: KernelImage, hz: int = 100, pace: int = DEFAULT_PACE) -> None:
+    def __init__(self, index: int, context: Any, online: bool) -> None:
+        self.index = index
+        self.context = context  #: its registers while another CPU is loaded in the unicorn instance
+        self.online = online
+        self.start_at: int | None = None  #: the entry the kernel started it at, applied when first loaded
+        self.halted = False
+        self.tick_pending = False
+        self.vectors: list[int] = []  #: IPIs not yet delivered, oldest first
+        self.ticks = 0
+
+    def runnable(self) -> bool:
+        return self.online and (not self.halted or self.tick_pending or bool(self.vectors))
+
+
+class Machine:
+    """A simulated x86_64 machine of `cpus` CPUs (1..8) running `image`."""
+
+    def __init__(self, image: KernelImage, hz: int = 100, pace: int = DEFAULT_PACE, cpus: int = 1) -> None:
+        if not 1 <= cpus <= smp.MAX_CPUS:
+            raise ValueError(f"cpus must be between 1 and {smp.MAX_CPUS}, not {cpus}")
         self.image = image
         self.devices = Devices(self._alloc_frame, self._free_frame)
-        self.cpu = Cpu(image, self.devices.port_out, self.devices.port_in)
+        self.cpu = Cpu(image, self._port_out, self._port_in)
+        self.cpu_count = cpus
+        #: the CPU whose registers are in the unicorn instance: the one that runs, whose hooks run
+        self.current_cpu = 0
+        self._slots = self._boot_slots(cpus)
+        self._rotate = False
+        self._ipis = 0
+        self._switches = 0
         #: int3 address -> handler(uc), consulted before the kernel's #BP (see cpu.py)
         self.breakpoints = self.cpu.breakpoints
         #: stub-code ranges -> handler(uc, fault_address), consulted before the kernel's #PF (see cpu.py)
@@ -112,10 +154,8 @@ class Machine:
 
         self._cond = threading.Condition()
         self._requests: list[_Request] = []
-        self._tick_pending = False
         self._kicked = False
         self._in_emu = False
-        self._halted = False
         self._stopping = False
         self._crash: str | None = None
         self._thread: threading.Thread | None = None
@@ -169,13 +209,118 @@ class Machine:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
+    # ---- the CPUs ---------------------------------------------------------------------------------------------
+
+    def _boot_slots(self, cpus: int) -> list[_Slot]:
+        """Every CPU in the bootloader's state, GS base on its per-CPU area (smp.py); CPU 0 loaded, at the entry,
+        the others offline until the kernel starts them (port 0xe1)."""
+        uc = self.cpu.uc
+        slots = []
+        for index in range(cpus):
+            uc.reg_write(X.UC_X86_REG_GS_BASE, smp.per_cpu_area(self.image, index))
+            slots.append(_Slot(index, uc.context_save(), online=index == 0))
+        uc.context_restore(slots[0].context)
+        return slots
+
+    def _load(self, index: int) -> None:
+        """Put CPU `index`'s registers in the unicorn instance (on the CPU thread, outside emulation)."""
+        if index == self.current_cpu:
+            return
+        if self.cpu.in_emulation:
+            raise MachineError("CPUs can be switched only between emulation runs, not from a hook")
+        uc = self.cpu.uc
+        uc.context_update(self._slots[self.current_cpu].context)
+        slot = self._slots[index]
+        uc.context_restore(slot.context)
+        self.current_cpu = index
+        self._switches += 1
+        if slot.start_at is not None:
+            uc.reg_write(X.UC_X86_REG_RIP, slot.start_at)
+            uc.reg_write(X.UC_X86_REG_RDI, index)
+            slot.start_at = None
+
+    def _port_out(self, port: int, size: int, value: int, rdi: int) -> None:
+        if port not in smp.SMP_PORTS:
+            self.devices.port_out(port, size, value, rdi)
+        elif port == smp.PORT_SMP_START:
+            if 0 < value < self.cpu_count and not self._slots[value].online:
+                with self._cond:
+                    slot = self._slots[value]
+                    slot.start_at, slot.online = rdi, True
+                log.info("CPU %d started at %#x", value, rdi)
+        elif port == smp.PORT_SMP_IPI:
+            target, vector = value >> 8 & 0xFF, value & 0xFF
+            if target < self.cpu_count and self._slots[target].online:
+                with self._cond:
+                    self._slots[target].vectors.append(vector)
+                    self._ipis += 1
+                    self._cond.notify_all()
+                self.cpu.stopper.request()  # served at the next block: the target may be this CPU
+        elif port == smp.PORT_SMP_YIELD:
+            if self.cpu_count > 1:
+                self._rotate = True
+                self.cpu.stopper.request()
+
+    def _port_in(self, port: int, size: int) -> int:
+        if port == smp.PORT_SMP_CPUS:
+            return self.cpu_count
+        return self.devices.port_in(port, size)
+
+    def _in_stub_code(self) -> bool:
+        """Is the loaded CPU running the stub's code (or single-stepping), where it must not be switched out nor
+        interrupted?"""
+        regs = self.cpu.regs
+        rip = regs.read(X.UC_X86_REG_RIP)
+        return MODULE_BASE <= rip < MODULE_BASE + MODULE_SIZE or bool(regs.read(X.UC_X86_REG_EFLAGS) & EFLAGS_TF)
+
+    def _choose(self, rotate: bool) -> _Slot | None:
+        """The CPU to run next, loaded: the next runnable one after the current when its turn is over (`rotate`)
+        or it cannot run, else the current one. None: no CPU can run."""
+        current = self._slots[self.current_cpu]
+        if current.runnable() and rotate and self._in_stub_code():
+            self._rotate = True  # its turn ends where the kernel's code resumes
+            return current
+        if current.runnable() and not rotate:
+            return current
+        count = self.cpu_count
+        for step in range(1, count + 1):
+            slot = self._slots[(self.current_cpu + step) % count]
+            if slot.runnable():
+                self._load(slot.index)
+                return slot
+        return None
+
+    def _deliver_pending(self, slot: _Slot) -> None:
+        """The loaded CPU's waiting tick or IPI, if it takes interrupts now (one: the handler runs with IF off)."""
+        if not (slot.tick_pending or slot.vectors):
+            return
+        if self.cpu.interrupts_enabled():
+            with self._cond:
+                if slot.tick_pending:
+                    vector, slot.tick_pending = TIMER_VECTOR, False
+                    slot.ticks += 1
+                    if slot.index == 0:
+                        self._ticks += 1
+                else:
+                    vector = slot.vectors.pop(0)
+            self.cpu.deliver(vector)
+            slot.halted = False
+        elif slot.halted:  # cli; hlt: nothing will ever take these
+            with self._cond:
+                slot.tick_pending = False
+                slot.vectors.clear()
+
+    def _others_runnable(self) -> bool:
+        return any(slot.runnable() for slot in self._slots if slot.index != self.current_cpu)
+
     # ---- the CPU thread ----------------------------------------------------------------------------------
 
     def _cpu_loop(self) -> None:
         cpu = self.cpu
         while True:
             with self._cond:
-                while not (self._stopping or self._requests or self._tick_pending or not self._halted):
+                while not (self._stopping or self._requests or (not self._crash and any(
+                        slot.runnable() for slot in self._slots))):
                     idle_since = time.monotonic()
                     self._cond.wait()
                     self._idle_s += time.monotonic() - idle_since
@@ -183,34 +328,30 @@ class Machine:
                     return
                 requests, self._requests = self._requests, []
                 self._kicked = False
-                tick = self._tick_pending
+                rotate, self._rotate = self._rotate, False
             for request in requests:
                 request.execute(cpu.uc)
-            if tick and not self._crash:
-                try:
-                    if cpu.interrupts_enabled():
-                        cpu.deliver(TIMER_VECTOR)
-                        self._ticks += 1
-                        self._halted = False
-                        with self._cond:
-                            self._tick_pending = False
-                    elif self._halted:  # cli; hlt: nothing will ever take this tick
-                        with self._cond:
-                            self._tick_pending = False
-                except MachineError as error:
-                    self._crashed(error)
-            elif tick:
-                with self._cond:
-                    self._tick_pending = False
-            if self._halted:
+            if self._crash:
+                continue
+            try:
+                slot = self._choose(rotate)
+                if slot is None:
+                    continue
+                self._deliver_pending(slot)
+            except MachineError as error:
+                self._crashed(error)
+                continue
+            if slot.halted:
                 continue
             with self._cond:
                 if self._requests or self._stopping or self._kicked:
                     continue
                 self._in_emu = True
                 cpu.stopper.clear()  # every stop asked so far was served; a later kick sets it again
-                if self._tick_pending and MODULE_BASE <= cpu.rip < MODULE_BASE + MODULE_SIZE:
-                    # the tick waits on a detour (interrupts off): take it where the kernel's code resumes
+                if (slot.tick_pending or slot.vectors or self._rotate or self._others_runnable()) and \
+                        MODULE_BASE <= cpu.rip < MODULE_BASE + MODULE_SIZE:
+                    # an interrupt or another CPU waits while the stub's code runs (interrupts off): take the
+                    # turn where the kernel's code resumes
                     cpu.stopper.stop_outside(MODULE_BASE, MODULE_BASE + MODULE_SIZE)
             try:
                 stop = cpu.run(keep_stop_request=True)
@@ -223,11 +364,10 @@ class Machine:
                     kicked = self._kicked
             # a hlt that coincides with a stop request is treated as a spurious wakeup: the idle loop re-halts
             if stop is Stop.HALT and not kicked:
-                self._halted = True
+                slot.halted = True
 
     def _crashed(self, error: BaseException) -> None:
         self._crash = f"{type(error).__name__}: {error}" if not isinstance(error, MachineError) else str(error)
-        self._halted = True
         log.error("machine stopped: %s", self._crash)
 
     def _kick(self) -> None:
@@ -239,31 +379,40 @@ class Machine:
             self._cond.notify_all()
 
     def _tick_loop(self) -> None:
+        """Ticks every CPU at `hz`; every SLICE_S, ends the running CPU's turn when another CPU could run, and
+        repeats the stop request while an interrupt waits (interrupts were off when the CPU came round)."""
         next_tick = time.monotonic() + self._period
+        next_slice = time.monotonic() + SLICE_S
         while not self._stopping:
-            delay = next_tick - time.monotonic()
-            if delay > 0:
-                self._ticker_wake.wait(delay)
+            now = time.monotonic()
+            wake = min(next_tick, next_slice)
+            if now < wake:
+                self._ticker_wake.wait(wake - now)
                 self._ticker_wake.clear()
                 next_tick = min(next_tick, time.monotonic() + self._period)  # set_hz() may have shortened it
                 continue
-            now = time.monotonic()
-            next_tick += self._period
-            if next_tick < now:  # a slow host drops ticks rather than bursting them
-                next_tick = now + self._period
-            with self._cond:
-                if self._tick_pending:
-                    self._ticks_missed += 1
-                self._tick_pending = True
-            self._kick()
-            # re-kick while the tick waits: interrupts were off when the CPU came round
-            while not self._stopping and self._tick_pending and self._in_emu:
-                remaining = next_tick - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._ticker_wake.wait(min(_KICK_RETRY_S, remaining))
-                if self._tick_pending and self._in_emu:
-                    self._kick()
+            if now >= next_tick:
+                next_tick += self._period
+                if next_tick < now:  # a slow host drops ticks rather than bursting them
+                    next_tick = now + self._period
+                with self._cond:
+                    for slot in self._slots:
+                        if slot.online:
+                            if slot.tick_pending and slot.index == 0:
+                                self._ticks_missed += 1
+                            slot.tick_pending = True
+                self._kick()
+            if now >= next_slice:
+                next_slice = now + SLICE_S
+                with self._cond:
+                    if not self._in_emu:
+                        continue
+                    waiting = self._slots[self.current_cpu]
+                    turn_over = self._others_runnable()
+                    if not (turn_over or waiting.tick_pending or waiting.vectors):
+                        continue
+                    self._rotate = self._rotate or turn_over
+                self._kick()
 
     # ---- access from other threads -----------------------------------------------------------------------
 
@@ -311,12 +460,25 @@ class Machine:
 
         self.run_on_cpu(write)
 
-    def registers(self) -> dict[str, int]:
-        """The CPU's registers, named as in kgtp_sim/arch/amd64.py (rax … r15, rip, eflags, cs ss ds es fs gs)."""
-        return self.run_on_cpu(lambda uc: self.cpu.registers())
+    def on_cpu(self, index: int | None, fn: Callable[[Uc], T]) -> T:
+        """Run fn(uc) on the CPU thread with CPU `index`'s registers loaded (None: whichever is loaded)."""
+        if index is not None and not 0 <= index < self.cpu_count:
+            raise ValueError(f"no CPU {index}: the machine has {self.cpu_count}")
 
-    def set_registers(self, values: dict[str, int]) -> None:
-        """Write some registers (names as in `registers()`)."""
+        def run(uc: Uc) -> T:
+            if index is not None:
+                self._load(index)
+            return fn(uc)
+
+        return self.run_on_cpu(run)
+
+    def registers(self, cpu: int | None = None) -> dict[str, int]:
+        """A CPU's registers, named as in kgtp_sim/arch/amd64.py (rax … r15, rip, eflags, cs ss ds es fs gs);
+        cpu=None: the loaded CPU's (the one whose hooks run)."""
+        return self.on_cpu(cpu, lambda uc: self.cpu.registers())
+
+    def set_registers(self, values: dict[str, int], cpu: int | None = None) -> None:
+        """Write some registers (names as in `registers()`) of a CPU (None: the loaded one)."""
         unknown = set(values) - set(REGISTER_IDS)
         if unknown:
             raise KeyError(f"unknown registers: {', '.join(sorted(unknown))}")
@@ -325,7 +487,19 @@ class Machine:
             for name, value in values.items():
                 uc.reg_write(REGISTER_IDS[name], value & _MASK64)
 
-        self.run_on_cpu(write)
+        self.on_cpu(cpu, write)
+
+    def cpu_states(self) -> list[smp.CpuState]:
+        """Every CPU as of one instant: running, idle (in hlt) or offline, where it is, the task it runs."""
+        def gather(uc: Uc) -> list[smp.CpuState]:
+            states = []
+            for slot in self._slots:
+                self._load(slot.index)
+                state = "offline" if not slot.online else "idle" if slot.halted else "running"
+                states.append(smp.CpuState(slot.index, state, self.cpu.rip, smp.current_task(uc)))
+            return states
+
+        return self.run_on_cpu(gather)
 
     def read_symbol(self, name: str, size: int | None = None, signed: bool = False) -> int:
         """Current value of a kernel global (its ELF size unless `size` is given)."""
@@ -512,7 +686,7 @@ class Machine:
         elif self.devices.power_off_code is not None:
             state = "halted"
         else:
-            state = "idle" if self._halted else "running"
+            state = "running" if any(slot.runnable() for slot in self._slots) else "idle"
         return MachineStats(
             state=state,
             instructions=self.instructions(),
@@ -530,6 +704,11 @@ class Machine:
             demand_pages_mapped=self.cpu.frames_in_use,
             breakpoint_hits=self.cpu.breakpoint_hits + self.cpu.jumps.hits,
             fault_fixups=self.cpu.fixup_hits,
+            cpus=self.cpu_count,
+            cpus_online=sum(slot.online for slot in self._slots),
+            ticks_per_cpu=tuple(slot.ticks for slot in self._slots),
+            ipis=self._ipis,
+            cpu_switches=self._switches,
         )
 
     # ---- devices -----------------------------------------------------------------------------------------
