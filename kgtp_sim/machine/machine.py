@@ -489,6 +489,10 @@ class Machine:
 
         self.on_cpu(cpu, write)
 
+    def current_task(self, cpu: int | None = None) -> int:
+        """The kernel's `current` on a CPU (None: the loaded one): its per-CPU `current_task`."""
+        return self.on_cpu(cpu, smp.current_task)
+
     def cpu_states(self) -> list[smp.CpuState]:
         """Every CPU as of one instant: running, idle (in hlt) or offline, where it is, the task it runs."""
         def gather(uc: Uc) -> list[smp.CpuState]:

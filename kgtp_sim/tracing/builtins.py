@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from unicorn import Uc
 
+from ..machine import smp
 from .model import TraceVariable
 
 if TYPE_CHECKING:
@@ -66,7 +67,6 @@ _RSP = 7  # GDB's register number of rsp
 class KernelLayout:
     """Where the kernel keeps its tasks and their stacks, read from the image's symbols."""
 
-    current: int
     tasks: int
     task_size: int
     boot_stack: int  # task 0's stack (init_stack)
@@ -80,7 +80,7 @@ class KernelLayout:
         thread_size = symbols["init_stack_top"].address - boot  # boot.S's stack: one THREAD_SIZE
         stacks = symbols["thread_stacks"]
         count = stacks.size // thread_size
-        return cls(symbols["current"].address, symbols["tasks"].address, symbols["tasks"].size // count,
+        return cls(symbols["tasks"].address, symbols["tasks"].size // count,
                    boot, stacks.address, thread_size)
 
     def stack_base(self, task: int) -> int:
@@ -102,6 +102,10 @@ class BuiltinContext:
     def kernel_u64(self, symbol: str) -> int:
         address = self.machine.image.address_of(symbol)  # type: ignore[attr-defined]
         return int.from_bytes(self.uc.mem_read(address, 8), "little")
+
+    def current_task(self) -> int:
+        """The kernel's `current` on the hitting CPU (its per-CPU area, smp.py)."""
+        return smp.current_task(self.uc)
 
     def cached(self, key: str, compute: Callable[[], Any]) -> Any:
         """One value per hit (both halves of `$xtime_*` from one instant, one `$step_id` per hit)."""
@@ -149,21 +153,21 @@ def _layout(ctx: BuiltinContext) -> KernelLayout:
 
 
 def _current_task(ctx: BuiltinContext) -> int:
-    return ctx.kernel_u64("current")
+    return ctx.current_task()
 
 
 def _current_pid(ctx: BuiltinContext) -> int:
-    task = ctx.kernel_u64("current")
+    task = ctx.current_task()
     return int.from_bytes(ctx.uc.mem_read(task, 4), "little", signed=True)  # task_struct.pid is its first member
 
 
 def _thread_info(ctx: BuiltinContext) -> int:
-    return _layout(ctx).stack_base(ctx.kernel_u64("current"))
+    return _layout(ctx).stack_base(ctx.current_task())
 
 
 def _task_pt_regs(ctx: BuiltinContext) -> int:
     layout = _layout(ctx)
-    return layout.stack_base(ctx.kernel_u64("current")) + layout.thread_size - PT_REGS_SIZE
+    return layout.stack_base(ctx.current_task()) + layout.thread_size - PT_REGS_SIZE
 
 
 def clock_mult(tsc) -> int:
@@ -202,7 +206,7 @@ def _hardirq_count(ctx: BuiltinContext) -> int:
     """Hard interrupts being handled: timer interrupt frames (`struct pt_regs` with vector 32, pushed by the CPU
     and the entry code) on the live part of the current task's stack, above the hit's %rsp."""
     layout = _layout(ctx)
-    base = layout.stack_base(ctx.kernel_u64("current"))
+    base = layout.stack_base(ctx.current_task())
     top = base + layout.thread_size
     rsp = ctx.hit.regs[_RSP] if ctx.hit is not None else top
     if not base <= rsp < top:
@@ -516,7 +520,7 @@ def native_slots(tracer: Tracer, slots: tuple[tuple[int, str], ...]) -> tuple[tu
     return tuple(out)
 
 
-def native_refresh_asm(number: int, kind: str, current_symbol: int) -> list[str]:
+def native_refresh_asm(number: int, kind: str) -> list[str]:
     """AT&T lines storing computed variable `number` in its slot, `(%rsi)` being the variable array. May clobber
     rax, rcx, rdx (the detour restores them). Numbers in hex (see DESIGN.md, the assembler trap)."""
     name, *params = kind.split()
@@ -529,7 +533,7 @@ def native_refresh_asm(number: int, kind: str, current_symbol: int) -> list[str]
     if name == "gtp_version":
         return [f"movq ${GTP_VERSION:#x}, {slot}"]
     if name in ("current_task", "current_task_pid"):
-        lines = [f"movabs ${current_symbol:#x}, %rax", "mov (%rax), %rax"]
+        lines = [f"mov %gs:{smp.PERCPU_CURRENT_TASK:#x}, %rax"]  # `current`, as the kernel reads it
         if name == "current_task_pid":
             lines.append("movslq (%rax), %rax")  # task_struct.pid: first member
         return lines + [f"mov %rax, {slot}"]
@@ -541,7 +545,7 @@ def native_refresh_asm(number: int, kind: str, current_symbol: int) -> list[str]
     if name in ("current_thread_info", "task_pt_regs"):
         tasks, task_size, boot_stack, thread_stacks, thread_size, pt_regs = args
         other, done = f"kgtp_v{number}_thread", f"kgtp_v{number}_done"
-        lines = [f"movabs ${current_symbol:#x}, %rax", "mov (%rax), %rax", f"movabs ${tasks:#x}, %rcx",
+        lines = [f"mov %gs:{smp.PERCPU_CURRENT_TASK:#x}, %rax", f"movabs ${tasks:#x}, %rcx",
                  "sub %rcx, %rax", "xor %edx, %edx", f"mov ${task_size:#x}, %ecx", "div %rcx",
                  "test %rax, %rax", f"jne {other}", f"movabs ${boot_stack:#x}, %rax", f"jmp {done}",
                  f"{other}:", f"imul ${thread_size:#x}, %rax, %rax", f"movabs ${thread_stacks:#x}, %rcx",

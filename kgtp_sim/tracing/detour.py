@@ -113,7 +113,6 @@ class DetourPlan:
     max_frame: int  # bytes of blocks a frame may take
     pass_count: int
     builtin_slots: tuple[tuple[int, str], ...]  # (tsv number, how to compute) refreshed at entry
-    current_symbol: int  # address of the kernel's `current` (for $current_task*)
     reads_segments: bool = False  # some bytecode reads cs..gs (`reg` 18..23)
     condition_loops: bool = False  # the condition has backward jumps: its loop budget is reset per evaluation
     loop_budget: int = 10000
@@ -170,7 +169,7 @@ def _builtins(plan: DetourPlan) -> list[str]:
     """Refresh the slots of the computed built-in variables the bytecode reads (code from builtins.py)."""
     lines = []
     for number, kind in plan.builtin_slots:
-        lines += native_refresh_asm(number, kind, plan.current_symbol)
+        lines += native_refresh_asm(number, kind)
     if lines:
         lines = ["mov (%rsi), %rsi"] + lines + [f"movabs ${plan.ctx:#x}, %rsi"]
     return lines

@@ -19,7 +19,7 @@ from unicorn.x86_const import UC_X86_REG_EFLAGS, UC_X86_REG_RIP
 from ..agent.errors import EvalResult, UnreadableMemory
 from ..agent.interp import evaluate
 from ..arch import amd64
-from ..machine import Marker, MemoryFault
+from ..machine import Marker, MemoryFault, smp
 from . import model as t
 from .frames import MemoryBlock, StaticBlock, encode_block, register_collection
 from .placement import Installed
@@ -211,7 +211,7 @@ class Stepper:
         uc.mem_write(site.address, site.original)
         uc.ctl_remove_cache(site.address, site.address + len(site.original))
         self._item = item
-        self._task = uc.mem_read(machine.image.address_of("current"), 8)
+        self._task = smp.current_task(uc)
         self._remaining = item.tracepoint.step_count
         machine.cpu.debug_trap = self._trap
         uc.reg_write(UC_X86_REG_EFLAGS, uc.reg_read(UC_X86_REG_EFLAGS) | EFLAGS_TF)
@@ -222,7 +222,7 @@ class Stepper:
         if item is None or not self.tracer.running:
             self._stop_stepping(uc)
             return
-        if uc.mem_read(self.tracer.machine.image.address_of("current"), 8) != self._task:
+        if smp.current_task(uc) != self._task:
             self._stop_stepping(uc)  # TF followed a context switch into another task
             return
         self.tracer.kgtp.timed(lambda: self._collect(uc, item, uc.reg_read(UC_X86_REG_RIP)))

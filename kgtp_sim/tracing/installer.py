@@ -161,7 +161,7 @@ class ProbeSet:
         slots = native_slots(self.tracer, builtin_slots(item.programs()))
         probe = native.build(
             item.site, tp.number, item.condition, item.actions, tp.pass_count, slots,
-            self.machine.image.address_of("current"), lambda code: verify(code), marker=item.marker,
+            lambda code: verify(code), marker=item.marker,
             frame_room=self.tracer.frame_room(), continue_to=continue_to,
         )
         item.native = probe

@@ -181,7 +181,6 @@ class CompiledRun:
         actions: list[tuple[t.Action, Program | None]],
         pass_count: int,
         builtin_slots: tuple[tuple[int, str], ...],
-        current_symbol: int,
         verify,
         marker=None,
         frame_room: int = 0x1000,
@@ -225,7 +224,7 @@ class CompiledRun:
         max_frame += d.register_bytes(register_mask)
         plan = d.DetourPlan(
             site.address, number, self.ctx, self.runtime, cond_entry, register_mask,
-            tuple(entries), max(min(max_frame, frame_room), 8), pass_count, builtin_slots, current_symbol,
+            tuple(entries), max(min(max_frame, frame_room), 8), pass_count, builtin_slots,
             condition_loops=condition is not None and bool(condition.backward_jumps),
             loop_budget=DEFAULT_LOOP_BUDGET,
             reads_segments=any(

@@ -61,10 +61,11 @@ from typing import TYPE_CHECKING
 from ..agent.errors import ErrorCode, EvalError, EvalResult, UnreadableMemory
 from ..agent.interp import evaluate
 from ..agent.opcodes import OpClass
+from ..machine import smp
 from ..agent.verify import Program
 from ..arch import amd64
 from . import model as t
-from .builtins import BUILTIN_VARIABLES, CPU_NUMBER, PRINTK_LEVEL_DEFAULT, PT_REGS_SIZE
+from .builtins import BUILTIN_VARIABLES, PRINTK_LEVEL_DEFAULT, PT_REGS_SIZE
 from .hits import HitContext
 from .model import TraceError
 
@@ -367,7 +368,7 @@ class DirectHit(HitContext):
         if name is None and self._names_used < len(names.in_turn):
             name = names.in_turn[self._names_used]
             self._names_used += 1
-        line = f"<{self.level}>CPU{CPU_NUMBER - 1} {self.plan.header}{name or traced}=".encode() + value + b"\n"
+        line = f"<{self.level}>CPU{smp.cpu_number(self.uc)} {self.plan.header}{name or traced}=".encode() + value + b"\n"
         kernel_print(self.tracer, line)
         self.printed = True
 
@@ -419,6 +420,15 @@ def switch(tracer: Tracer, setter: t.Tracepoint | None, number: int, enable: boo
 # ---- $dump_stack ---------------------------------------------------------------------------------------------
 
 
+def _comm_offset(dwarf) -> int:
+    """Where task_struct.comm is, from the type of the per-CPU `current_task` (4 if the DWARF does not say)."""
+    found = dwarf.global_variable(smp.PER_CPU_SYMBOL)
+    try:
+        return found[1].target.member("current_task")[1].target.member("comm")[0]
+    except (AttributeError, KeyError, TypeError):
+        return 4
+
+
 def dump_stack(ctx, dwarf) -> None:
     """KGTP prints `CPU0 gtp 1 ffffffff81001110:` and then Linux's dump_stack() follows: the task, then the
     call trace, one `[<address>] function+offset/size` a line (here unwound with the kernel's CFI)."""
@@ -434,13 +444,13 @@ def dump_stack(ctx, dwarf) -> None:
             return None
 
     tp = hit.tracepoint
-    task = ctx.kernel_u64("current")
+    task = ctx.current_task()
     pid = int.from_bytes(read(task, 4) or bytes(4), "little", signed=True)
-    found = dwarf.global_variable("current")
-    comm_at = found[1].target.member("comm")[0] if found is not None and found[1].target is not None else 4
+    comm_at = _comm_offset(dwarf)
     comm = (read(task + comm_at, 16) or b"").split(b"\0", 1)[0].decode("latin-1")
     header = f"gtp {tp.number} {tp.address & _U64:016x}:" if tp is not None else f"gtp 0 {regs['rip']:016x}:"
-    lines = [f"CPU{CPU_NUMBER - 1} {header}CPU: {CPU_NUMBER - 1} PID: {pid} Comm: {comm} Not tainted", "Call Trace:"]
+    cpu = smp.cpu_number(ctx.uc)
+    lines = [f"CPU{cpu} {header}CPU: {cpu} PID: {pid} Comm: {comm} Not tainted", "Call Trace:"]
     for pc in dwarf.unwind(regs, read):
         bounds = image.function_bounds(pc)
         if bounds is not None:

@@ -76,7 +76,7 @@ def test_kernel_boots_ticks_and_switches(running, image):
     assert "kgtp-sim kernel: 10 static tracepoints" in running.console_text()
     assert [comm(running, image, i) for i in range(5)] == [
         "swapper/0", "kgtp_bench", "kmodload", "syscall_test", "pagefault_test"]
-    current = running.read_symbol("current")
+    current = running.current_task()
     tasks = image.symbols["tasks"]
     assert tasks.address <= current < tasks.address + tasks.size
     eventually(lambda: running.stats().jiffies > stats.jiffies, "jiffies stopped")

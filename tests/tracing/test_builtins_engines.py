@@ -86,7 +86,7 @@ def test_native_variables_agree_with_the_kernel_in_every_engine(engine):
     assert native == [engine != "interp"]  # compiled engines ran them in the detour
     assert len(frames) == CALLS
     layout = KernelLayout.of(IMAGE)
-    task = machine.read_symbol("current")
+    task = machine.current_task()
     base = layout.stack_base(task)
     expected = {
         "gtp_version": GTP_VERSION, "cpu_id": 0, "cpu_number": CPU_NUMBER, "current_task": task,

@@ -287,7 +287,7 @@ def test_dump_stack_prints_the_backtrace_on_the_console(engine):
     _define(tracer, 1, SITE, [_x(f"tracev {N['dump_stack']:#x}; end")])
     tracer.start()
     machine.call("kgtp_bench_loop", 1)
-    task = machine.read_symbol("current")
+    task = machine.current_task()
     pid = int.from_bytes(machine.read_memory(task, 4), "little", signed=True)
     comm = machine.read_memory(task + 4, 16).split(b"\0")[0].decode()
     name, low, high = IMAGE.function_bounds(SITE)

@@ -38,7 +38,7 @@ TICKS = 30
 PACE = 5
 BENCH_CALLS = 2  # kgtp_bench_loop(2) after each tick: the benchmark's own loop, called as the bench does
 COUNTERS = ("jiffies", "nr_context_switches", "nr_syscalls", "nr_traps", "nr_page_faults", "syscall_counter",
-            "nr_modules_loaded", "kgtp_counter", "current")
+            "nr_modules_loaded", "kgtp_counter", "cpu_data")
 #: The scheduler, timer, system call, page fault and trap paths, the assembly entry code, the kernel threads,
 #: and the module loader: everything the workload executes except the exception-fixup sites (refused, tested below).
 FUNCTIONS = (
