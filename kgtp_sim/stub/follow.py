@@ -15,7 +15,7 @@ Anything else (an RSP packet included) is answered `{"t": "error", ...}` and the
     {"t": "run", ...}        the run's definitions: tracepoints with their source text (QTDPsrc), variables,
                              markers of static tracepoints, tstart's wall-clock time; sent at every tstart and
                              whenever GDB changes the tracepoints during a run
-    {"t": "frame", ...}      seq (creation order since tstart), frame number, tracepoint, cpu, ns since
+    {"t": "frame", ...}      seq (creation order on its CPU since tstart), frame number, tracepoint, cpu, ns since
                              tstart, the frame's blocks in GDB's format (base64), $_sdata rendered by TP_printk
     {"t": "missed", "count": N}   frames a circular buffer overwrote before the channel read them
     {"t": "stopped", ...}    the run ended (tstop, pass count, full buffer, error, disconnect)
@@ -23,7 +23,8 @@ Anything else (an RSP packet included) is answered `{"t": "error", ...}` and the
 Frames are read with `tracer.frames()` and by default never consumed: GDB's tfind/tdump/tsave see every frame a
 follower saw. Only a follower that asks for a consuming read (KGTP's frame pipe: a linear buffer then never
 fills) removes what it was sent, through `tracer.consume_frames`; that is the one change this channel can make.
-Each follower tracks the last sequence number it sent; a gap in the sequence is reported as missed.
+Frames come in the buffer's merged order (every CPU's ring, by timestamp: `ring.Rings`). Each follower tracks the
+last sequence number it sent of each CPU; a gap in a CPU's sequence is reported as missed.
 
 Threads: the listener runs in the thread `follow-listener`; each follower is served by its own thread
 `follow-<port>`, which polls the tracer (at most every `poll` seconds, only re-reading the buffer when its
@@ -116,16 +117,26 @@ def tsc_at_start(tracer) -> int:
         return _origins[key]
 
 
-def _first_after(frames, sequence: int) -> int:
-    """Index of the first frame whose sequence is greater than `sequence` (frames are in sequence order)."""
-    low, high = 0, len(frames)
-    while low < high:
-        middle = (low + high) // 2
-        if frames[middle].sequence <= sequence:
-            low = middle + 1
-        else:
-            high = middle
-    return low
+def _created_per_cpu(tracer) -> dict[int, int]:
+    """cpu -> the sequence of the last frame created on it so far (-1: none)."""
+    rings = getattr(tracer, "ring", None)
+    if rings is None or not hasattr(rings, "states"):
+        created = tracer.status().created
+        return {0: created - 1}
+    return {cpu: state.created - 1 for cpu, state in enumerate(rings.states())}
+
+
+def _unsent(frames, last: dict[int, int]) -> tuple[list, int]:
+    """The frames after each CPU's last sent sequence (in the buffer's order), and how many each CPU's
+    sequence skipped (overwritten before they were read)."""
+    batch, missed, expect = [], 0, dict(last)
+    for frame in frames:
+        previous = expect.get(frame.cpu, -1)
+        if frame.sequence > previous:
+            missed += frame.sequence - previous - 1
+            expect[frame.cpu] = frame.sequence
+            batch.append(frame)
+    return batch, missed
 
 
 class _Gone(Exception):
@@ -255,7 +266,7 @@ class FollowServer:
     def _follow(self, conn: socket.socket, from_start: bool, consume: bool = False) -> None:
         tracer = self.tracer
         signature = None
-        last = -1  # sequence of the last frame sent in this run
+        last: dict[int, int] = {}  # cpu -> sequence of the last frame of that CPU sent in this run
         origin = 0
         running = False
         seen_created = -1
@@ -268,24 +279,23 @@ class FollowServer:
                     origin = tsc_at_start(tracer)
                     seen_created = -1
                     first_look = signature is None
-                    last = tracer.status().created - 1 if first_look and not from_start else -1
+                    last = _created_per_cpu(tracer) if first_look and not from_start else {}
                 signature = now
                 self._send(conn, run_message(tracer))
             created = tracer.status().created
             if created != seen_created:
                 seen_created = created
                 frames = tracer.frames()
-                index = _first_after(frames, last)
-                if index < len(frames):
-                    first = frames[index].sequence
-                    if first > last + 1:
-                        self._send(conn, {"t": "missed", "count": first - last - 1})
-                    batch = frames[index:]
+                batch, missed = _unsent(frames, last)
+                if batch:
+                    if missed:
+                        self._send(conn, {"t": "missed", "count": missed})
                     for start in range(0, len(batch), 256):
                         self._send(conn, *(frame_message(tracer, f, origin) for f in batch[start : start + 256]))
-                    last = batch[-1].sequence
+                    for frame in batch:
+                        last[frame.cpu] = frame.sequence
                     if consume:
-                        tracer.consume_frames(last)
+                        tracer.consume_frames(dict(last))
             if running and not now_running:
                 status = tracer.status()
                 self._send(conn, {"t": "stopped", "reason": status.stop_reason.name, "created": status.created})

@@ -115,6 +115,10 @@ class TraceHandlers:
 
     @handles(t.DefineTraceVariable)
     def define_variable(self, packet: t.DefineTraceVariable) -> Reply:
+        try:
+            self.tracer.check_variable(packet.name)  # KGTP's per-CPU forms: no copy of a missing CPU
+        except ValueError as error:
+            raise RspError(E_TRACE, str(error)) from None
         self.tracer.definitions.define_variable(packet)
         return b"OK"
 

@@ -50,14 +50,18 @@ class TracerApi(Protocol):
     def location_status(self, number: int, address: int) -> tuple[int, int] | None:
         """(hits, bytes) of a location; None when GDB never defined it."""
 
+    def check_variable(self, name: str) -> None:
+        """QTDV: raise ValueError for a variable the target refuses (a per-CPU copy of a missing CPU)."""
+
     def variable_value(self, number: int) -> int | None:
         """A trace state variable's current value; None when unknown (never run, or no such variable)."""
 
     def frames(self) -> list[TraceFrame]:
         """Every frame in the buffer, oldest first; frame numbers are list indexes."""
 
-    def consume_frames(self, through_sequence: int) -> int:
-        """A consuming reader took the frames created up to `through_sequence`: they leave the buffer."""
+    def consume_frames(self, through: dict[int, int]) -> int:
+        """A consuming reader took each CPU's frames created up to its sequence in `through` (cpu -> sequence):
+        they leave the buffer."""
 
     def saved_frame(self, frame: TraceFrame) -> bytes:
         """The frame's bytes as a trace file holds them."""

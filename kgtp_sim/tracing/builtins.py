@@ -12,7 +12,7 @@ Each variable says who may read and write it, as KGTP's hooks do:
 - GDB (`print $clock`, `info tvariables`: qTv; `tvariable $bt = 1024`: QTDV): some are read live (`$clock`), some
   are settings (`$ignore_error`, `$bt`), the rest read as unknown, as KGTP answers for them.
 
-What each one means on the simulated machine (one CPU, kernel threads only, no perf events) is in its summary.
+What each one means on the simulated machine (1 to 8 CPUs, kernel threads only, no perf events) is in its summary.
 The compiled engines refresh the slots of the computed ones their bytecode reads at each hit (`native_refresh_asm`,
 used by `detour.py`); the few only Python can compute run their tracepoint on the Python hit path instead
 (`runs_natively`).
@@ -49,7 +49,7 @@ BT_DEFAULT = 512
 PRINTK_LEVEL_DEFAULT = 8
 #: `$watch_size`'s default in KGTP.
 WATCH_SIZE_DEFAULT = 1
-#: The machine has one CPU.
+#: `$cpu_number` before a machine says otherwise (Tracer sets it to `Machine.cpu_count`).
 CPU_NUMBER = 1
 #: Linux's HARDIRQ_OFFSET: hardirq_count() grows by this for each hard interrupt being handled.
 HARDIRQ_OFFSET = 1 << 16
@@ -285,8 +285,9 @@ def _const(value: int) -> Callable[[BuiltinContext], int]:
 BUILTIN_VARIABLES = BuiltinTable((
     Builtin(1, "gtp_version", GTP_VERSION, _const(GTP_VERSION), "the KGTP version emulated",
             gdb_read=lambda tracer: GTP_VERSION),
-    Builtin(2, "cpu_id", compute=_ZERO, summary="the CPU the hit runs on (the machine has one: 0)",
-            gdb_read=lambda tracer: 0),
+    Builtin(2, "cpu_id", compute=lambda ctx: smp.cpu_number(ctx.uc),
+            summary="smp_processor_id() of the hit: the CPU the hit runs on (%gs:0x8)",
+            gdb_read=lambda tracer: tracer.machine.current_cpu),
     Builtin(3, "current_task", compute=_current_task, summary="`current`: the task_struct of the running task"),
     Builtin(4, "current_thread_info", compute=_thread_info,
             summary="the base of the running task's kernel stack, where Linux keeps its thread_info"),
@@ -306,8 +307,9 @@ BUILTIN_VARIABLES = BuiltinTable((
     Builtin(13, "dump_stack", compute=_dump_stack, summary="reading it prints the hit's backtrace; reads 0"),
     Builtin(14, "self_trace", agent_write=True,
             summary="KGTP skips hits in its own processes unless set; no such task exists here: no effect"),
-    Builtin(15, "cpu_number", CPU_NUMBER, _const(CPU_NUMBER), "number of CPUs (1)",
-            gdb_read=lambda tracer: CPU_NUMBER),
+    Builtin(15, "cpu_number", CPU_NUMBER, lambda ctx: ctx.machine.cpu_count,
+            "number of CPUs (KGTP's gtp_cpu_number: the highest possible CPU + 1; the machine's CPU count)",
+            gdb_read=lambda tracer: tracer.machine.cpu_count),
     Builtin(16, "p_pe_en", agent_read=False, agent_write=True,
             summary="switches per-CPU perf events; the machine has none: no effect"),
     Builtin(17, "kret", agent_read=False, agent_write=True,
@@ -494,12 +496,14 @@ def expand_bt(actions: list, tsv_slots: int, verify) -> list:
 
 def runs_natively(tracer: Tracer, programs, native_builtins: tuple[str, ...]) -> bool:
     """Can a compiled detour run this location? Not when it reads a variable only Python computes or writes one
-    only Python carries out, nor in a run that times its hits for `$cooked_*` (the Python hit path times every
-    hit)."""
+    only Python carries out, nor when it uses a per-CPU variable (the compiled code's one array of variables has
+    no per-CPU copies), nor in a run that times its hits for `$cooked_*` (the Python hit path times every hit)."""
     from .placement import builtin_slots
 
     if tracer.kgtp.cooked:
         return False
+    if any(number in tracer.per_cpu for p in programs for _, number in _variable_ops(p)):
+        return False  # a per-CPU variable: its copy depends on the hitting CPU (percpu.py)
     if any(op == "setv" and getattr(_BY_NUMBER.get(n), "assign", None) for p in programs
            for op, n in _variable_ops(p)):
         return False  # a write Python carries out ($watch_start ...)
@@ -512,6 +516,8 @@ def native_slots(tracer: Tracer, slots: tuple[tuple[int, str], ...]) -> tuple[tu
     for number, kind in slots:
         if kind == "clock":
             kind = f"clock {clock_mult(tracer.tsc):#x}"
+        elif kind == "cpu_number":
+            kind = f"cpu_number {tracer.machine.cpu_count:#x}"
         elif kind in ("current_thread_info", "task_pt_regs"):
             layout = KernelLayout.of(tracer.machine.image)
             kind = (f"{kind} {layout.tasks:#x} {layout.task_size:#x} {layout.boot_stack:#x} "
@@ -526,10 +532,12 @@ def native_refresh_asm(number: int, kind: str) -> list[str]:
     name, *params = kind.split()
     args = [int(p, 16) for p in params]
     slot = f"{8 * number:#x}(%rsi)"
-    if name in ("cpu_id", "softirq_count", "current_task_user", "inferior_pid"):
+    if name in ("softirq_count", "current_task_user", "inferior_pid"):
         return [f"movq $0x0, {slot}"]
+    if name == "cpu_id":  # smp_processor_id(), zero-extended
+        return [f"mov %gs:{smp.PERCPU_CPU_NUMBER:#x}, %eax", f"mov %rax, {slot}"]
     if name == "cpu_number":
-        return [f"movq ${CPU_NUMBER:#x}, {slot}"]
+        return [f"movq ${args[0] if args else CPU_NUMBER:#x}, {slot}"]
     if name == "gtp_version":
         return [f"movq ${GTP_VERSION:#x}, {slot}"]
     if name in ("current_task", "current_task_pid"):

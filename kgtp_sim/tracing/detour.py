@@ -2,7 +2,8 @@
 
 One detour per probe location, in module space:
 
-    pushfq; cli                       the detour runs with interrupts off (one CPU, one shared agent_ctx)
+    pushfq; cli                       the detour runs with interrupts off (its CPU is never switched out inside
+                                      stub code, so the shared agent_ctx is one hit's at a time)
     save rax..r15 into a `g`-layout block on the stack; rsp, rip, eflags and segments as at the site
     refresh the computed built-in trace variables the bytecode reads ($current_task, $rdtsc, ...)
     count the hit; condition (compiled); error -> hypercall
@@ -28,8 +29,9 @@ from ..arch import amd64
 from .builtins import native_refresh_asm
 from .frames import ALL_GENERAL, COMPACT_HEADER, FRAME_HEADER
 from .probes import decode
+from ..machine.smp import PERCPU_CPU_NUMBER
 from .ring import (BLOCKS_AT, CTL_CREATED, CTL_FRAMES, CTL_HEAD, CTL_LIMIT, CTL_PHYS, ENTRY_LENGTH, ENTRY_SEQUENCE,
-                   ENTRY_TIMESTAMP, FRAME_AT, reserve_and_commit_asm)
+                   ENTRY_TIMESTAMP, FRAME_AT, control_disp, reserve_and_commit_asm)
 
 #: Bytes of the register block on the detour's stack: the 24 registers GDB's agent numbers, 8-aligned.
 BLOCK_BYTES = (abi.REG_BLOCK_BYTES + 7) & ~7
@@ -416,6 +418,10 @@ def _lean_path(plan: DetourPlan) -> list[str]:
     assert all(isinstance(entry, SdataPlan) for entry in sdata) and mask != ALL_GENERAL and (mask or sdata)
     assert not mask or plan.site >= (1 << 64) - (1 << 31)  # rip is stored as a sign-extended imm32
     frame_size = register_bytes(mask) + sum(3 + entry.entry_size for entry in sdata)
+
+    def ctl(field: int) -> str:  # the hitting CPU's control field (ring.py: r8 = the CPU number)
+        return f"{control_disp(plan.ring_ctl, field)}(,%r8,8)"
+
     need = (BLOCKS_AT + max(frame_size, 8) + 7) & ~7  # what ring_reserve would take for it
     pushed = ("rax", "rcx", "rdx", "r8")
     lines = ["pushfq", "cli"]
@@ -428,15 +434,16 @@ def _lean_path(plan: DetourPlan) -> list[str]:
         "rdtsc",
         "shl $0x20, %rdx",
         "or %rax, %rdx",  # the timestamp
-        f"movabs ${plan.ring_ctl:#x}, %r8",
-        f"mov {CTL_HEAD:#x}(%r8), %rax",
+        f"mov %gs:{PERCPU_CPU_NUMBER:#x}, %r8d",  # this CPU's ring: its fields are ctl(field)(,%r8,8)
+        f"mov {ctl(CTL_HEAD)}, %rax",
         f"add ${need:#x}, %rax",
-        f"cmp {CTL_LIMIT:#x}(%r8), %rax",
+        f"cmp {ctl(CTL_LIMIT)}, %rax",
         "ja lean_slow",
-        f"mov {CTL_PHYS:#x}(%r8), %rcx",  # the entry
+        f"mov {ctl(CTL_PHYS)}, %rcx",  # the entry
         f"mov %rdx, {_TIMESTAMP:#x}(%rcx)",
-        f"movq ${need:#x}, {_LENGTH:#x}(%rcx)",  # length, and cpu 0
-        f"mov {CTL_CREATED:#x}(%r8), %rdx",
+        f"movl ${need:#x}, {_LENGTH:#x}(%rcx)",  # length
+        f"mov %r8d, {_LENGTH + 4:#x}(%rcx)",  # cpu
+        f"mov {ctl(CTL_CREATED)}, %rdx",
         f"mov %rdx, {_SEQUENCE:#x}(%rcx)",
         f"movw ${plan.tracepoint:#x}, {_TRACEPOINT:#x}(%rcx)",
         f"movl ${frame_size:#x}, {_FRAME_SIZE:#x}(%rcx)",
@@ -469,12 +476,12 @@ def _lean_path(plan: DetourPlan) -> list[str]:
         at += 3 + entry.entry_size
     pops = [f"pop %{name}" for name in reversed(pushed)] + ["popfq"]
     return lines + [
-        f"incq {CTL_CREATED:#x}(%r8)",
-        f"incq {CTL_FRAMES:#x}(%r8)",
-        f"addq ${need:#x}, {CTL_PHYS:#x}(%r8)",
+        f"incq {ctl(CTL_CREATED)}",
+        f"incq {ctl(CTL_FRAMES)}",
+        f"addq ${need:#x}, {ctl(CTL_PHYS)}",
         f"incq counters+{HITS:#x}(%rip)",
         f"addq ${frame_size + FRAME_HEADER.size:#x}, counters+{USAGE:#x}(%rip)",  # what qTP's usage counts
-        f"mov %rax, {CTL_HEAD:#x}(%r8)",  # published
+        f"mov %rax, {ctl(CTL_HEAD)}",  # published
         *pops,
         _to_tail(plan),
         "lean_slow:",

@@ -178,7 +178,7 @@ class TraceFrame:
     blocks: tuple[Block, ...]
     timestamp: int = 0  # TSC ticks at commit
     cpu: int = 0
-    sequence: int = 0  # order of creation since tstart (frame numbers restart as old frames are evicted)
+    sequence: int = 0  # order of creation on its CPU since tstart (frame numbers restart as old frames are evicted)
 
     @property
     def registers(self) -> dict[str, int] | None:

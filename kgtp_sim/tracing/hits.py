@@ -152,10 +152,11 @@ def record_hit(tracer: Tracer, hit: HitContext, item) -> bool | None:
 
 
 def commit(tracer: Tracer, number: int, hit: HitContext, item: Installed) -> bool:
-    """Append the hit's blocks as one frame; a full linear buffer ends the run (`tfull`)."""
+    """Append the hit's blocks as one frame to the hitting CPU's ring; a full linear buffer ends the run
+    (`tfull`)."""
     blocks = b"".join(hit.blocks)
     assert tracer.ring is not None
-    if not tracer.ring.append(number, blocks, tracer.tsc.now()):
+    if not tracer.ring.append(number, blocks, tracer.tsc.now(), smp.cpu_number(hit.uc)):
         if not tracer.definitions.circular:
             tracer.stop(t.StopReason.BUFFER_FULL)
         return False

@@ -120,8 +120,9 @@ class CompiledRun:
 
     machine: Machine
     engine: str
-    ring_ctl: int
+    ring_ctl: int  # the per-CPU rings' control area (ring.py)
     tsv_slots: int
+    cpus: int = 1
 
     def __post_init__(self) -> None:
         machine = self.machine

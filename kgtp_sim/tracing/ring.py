@@ -1,8 +1,17 @@
-"""The trace buffer: a ring of trace frames in emulated memory, written by native code and read by Python.
+"""The trace buffer: one ring of trace frames per CPU in emulated memory, written by native code and read by Python.
 
 Native detours reserve an entry, let the compiled actions append blocks, then commit it; Python (the interpreter
 engine, qTStatus, QTFrame, qTBuffer) reads and writes the same bytes with the same rules, so the two can never
-disagree about what was collected.
+disagree about what was collected. No thread of its own: writers run on the CPU thread (inside a hit), readers on
+any thread through `Memory` (the machine's coherent reads).
+
+Per CPU, as KGTP's `gtp_rb` (one ring per CPU, `per_cpu_ptr(gtp_rb, cpu)` in gtp_rb.c): CPU k writes only ring k
+and its control fields, with no lock and no shared counter (`Rings`). The control fields of every CPU live in one
+control area in module space laid out field by field: field F (a CTL_* offset) of CPU k is the u64 at
+`ctl + F * MAX_CPUS + 8 * k` (`field_address`). So native code picks its CPU's fields with the CPU number itself,
+`mov %gs:0x8, %r8d` (smp_processor_id(), smp.py) and `disp32(,%r8,8)` operands, which costs what the
+`movabs $ctl, %r8` of a single ring cost, and keeps the number at hand for the entry's cpu field. The area must sit
+in the top 2 GiB (module space) for the sign-extended disp32.
 
 Positions are *logical*: `head` and `tail` only grow; the byte for logical position `p` lives at
 `base + p % size`. An entry never wraps physically: when it would not fit before the end, a padding entry fills
@@ -19,10 +28,12 @@ stops the run with `tfull`.
 
 from __future__ import annotations
 
+import heapq
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
+from ..machine.smp import MAX_CPUS, PERCPU_CPU_NUMBER
 from .frames import FRAME_HEADER, TraceFrame, parse_blocks
 
 # Control block: u64 fields.
@@ -46,6 +57,8 @@ CTL_DISCARD = 0x50
 CTL_DISCARDS = 0x58
 CTL_BYTES = 0x60
 DISCARD = 0x1000
+#: Bytes of the control area: CTL_BYTES of fields, one u64 per CPU each.
+CONTROL_BYTES = CTL_BYTES * MAX_CPUS
 
 ENTRY_HEADER = struct.Struct("<IIQQ")
 #: Where ENTRY_HEADER's length (with the cpu after it), timestamp and sequence sit in an entry.
@@ -60,6 +73,21 @@ BLOCKS_AT = FRAME_AT + FRAME_HEADER.size
 MIN_SIZE = 0x1000
 
 _CTL = struct.Struct("<12Q")
+_FIELDS = CTL_BYTES // 8
+
+
+def field_address(ctl: int, field: int, cpu: int) -> int:
+    """Where CPU `cpu`'s control field `field` (a CTL_* offset) is, in the control area at `ctl`."""
+    return ctl + field * MAX_CPUS + 8 * cpu
+
+
+def control_disp(ctl: int, field: int) -> str:
+    """The disp32 of `field` for `disp(,%r8,8)` operands (r8 = the CPU number): signed, in hex."""
+    address = field_address(ctl, field, 0)
+    value = address - (1 << 64) if address >> 63 else address
+    if not -(1 << 31) <= value < (1 << 31):
+        raise ValueError(f"ring control area at {ctl:#x} is not in the top 2 GiB")
+    return f"-{-value:#x}" if value < 0 else f"{value:#x}"
 
 
 def align8(n: int) -> int:
@@ -99,7 +127,8 @@ class RingState:
 
 
 def reserve_and_commit_asm(ctl: int) -> str:
-    """AT&T source of two routines sharing the control block at `ctl`.
+    """AT&T source of two routines working on the ring of the CPU that runs them, its control fields in the
+    control area at `ctl` (%r8 holds the CPU number, from %gs:0x8).
 
     `ring_reserve`: in %rdi = tracepoint number, %rsi = the most bytes of blocks the frame may hold; out %rax =
     address where blocks go (0: no room, or not circular and full), %rdx = the limit for them. Clobbers rcx,
@@ -110,23 +139,23 @@ def reserve_and_commit_asm(ctl: int) -> str:
     """
     return f"""
 ring_reserve:
-    movabs ${ctl:#x}, %r8
+    mov %gs:{PERCPU_CPU_NUMBER:#x}, %r8d       /* this CPU's ring */
     lea {BLOCKS_AT + 7:#x}(%rsi), %r9
     and $-8, %r9                         /* need = align8(BLOCKS_AT + max) */
     lea (%r9,%r9), %rax                  /* at most half the ring, so padding + entry always fit */
-    cmp {CTL_SIZE:#x}(%r8), %rax
+    cmp {control_disp(ctl, CTL_SIZE)}(,%r8,8), %rax
     ja ring_fail
-    mov {CTL_HEAD:#x}(%r8), %r10
+    mov {control_disp(ctl, CTL_HEAD)}(,%r8,8), %r10
     lea (%r10,%r9), %rax
-    cmp {CTL_LIMIT:#x}(%r8), %rax
+    cmp {control_disp(ctl, CTL_LIMIT)}(,%r8,8), %rax
     ja ring_slow                         /* padding or eviction needed */
-    mov {CTL_PHYS:#x}(%r8), %rdx         /* rdx = entry address */
+    mov {control_disp(ctl, CTL_PHYS)}(,%r8,8), %rdx         /* rdx = entry address */
     jmp ring_entry
 ring_slow:
     mov %r10, %rax
     xor %edx, %edx
-    divq {CTL_SIZE:#x}(%r8)              /* rdx = physical offset of head */
-    mov {CTL_SIZE:#x}(%r8), %r11
+    divq {control_disp(ctl, CTL_SIZE)}(,%r8,8)              /* rdx = physical offset of head */
+    mov {control_disp(ctl, CTL_SIZE)}(,%r8,8), %r11
     sub %rdx, %r11                       /* r11 = bytes to the physical end */
     cmp %r9, %r11
     jae ring_room
@@ -136,55 +165,55 @@ ring_slow:
 ring_room:
     xor %ecx, %ecx
 ring_evict:
-    mov {CTL_SIZE:#x}(%r8), %rax
+    mov {control_disp(ctl, CTL_SIZE)}(,%r8,8), %rax
     sub %r10, %rax
-    add {CTL_TAIL:#x}(%r8), %rax         /* rax = free = size - (head - tail) */
+    add {control_disp(ctl, CTL_TAIL)}(,%r8,8), %rax         /* rax = free = size - (head - tail) */
     cmp %r9, %rax
     jae ring_fits
-    cmpq $0x0, {CTL_CIRCULAR:#x}(%r8)
+    cmpq $0x0, {control_disp(ctl, CTL_CIRCULAR)}(,%r8,8)
     je ring_full
-    incq {CTL_DISCARDS:#x}(%r8)
-    add {CTL_DISCARD:#x}(%r8), %r9       /* evict until this much more is free, or the ring is empty */
+    incq {control_disp(ctl, CTL_DISCARDS)}(,%r8,8)
+    add {control_disp(ctl, CTL_DISCARD)}(,%r8,8), %r9       /* evict until this much more is free, or the ring is empty */
 ring_discard:
-    mov {CTL_TAIL:#x}(%r8), %rax         /* evict the oldest entry */
+    mov {control_disp(ctl, CTL_TAIL)}(,%r8,8), %rax         /* evict the oldest entry */
     push %rdx
     xor %edx, %edx
-    divq {CTL_SIZE:#x}(%r8)
-    add {CTL_BASE:#x}(%r8), %rdx
+    divq {control_disp(ctl, CTL_SIZE)}(,%r8,8)
+    add {control_disp(ctl, CTL_BASE)}(,%r8,8), %rdx
     mov (%rdx), %r11d                    /* its length */
     cmpl $-1, 0x4(%rdx)
     pop %rdx
     je ring_evicted_pad
-    decq {CTL_FRAMES:#x}(%r8)
+    decq {control_disp(ctl, CTL_FRAMES)}(,%r8,8)
 ring_evicted_pad:
-    add %r11, {CTL_TAIL:#x}(%r8)
-    mov {CTL_SIZE:#x}(%r8), %rax
+    add %r11, {control_disp(ctl, CTL_TAIL)}(,%r8,8)
+    mov {control_disp(ctl, CTL_SIZE)}(,%r8,8), %rax
     sub %r10, %rax
-    add {CTL_TAIL:#x}(%r8), %rax         /* free */
+    add {control_disp(ctl, CTL_TAIL)}(,%r8,8), %rax         /* free */
     cmp %r9, %rax
     jae ring_fits
-    cmp %r10, {CTL_TAIL:#x}(%r8)
+    cmp %r10, {control_disp(ctl, CTL_TAIL)}(,%r8,8)
     jb ring_discard                      /* tail < head: more to evict */
 ring_fits:
     test %rcx, %rcx
     je ring_place
-    add {CTL_BASE:#x}(%r8), %rdx         /* write the padding entry */
+    add {control_disp(ctl, CTL_BASE)}(,%r8,8), %rdx         /* write the padding entry */
     movl %ecx, (%rdx)
     movl $-1, 0x4(%rdx)
     add %rcx, %r10
-    mov %r10, {CTL_HEAD:#x}(%r8)
+    mov %r10, {control_disp(ctl, CTL_HEAD)}(,%r8,8)
     xor %edx, %edx
 ring_place:
     mov %r10, %rax
     sub %rdx, %rax
-    add {CTL_SIZE:#x}(%r8), %rax         /* the end of head's lap */
-    mov {CTL_TAIL:#x}(%r8), %rcx
-    add {CTL_SIZE:#x}(%r8), %rcx
+    add {control_disp(ctl, CTL_SIZE)}(,%r8,8), %rax         /* the end of head's lap */
+    mov {control_disp(ctl, CTL_TAIL)}(,%r8,8), %rcx
+    add {control_disp(ctl, CTL_SIZE)}(,%r8,8), %rcx
     cmp %rax, %rcx
     cmovb %rcx, %rax
-    mov %rax, {CTL_LIMIT:#x}(%r8)        /* min(tail + size, lap end) */
-    add {CTL_BASE:#x}(%r8), %rdx         /* rdx = entry address */
-    mov %rdx, {CTL_PHYS:#x}(%r8)
+    mov %rax, {control_disp(ctl, CTL_LIMIT)}(,%r8,8)        /* min(tail + size, lap end) */
+    add {control_disp(ctl, CTL_BASE)}(,%r8,8), %rdx         /* rdx = entry address */
+    mov %rdx, {control_disp(ctl, CTL_PHYS)}(,%r8,8)
 ring_entry:
     movw %di, {FRAME_AT:#x}(%rdx)
     lea {BLOCKS_AT:#x}(%rdx), %rax
@@ -192,15 +221,15 @@ ring_entry:
     add ${BLOCKS_AT:#x}, %rdx            /* limit = blocks + max */
     ret
 ring_full:
-    movq $0x1, {CTL_FULL:#x}(%r8)
+    movq $0x1, {control_disp(ctl, CTL_FULL)}(,%r8,8)
 ring_fail:
     xor %eax, %eax
     xor %edx, %edx
     ret
 
 ring_commit:
-    movabs ${ctl:#x}, %r8
-    mov {CTL_PHYS:#x}(%r8), %rdx         /* rdx = entry address */
+    mov %gs:{PERCPU_CPU_NUMBER:#x}, %r8d       /* this CPU's ring */
+    mov {control_disp(ctl, CTL_PHYS)}(,%r8,8), %rdx         /* rdx = entry address */
     mov %rdi, %rcx
     sub %rdx, %rcx                       /* rcx = entry length before alignment */
     lea {-BLOCKS_AT:#x}(%rcx), %r9
@@ -208,61 +237,65 @@ ring_commit:
     add $0x7, %rcx
     and $-8, %rcx
     movl %ecx, (%rdx)
-    movl $0x0, 0x4(%rdx)                   /* cpu: the machine has one */
+    mov %r8d, 0x4(%rdx)                  /* cpu: the writer's */
     mov %rdx, %r9
     rdtsc
     shl $0x20, %rdx
     or %rdx, %rax
     mov %rax, 0x8(%r9)
-    mov {CTL_CREATED:#x}(%r8), %rax
+    mov {control_disp(ctl, CTL_CREATED)}(,%r8,8), %rax
     mov %rax, 0x10(%r9)
-    incq {CTL_CREATED:#x}(%r8)
-    incq {CTL_FRAMES:#x}(%r8)
-    add %rcx, {CTL_PHYS:#x}(%r8)
-    add %rcx, {CTL_HEAD:#x}(%r8)
+    incq {control_disp(ctl, CTL_CREATED)}(,%r8,8)
+    incq {control_disp(ctl, CTL_FRAMES)}(,%r8,8)
+    add %rcx, {control_disp(ctl, CTL_PHYS)}(,%r8,8)
+    add %rcx, {control_disp(ctl, CTL_HEAD)}(,%r8,8)
     ret
 """
 
 
 @dataclass
 class Ring:
-    """Python side of the ring at `ctl` (control block) in emulated memory accessed through `memory`."""
+    """Python side of CPU `cpu`'s ring, its control fields in the control area at `ctl`, in emulated memory
+    accessed through `memory`."""
 
     memory: Memory
     ctl: int
+    cpu: int = 0
+
+    def field(self, field: int) -> int:
+        return field_address(self.ctl, field, self.cpu)
+
+    def _put(self, **fields: int) -> None:
+        for name, value in fields.items():
+            self.memory.write(self.field(globals()["CTL_" + name.upper()]), struct.pack("<Q", value))
 
     def initialize(self, base: int, size: int, circular: bool) -> None:
-        """The control block follows the ring's bytes directly, so one read takes both (see `entries`)."""
         if size < MIN_SIZE or size % 8:
             raise ValueError(f"trace buffer size must be a multiple of 8 of at least {MIN_SIZE} bytes")
-        if base + size != self.ctl:
-            raise ValueError("the control block must follow the ring")
-        self.memory.write(self.ctl, _CTL.pack(base, size, 0, 0, 0, 0, int(circular), 0, base, size, min(DISCARD, size // 4), 0))
+        values = (base, size, 0, 0, 0, 0, int(circular), 0, base, size, min(DISCARD, size // 4), 0)
+        for index, value in enumerate(values):
+            self.memory.write(self.field(8 * index), struct.pack("<Q", value))
 
     def state(self) -> RingState:
-        return self._parse_state(self.memory.read(self.ctl, _CTL.size))
+        return self._parse_state(self.memory.read(self.ctl, CONTROL_BYTES), self.cpu)
 
     @staticmethod
-    def _parse_state(control: bytes) -> RingState:
-        base, size, head, tail, frames, created, circular, full, _, _, _, discards = _CTL.unpack(control)
+    def _parse_state(control: bytes, cpu: int) -> RingState:
+        fields = struct.unpack_from(f"<{_FIELDS * MAX_CPUS}Q", control)
+        base, size, head, tail, frames, created, circular, full, _, _, _, discards = (
+            fields[index * MAX_CPUS + cpu] for index in range(12))
         return RingState(base, size, head, tail, frames, created, bool(circular), bool(full), discards)
 
     def set_circular(self, circular: bool) -> None:
-        self.memory.write(self.ctl + CTL_CIRCULAR, struct.pack("<Q", int(circular)))
+        self._put(circular=int(circular))
 
     def entries(self) -> list[TraceFrame]:
-        """Every frame in the ring, oldest first, numbered by its position (what GDB calls the frame number).
+        """Every frame in the ring, oldest first, numbered by its position (see `Rings.entries`)."""
+        base, size = self.state().base, self.state().size
+        ring, control = _read_together(self.memory, [(base, size), (self.ctl, CONTROL_BYTES)])
+        return self._parse(ring, self._parse_state(control, self.cpu))
 
-        The ring and its control block are read in one piece (one trip to the CPU thread), then parsed: a
-        snapshot taken between two instructions, so a live circular run cannot evict what is being parsed, and
-        frame-by-frame reads would cost a machine round trip each (a full buffer holds tens of thousands).
-        An entry between reserve and commit lies beyond `head`, outside the snapshot's frames.
-        """
-        base, size = struct.unpack("<QQ", self.memory.read(self.ctl, 16))  # fixed for the ring's life
-        snapshot = self.memory.read(base, size + _CTL.size)
-        ring, state = snapshot[:size], self._parse_state(snapshot[size:])
-        if state.head == state.tail:
-            return []
+    def _parse(self, ring: bytes, state: RingState) -> list[TraceFrame]:
         frames: list[TraceFrame] = []
         pos = state.tail
         while pos < state.head:
@@ -279,9 +312,10 @@ class Ring:
         return frames
 
     def consume(self, through_sequence: int) -> int:
-        """Drop the oldest entries up to and including the frame created `through_sequence`-th (a consuming
-        reader, as KGTP's frame pipe): their room is free again. Must run between two instructions on the CPU
-        thread with no hit between reserve and commit (`Tracer.consume_frames`). Returns the frames dropped."""
+        """Drop the oldest entries up to and including the frame created `through_sequence`-th on this CPU (a
+        consuming reader, as KGTP's frame pipe): their room is free again. Must run between two instructions on
+        the CPU thread with no hit between reserve and commit (`Tracer.consume_frames`). Returns the frames
+        dropped."""
         state = self.state()
         tail, frames, dropped = state.tail, state.frames, 0
         while tail < state.head:
@@ -295,12 +329,13 @@ class Ring:
                 dropped += 1
             tail += length
         if dropped:
-            self.memory.write(self.ctl + CTL_TAIL, struct.pack("<QQ", tail, frames))
-            self.memory.write(self.ctl + CTL_PHYS, short_path_fields(state.base, state.size, state.head, tail))
+            phys, limit = struct.unpack("<QQ", short_path_fields(state.base, state.size, state.head, tail))
+            self._put(tail=tail, frames=frames, phys=phys, limit=limit)
         return dropped
 
-    def append(self, tracepoint: int, blocks: bytes, timestamp: int, cpu: int = 0) -> bool:
-        """Python-side writer with the same rules as the native routines (used by the interpreter engine)."""
+    def append(self, tracepoint: int, blocks: bytes, timestamp: int) -> bool:
+        """Python-side writer with the same rules as the native routines (used by the interpreter engine); the
+        entry's cpu field is this ring's CPU."""
         state = self.state()
         need = align8(BLOCKS_AT + len(blocks))
         if 2 * need > state.size:
@@ -310,10 +345,10 @@ class Ring:
         pad = to_end if to_end < need else 0
         if state.size - (head - tail) < need + pad:
             if not state.circular:
-                self.memory.write(self.ctl + CTL_FULL, struct.pack("<Q", 1))
+                self._put(full=1)
                 return False
-            discard, discards = struct.unpack("<QQ", self.memory.read(self.ctl + CTL_DISCARD, 16))
-            self.memory.write(self.ctl + CTL_DISCARDS, struct.pack("<Q", discards + 1))
+            discard = struct.unpack("<Q", self.memory.read(self.field(CTL_DISCARD), 8))[0]
+            self._put(discards=state.discards + 1)
             while tail < head and state.size - (head - tail) < need + pad + discard:
                 phys = state.base + tail % state.size
                 length, cpu_field = _PAD.unpack(self.memory.read(phys, _PAD.size))
@@ -324,11 +359,100 @@ class Ring:
             self.memory.write(state.base + head % state.size, _PAD.pack(pad, PAD_CPU))
             head += pad
         phys = state.base + head % state.size
-        entry = ENTRY_HEADER.pack(need, cpu, timestamp, state.created) + FRAME_HEADER.pack(tracepoint, len(blocks))
+        entry = ENTRY_HEADER.pack(need, self.cpu, timestamp, state.created) + FRAME_HEADER.pack(tracepoint, len(blocks))
         self.memory.write(phys, entry + blocks)
-        self.memory.write(
-            self.ctl + CTL_HEAD,
-            struct.pack("<QQQQ", head + need, tail, frames + 1, state.created + 1),
-        )
-        self.memory.write(self.ctl + CTL_PHYS, short_path_fields(state.base, state.size, head + need, tail))
+        phys, limit = struct.unpack("<QQ", short_path_fields(state.base, state.size, head + need, tail))
+        self._put(head=head + need, tail=tail, frames=frames + 1, created=state.created + 1, phys=phys, limit=limit)
         return True
+
+
+def _read_together(memory: Memory, ranges: list[tuple[int, int]]) -> list[bytes]:
+    """Several ranges read at one instant when the memory can (`read_many`: one trip to the CPU thread, between
+    two instructions, so a live circular run cannot evict what is being parsed)."""
+    read_many = getattr(memory, "read_many", None)
+    if read_many is not None:
+        return read_many(ranges)
+    return [memory.read(address, length) for address, length in ranges]
+
+
+def merge_key(frame: TraceFrame) -> tuple[int, int, int]:
+    """Frames of several CPUs in one order: by timestamp, ties broken by CPU, then by sequence."""
+    return frame.timestamp, frame.cpu, frame.sequence
+
+
+@dataclass
+class Rings:
+    """Every CPU's ring, seen as one trace buffer, as GDB sees KGTP's per-CPU buffers.
+
+    - Each CPU's ring has `size` bytes (QTBuffer:size and `--buffer-size` set each CPU's size; KGTP allocates
+      GTP_FRAME_SIZE for every CPU, gtp_rb_page_alloc) and is circular or not on its own: a CPU wraps without
+      touching another's frames.
+    - qTStatus (`state`) reports what KGTP's gtp_get_status does: frames and created summed over CPUs, tsize
+      the per-CPU size times the CPUs, tfree the free bytes summed; a non-circular ring that fills stops the
+      run with tfull (KGTP's gtp_stop_frame_full, whichever CPU filled).
+    - Frames (`entries`) are every ring's, merged by timestamp (ties: CPU, then the CPU's sequence), each CPU's
+      in its ring's order, and numbered in that order: what tfind, tdump, qTBuffer/tsave, the follow channel and
+      the export see. A frame's `sequence` is its CPU's creation count (unique with its `cpu`).
+    """
+
+    memory: Memory
+    ctl: int
+    count: int
+
+    def __post_init__(self) -> None:
+        self.rings = [Ring(self.memory, self.ctl, cpu) for cpu in range(self.count)]
+
+    def __getitem__(self, cpu: int) -> Ring:
+        return self.rings[cpu]
+
+    def initialize(self, base: int, size: int, circular: bool) -> None:
+        """The rings' bytes: `count` rings of `size` bytes from `base`, CPU 0's first."""
+        fields = [0] * (_FIELDS * MAX_CPUS)
+        for cpu in range(self.count):
+            start = base + cpu * size
+            if size < MIN_SIZE or size % 8:
+                raise ValueError(f"trace buffer size must be a multiple of 8 of at least {MIN_SIZE} bytes")
+            values = (start, size, 0, 0, 0, 0, int(circular), 0, start, size, min(DISCARD, size // 4), 0)
+            for index, value in enumerate(values):
+                fields[index * MAX_CPUS + cpu] = value
+        self.memory.write(self.ctl, struct.pack(f"<{len(fields)}Q", *fields))
+
+    def states(self) -> list[RingState]:
+        control = self.memory.read(self.ctl, CONTROL_BYTES)
+        return [Ring._parse_state(control, cpu) for cpu in range(self.count)]
+
+    def state(self) -> RingState:
+        """The rings summed as qTStatus reports them (`free` and `size` over every CPU)."""
+        states = self.states()
+        first = states[0]
+        return RingState(first.base, sum(s.size for s in states), sum(s.head for s in states),
+                         sum(s.tail for s in states), sum(s.frames for s in states),
+                         sum(s.created for s in states), first.circular, any(s.full for s in states),
+                         sum(s.discards for s in states))
+
+    def set_circular(self, circular: bool) -> None:
+        for ring in self.rings:
+            ring.set_circular(circular)
+
+    def entries(self) -> list[TraceFrame]:
+        """Every CPU's frames in one snapshot (one trip to the CPU thread), merged (see the class)."""
+        states = self.states()
+        base = states[0].base
+        total = sum(s.size for s in states)
+        raw, control = _read_together(self.memory, [(base, total), (self.ctl, CONTROL_BYTES)])
+        per_cpu = []
+        for cpu, ring in enumerate(self.rings):
+            state = Ring._parse_state(control, cpu)
+            start = state.base - base
+            per_cpu.append(ring._parse(raw[start : start + state.size], state))
+        if len(per_cpu) == 1:
+            return per_cpu[0]
+        merged = list(heapq.merge(*per_cpu, key=merge_key))
+        return [replace(frame, number=index) for index, frame in enumerate(merged)]
+
+    def consume(self, through: dict[int, int]) -> int:
+        """Drop each CPU's frames up to its sequence in `through` (cpu -> sequence). Returns the frames dropped."""
+        return sum(self.rings[cpu].consume(sequence) for cpu, sequence in through.items() if cpu < self.count)
+
+    def append(self, tracepoint: int, blocks: bytes, timestamp: int, cpu: int = 0) -> bool:
+        return self.rings[cpu].append(tracepoint, blocks, timestamp)

@@ -15,13 +15,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from unicorn import Uc
 from unicorn.x86_const import UC_X86_REG_RIP
 
 from ..agent.errors import ErrorCode, EvalError
 from ..agent.verify import Program
-from ..machine import MODULE_BASE, MODULE_SIZE, Machine, Marker
+from ..machine import MODULE_BASE, MODULE_SIZE, Machine, Marker, smp
 from .builtins import BUILTIN_VARIABLES, EINVAL, IGNORE_ERROR, LAST_ERRNO, BuiltinContext, KgtpState, gdb_value, setting
 from .clock import Tsc
 from .fastregs import RegisterReader
@@ -32,9 +33,10 @@ from .kret import KretRun
 from .model import Definitions, ProbeRow, StopReason, TraceError, Tracepoint, TraceStatus
 from .native import ENGINES, CompiledRun, faults_lose_a_block
 from .placement import prepare, resolve_overlaps
+from .percpu import PerCpuVariables
 from .printk import attach
 from .retire import RetiredCode
-from .ring import BLOCKS_AT, CTL_BYTES, Ring
+from .ring import BLOCKS_AT, CONTROL_BYTES, Rings
 from .sdata import render
 from .watch import Watches
 
@@ -57,6 +59,10 @@ class MachineMemory:
     def write(self, address: int, data: bytes) -> None:
         # ring memory is data: no translated code to drop, unlike machine.write_memory
         self.machine.run_on_cpu(lambda uc: uc.mem_write(address, data))
+
+    def read_many(self, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """Several ranges read between the same two instructions (one trip to the CPU thread)."""
+        return self.machine.run_on_cpu(lambda uc: [bytes(uc.mem_read(a, n)) for a, n in ranges])
 
 
 class Tracer:
@@ -87,16 +93,21 @@ class Tracer:
         #: bytes of blocks one frame may hold in this run (`frame_room`, fixed at tstart)
         self.room = 4 * MAX_COLLECT
         self._frames_cache: tuple[tuple[int, int, int, int], list[TraceFrame]] | None = None
-        self.ring: Ring | None = None
-        self._ring_memory: tuple[int, int] | None = None
+        #: every CPU's ring (ring.py), one buffer to GDB
+        self.ring: Rings | None = None
+        self._ring_memory: tuple[int, int] | None = None  # (base, per-CPU size) of the rings' bytes
+        self._ring_control: int | None = None  # the control area, in module space (ring.py)
         self.printed: list[str] = []
         self.tsc = Tsc()
         self.registers = RegisterReader()
         self.kgtp = KgtpState()  # what KGTP's special variables keep across hits (builtins.py)
         self.kret = KretRun(self)  # return probes (`$kret`, kret.py)
         self.watches = Watches(self)  # watch tracepoints and the hardware breakpoints they hold (watch.py)
+        self.per_cpu = PerCpuVariables(machine.cpu_count)  # KGTP's `$p_*` / `$per_cpu_*` (percpu.py)
         for variable in BUILTIN_VARIABLES:
             self.definitions.variables[variable.number] = variable.definition()
+        cpu_number = BUILTIN_VARIABLES.by_name("cpu_number")  # KGTP's gtp_cpu_number, uploaded as its value
+        self.definitions.variables[cpu_number.number] = replace(cpu_number.definition(), initial=machine.cpu_count)
 
     # ---- trace state variables --------------------------------------------------------------------------
 
@@ -106,7 +117,17 @@ class Tracer:
             return builtin.compute(BuiltinContext(hit.uc, self.machine, self.tsc, hit, self))
         if builtin is not None and hit is None:  # GDB asks (qTv): live, a setting, or unknown, as KGTP answers
             return gdb_value(self, builtin, lambda: self._stored_value(number))
+        if number in self.per_cpu and self._has_run:
+            return self.per_cpu.get(number, self._cpu_of(hit))
         return self._stored_value(number)
+
+    def _cpu_of(self, hit: HitContext | None) -> int:
+        """The CPU a per-CPU variable's local copy is taken from: the hit's, or for GDB the loaded one."""
+        return smp.cpu_number(hit.uc) if hit is not None else self.machine.current_cpu
+
+    def check_variable(self, name: str) -> None:
+        """QTDV: a per-CPU variable may not name a CPU the machine lacks (ValueError), as KGTP refuses it."""
+        self.per_cpu.check(name)
 
     def _stored_value(self, number: int) -> int | None:
         if self.native is not None and number < self.native.tsv_slots and self._has_run:
@@ -131,6 +152,9 @@ class Tracer:
             builtin.assign(BuiltinContext(hit.uc, self.machine, self.tsc, hit, self), value)
             return
         value = value - (1 << 64) if value >> 63 else value
+        if number in self.per_cpu and self._has_run:
+            self.per_cpu.set(number, self._cpu_of(hit), value)
+            return
         if self.native is not None and number < self.native.tsv_slots and self._has_run:
             self.native.write_tsv(number, value)
         else:
@@ -191,6 +215,7 @@ class Tracer:
             raise TraceError(f"cannot allocate a {self.definitions.buffer_size:#x}-byte trace buffer: {error}") from None
         self.values = {n: v.initial for n, v in self.definitions.variables.items()}
         self.values[LAST_ERRNO] = last_errno
+        self.per_cpu.define(self.definitions.variables)
         self.probes.reset()
         self.room = self.frame_room()
         self._start_native()
@@ -234,7 +259,7 @@ class Tracer:
             return
         assert self.ring is not None
         slots = max(self.definitions.variables, default=0) + 1
-        self.native = CompiledRun(self.machine, self.engine, self.ring.ctl, slots)
+        self.native = CompiledRun(self.machine, self.engine, self.ring.ctl, slots, self.machine.cpu_count)
         self.native.reset(self.values)
 
     def stop(self, reason: StopReason, note: str | None = None, tracepoint: int = 0) -> None:
@@ -286,21 +311,24 @@ class Tracer:
         log.info("tracing stopped: %s", reason.name)
 
     def frame_room(self) -> int:
-        """Bytes of blocks one frame may hold, in every engine: four full-size collections, at most half the
-        ring (the most one entry may take)."""
-        size = self.ring.state().size if self.ring is not None else self.definitions.buffer_size
+        """Bytes of blocks one frame may hold, in every engine: four full-size collections, at most half a
+        CPU's ring (the most one entry may take)."""
+        size = self.ring[0].state().size if self.ring is not None else self.definitions.buffer_size
         return min(4 * MAX_COLLECT, size // 2 - BLOCKS_AT - 8)
 
     def _allocate_ring(self) -> None:
-        size = self.definitions.buffer_size
+        """One ring of `buffer_size` bytes per CPU (KGTP's per-CPU gtp_rb), the control area in module space."""
+        size, count = self.definitions.buffer_size, self.machine.cpu_count
         if self._ring_memory is not None and self._ring_memory[1] != size:
             self.machine.free_data(self._ring_memory[0])
             self._ring_memory = None
         if self._ring_memory is None:
-            base = self.machine.alloc_data(size + CTL_BYTES)
+            base = self.machine.alloc_data(size * count)
             self._ring_memory = (base, size)
+        if self._ring_control is None:  # no-execute, as a detour's counters (Machine.alloc_code)
+            self._ring_control = self.machine.alloc_code(0x10, data_pages=1)
         base, size = self._ring_memory
-        self.ring = Ring(MachineMemory(self.machine), base + size)
+        self.ring = Rings(MachineMemory(self.machine), self._ring_control, count)
         self.ring.initialize(base, size, self.definitions.circular)
 
     def arm(self, tp: Tracepoint) -> None:
@@ -345,6 +373,8 @@ class Tracer:
     # ---- what GDB asks about the run ----------------------------------------------------------------------
 
     def status(self) -> TraceStatus:
+        """KGTP's gtp_get_status over per-CPU rings: frames, created and free summed over CPUs, the size each
+        CPU's ring times the CPUs (`Rings`)."""
         state = self.ring.state() if self.ring is not None else None
         return TraceStatus(
             running=self.running,
@@ -353,8 +383,8 @@ class Tracer:
             stopping_tracepoint=self.stopping_tracepoint,
             frames=state.frames if state else 0,
             created=state.created if state else 0,
-            buffer_free=state.free if state else self.definitions.buffer_size,
-            buffer_size=state.size if state else self.definitions.buffer_size,
+            buffer_free=state.free if state else self.definitions.buffer_size * self.machine.cpu_count,
+            buffer_size=state.size if state else self.definitions.buffer_size * self.machine.cpu_count,
             circular=self.definitions.circular,
             disconnected=self.definitions.disconnected_tracing,
             start_time=self.start_time,
@@ -381,20 +411,19 @@ class Tracer:
         """The ring's frames, parsed once per change of the ring (tfind asks again and again)."""
         if self.ring is None:
             return []
-        state = self.ring.state()
-        key = (state.base, state.head, state.tail, state.created)
+        key = tuple((state.base, state.head, state.tail, state.created) for state in self.ring.states())
         if self._frames_cache is None or self._frames_cache[0] != key:
             self._frames_cache = (key, self.kret.visible(self.ring.entries()))
         return self._frames_cache[1]
 
-    def consume_frames(self, through_sequence: int) -> int:
-        """A consuming read: the frames created up to `through_sequence` leave the buffer (GDB no longer finds
-        them; a linear buffer has their room again). Returns how many left."""
+    def consume_frames(self, through: dict[int, int]) -> int:
+        """A consuming read: each CPU's frames created up to its sequence in `through` (cpu -> sequence) leave
+        the buffer (GDB no longer finds them; a linear buffer has their room again). Returns how many left."""
         if self.ring is None:
             return 0
         ring = self.ring
         dropped: list[int] = []
-        self._between_hits(lambda: dropped.append(ring.consume(through_sequence)))
+        self._between_hits(lambda: dropped.append(ring.consume(through)))
         return dropped[0]
 
     def saved_frame(self, frame: TraceFrame) -> bytes:

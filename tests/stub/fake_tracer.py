@@ -88,6 +88,9 @@ class FakeTracer:
             return None
         return sum(f.tracepoint == number for f in self.recorded), 0
 
+    def check_variable(self, name: str) -> None:
+        return None
+
     def variable_value(self, number: int) -> int | None:
         return self.variables.get(number)
 

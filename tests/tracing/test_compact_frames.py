@@ -17,7 +17,7 @@ from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.tracing import Tracer
 from kgtp_sim.tracing.frames import CompactRegisters, RegisterBlock, parse_blocks
-from kgtp_sim.tracing.ring import CTL_PHYS, short_path_fields
+from kgtp_sim.tracing.ring import CTL_LIMIT, CTL_PHYS, short_path_fields
 
 from ..conftest import VMLINUX
 
@@ -70,9 +70,9 @@ def _run(engine: str, path: str, mask: int, condition: bytes | None, size: int =
     machine.call("kgtp_bench_loop", CALLS)
     status = tracer.status()
     frames = tracer.frames()
-    ring = tracer.ring
+    ring = tracer.ring[0]  # one CPU
     state = ring.state()
-    fields = machine.read_memory(ring.ctl + CTL_PHYS, 16)
+    fields = machine.read_memory(ring.field(CTL_PHYS), 8) + machine.read_memory(ring.field(CTL_LIMIT), 8)
     tracer.stop(t.StopReason.STOP_COMMAND)
     assert fields == short_path_fields(state.base, state.size, state.head, state.tail), (engine, path)
     return [(f.tracepoint, f.blocks) for f in frames], (status.created, status.frames)

@@ -380,11 +380,13 @@ def test_stopping_while_a_hit_is_in_a_detour_keeps_the_kernel_intact(engine, cha
 def _publishing_store(tracer: Tracer, site: int) -> int:
     """The short path's last store to the ring: the one that publishes its entry (`mov %rax, head`)."""
     from kgtp_sim.tracing.probes import decode
+    from kgtp_sim.tracing.ring import CTL_HEAD, field_address
 
     item = next(iter(tracer.probes.installed.values()))
     detour = item.native.detour
     code = tracer.machine.read_memory(detour.base, detour.full_call - detour.base)
-    return next(i.address for i in decode(code, detour.base) if i.op_str == "qword ptr [r8 + 0x10], rax")
+    head = f"qword ptr [r8*8 - {(1 << 64) - field_address(tracer.ring.ctl, CTL_HEAD, 0):#x}], rax"
+    return next(i.address for i in decode(code, detour.base) if i.op_str == head)
 
 
 @pytest.mark.parametrize("engine,mask", [("naive", 0xFFFF), ("opt", 0xFFFFFF), ("opt", 0xFFFF)],

@@ -4,17 +4,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from unicorn import UC_ARCH_X86, UC_MODE_64, UC_TLB_VIRTUAL, Uc
-from unicorn.x86_const import UC_X86_REG_RAX, UC_X86_REG_RDI, UC_X86_REG_RDX, UC_X86_REG_RSI, UC_X86_REG_RSP
+from unicorn.x86_const import UC_X86_REG_GS_BASE, UC_X86_REG_RAX, UC_X86_REG_RDI, UC_X86_REG_RDX, UC_X86_REG_RSI, UC_X86_REG_RSP
 
 from kgtp_sim.tracing.frames import MemoryBlock, encode_block
 from kgtp_sim.tracing.detour import Runtime
-from kgtp_sim.tracing.ring import BLOCKS_AT, CTL_PHYS, DISCARD, Ring, align8, short_path_fields
+from kgtp_sim.tracing.ring import BLOCKS_AT, CTL_LIMIT, CTL_PHYS, DISCARD, Rings, align8, short_path_fields
 
 CODE = 0xFFFFFFFFA0000000
 DATA = 0xFFFFC90000100000
 DATA_MAPPED = 0x100000
 STACK = 0xFFFFC90000200000
 RETURN = CODE + 0xF00  # a 'hlt' the routines return to
+CONTROL = CODE + 0x1000  # the control area (ring.py)
+PERCPU = STACK + 0xC00  # per-CPU areas, 0x10 bytes each
 
 
 class UcMemory:
@@ -28,20 +30,33 @@ class UcMemory:
         self.uc.mem_write(address, data)
 
 
-def machine(size: int, circular: bool):
-    """A bare CPU with the ring routines at CODE and a ring of `size` bytes at DATA, its control block after it."""
-    assert size + 0x1000 <= DATA_MAPPED
-    ctl = DATA + size
+def machine(size: int, circular: bool, cpus: int = 1):
+    """A bare CPU with the ring routines at CODE, the rings' control area after them (module space: native code
+    reaches it with a disp32), `cpus` rings of `size` bytes at DATA, and a per-CPU area whose cpu_number is 0
+    (`on_cpu` changes it, as a CPU switch changes GS base)."""
+    assert cpus * size + 0x1000 <= DATA_MAPPED
     uc = Uc(UC_ARCH_X86, UC_MODE_64)
     uc.ctl_set_tlb_mode(UC_TLB_VIRTUAL)
-    for base, length in ((CODE, 0x1000), (DATA, DATA_MAPPED), (STACK, 0x1000)):
+    for base, length in ((CODE, 0x2000), (DATA, DATA_MAPPED), (STACK, 0x1000)):
         uc.mem_map(base, length)
-    runtime = Runtime.build(CODE, ctl)
+    runtime = Runtime.build(CODE, CONTROL)
     uc.mem_write(CODE, runtime.code)
     uc.mem_write(RETURN, b"\xf4")
-    ring = Ring(UcMemory(uc), ctl)
-    ring.initialize(DATA, size, circular)
-    return uc, ring, runtime.commit
+    on_cpu(uc, 0)
+    rings = Rings(UcMemory(uc), CONTROL, cpus)
+    rings.initialize(DATA, size, circular)
+    return uc, (rings[0] if cpus == 1 else rings), runtime.commit
+
+
+def on_cpu(uc, cpu: int) -> None:
+    """Load CPU `cpu`: GS base at its per-CPU area, whose cpu_number (offset 8) is `cpu`."""
+    area = PERCPU + 0x10 * cpu
+    uc.mem_write(area + 8, cpu.to_bytes(4, "little"))
+    uc.reg_write(UC_X86_REG_GS_BASE, area)
+
+
+def short_fields(ring) -> bytes:
+    return ring.memory.read(ring.field(CTL_PHYS), 8) + ring.memory.read(ring.field(CTL_LIMIT), 8)
 
 
 def call(uc, address, regs):
@@ -81,7 +96,7 @@ def test_native_and_python_writers_agree(sequence, circular, size):
             accepted.append((tp, payload))
     n_state, p_state = native_ring.state(), python_ring.state()
     for ring, state in ((native_ring, n_state), (python_ring, p_state)):  # the detours' short path relies on it
-        assert ring.memory.read(ring.ctl + CTL_PHYS, 16) == short_path_fields(state.base, state.size, state.head,
+        assert short_fields(ring) == short_path_fields(state.base, state.size, state.head,
                                                                                 state.tail)
     assert (n_state.head, n_state.tail, n_state.frames, n_state.created, n_state.full, n_state.discards) == (
         p_state.head, p_state.tail, p_state.frames, p_state.created, p_state.full, p_state.discards)
@@ -166,7 +181,7 @@ def test_consuming_keeps_the_short_path_fields(steps):
             if entries:
                 ring.consume(entries[min(consume, len(entries)) - 1].sequence)
         state = ring.state()
-        assert ring.memory.read(ring.ctl + CTL_PHYS, 16) == short_path_fields(state.base, state.size, state.head,
+        assert short_fields(ring) == short_path_fields(state.base, state.size, state.head,
                                                                                 state.tail)
 
 
@@ -190,3 +205,39 @@ def test_a_circular_ring_that_must_evict_frees_a_page_more(native):
         assert append()
         rounds = ring.state().discards
     assert 1 < rounds < 200 * need // DISCARD + 2  # about one round per page written, not one per entry
+
+
+def test_each_cpu_writes_its_own_ring_and_wraps_alone():
+    """Two CPUs on per-CPU rings: the routines pick the ring from %gs:0x8, stamp the writer's CPU, and a circular
+    ring that wraps on one CPU leaves the other's frames alone (KGTP's per-CPU gtp_rb)."""
+    uc, rings, commit_at = machine(0x1000, circular=True, cpus=2)
+    blocks = encode_block(MemoryBlock(0x1000, bytes(0x40)))
+    on_cpu(uc, 1)
+    assert native_append(uc, commit_at, 7, blocks)
+    first = rings[1].entries()[0].timestamp
+    assert rings[1].append(8, blocks, timestamp=first + 1)  # the Python writer of CPU 1's ring
+    on_cpu(uc, 0)
+    for _ in range(200):  # CPU 0's ring laps several times
+        assert native_append(uc, commit_at, 1, blocks)
+    zero, one = rings[0].state(), rings[1].state()
+    assert (one.frames, one.created, one.discards) == (2, 2, 0)
+    assert zero.created == 200 and zero.frames < 200 and zero.discards > 0
+    assert [(f.tracepoint, f.cpu, f.sequence) for f in rings[1].entries()] == [(7, 1, 0), (8, 1, 1)]
+    assert {f.cpu for f in rings[0].entries()} == {0}
+    total = rings.state()
+    assert (total.frames, total.created, total.size) == (zero.frames + 2, 202, 0x2000)
+    assert total.free == zero.free + one.free
+    merged = rings.entries()
+    assert [f.number for f in merged] == list(range(len(merged)))
+    assert [(f.timestamp, f.cpu, f.sequence) for f in merged] == sorted((f.timestamp, f.cpu, f.sequence) for f in merged)
+
+
+def test_a_full_ring_on_one_cpu_refuses_there_only():
+    uc, rings, commit_at = machine(0x1000, circular=False, cpus=2)
+    blocks = encode_block(MemoryBlock(0x1000, bytes(0x100)))
+    while native_append(uc, commit_at, 1, blocks):
+        pass
+    assert rings[0].state().full and not rings[1].state().full
+    on_cpu(uc, 1)
+    assert native_append(uc, commit_at, 2, blocks)
+    assert rings.state().full  # qTStatus: the run stops with tfull whichever CPU filled
