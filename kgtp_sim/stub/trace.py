@@ -416,7 +416,8 @@ def register_trace_commands(monitor, tracer: TracerApi) -> None:
         if not listed:
             return "no trace frames"
         origin = listed[0].timestamp
-        rows = [f"{len(listed)} frames; times are from the first listed frame, converted from the TSC"]
+        rows = [f"{len(listed)} frames; times are from the first listed frame, converted from the TSC; "
+                "seq counts each CPU's frames"]
         for frame in listed[first : first + count]:
             microseconds = tracer.tsc.to_ns(frame.timestamp - origin) / 1000
             kinds = "".join(type(b).__name__[0] for b in frame.blocks)

@@ -1,0 +1,63 @@
+"""Tracing a several-CPU machine with real GDB: `$cpu_id` collected at kgtp_test_function, tstatus over per-CPU
+rings, tfind through the merged frames, each frame's CPU in `monitor frames` agreeing with its `$cpu_id`.
+
+The stub is started with two CPUs when `serve` has `--cpus`. Which CPUs the kernel runs the workload on depends
+on the kernel: with one CPU online every frame is CPU 0's; once CPU 1 runs `kgtp_bench` too (`monitor stats`
+shows cpus_online 2) frames of both CPUs must appear.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from kgtp_sim.client.stub import kgtp_command
+
+from ..conftest import run_gdb, start_stub, wait_for_hits
+
+pytestmark = pytest.mark.gdb
+
+
+def _serve_has_cpus() -> bool:
+    result = subprocess.run(kgtp_command("serve", "--help"), capture_output=True, text=True, timeout=60)
+    return "--cpus" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def smp_stub():
+    server = start_stub(*(("--cpus", "2") if _serve_has_cpus() else ()))
+    yield server
+    server.stop()
+
+
+def test_frames_of_every_online_cpu_with_their_cpu_id(gdb, smp_stub):
+    out = run_gdb(
+        gdb, smp_stub, "monitor stats", "print $cpu_number",
+        "trace kgtp_test_function", "actions", "collect $cpu_id, counter1", "end",
+        "tstart", *wait_for_hits("$tpnum", 40), "tstop", "tstatus",
+        "python",
+        "ids = []",
+        "gdb.execute('tfind start', to_string=True)",
+        "while int(gdb.parse_and_eval('$trace_frame')) >= 0:",
+        "    ids.append(int(gdb.parse_and_eval('$cpu_id')))",
+        "    gdb.execute('tfind', to_string=True)",
+        "print('CPU_IDS', ' '.join(map(str, ids)))",
+        "end",
+        "monitor frames 0 10000",
+        "tfind none", "delete", "tstatus",
+    )
+    cpus = int(re.search(r"^\$1 = (\d+)$", out, re.M).group(1))
+    online = int(re.search(r"^cpus_online\s+(\d+)", out, re.M).group(1))
+    assert cpus == int(re.search(r"^cpus\s+(\d+)", out, re.M).group(1)), out  # $cpu_number: the CPU count
+    collected = int(re.search(r"Collected (\d+) trace frames", out).group(1))
+    ids = [int(n) for n in re.search(r"^CPU_IDS ?(.*)$", out, re.M).group(1).split()]
+    listed = [int(cpu) for cpu in re.findall(r"^frame\s+\d+\s+tp\s+\d+\s+\+\s*[-\d.]+ us\s+cpu (\d+)", out, re.M)]
+    assert len(ids) == collected >= 40, out
+    assert ids == listed, out  # tfind's order is the merged order `monitor frames` lists, CPU by CPU
+    assert set(ids) <= set(range(online)), out
+    if online >= 2:  # the kernel runs kgtp_bench on every CPU: both CPUs traced
+        assert set(ids) >= {0, 1}, out
+    else:
+        assert set(ids) == {0}, out
