@@ -493,6 +493,25 @@ class Machine:
         """The kernel's `current` on a CPU (None: the loaded one): its per-CPU `current_task`."""
         return self.on_cpu(cpu, smp.current_task)
 
+    def cpu_rips(self) -> list[int]:
+        """Where every CPU is (on the CPU thread, between instructions): the loaded one's RIP, the others' saved
+        ones. A CPU the kernel has not started yet counts too: its RIP is where it will start."""
+        rips = []
+        for slot in self._slots:
+            if slot.index == self.current_cpu:
+                rips.append(self.cpu.rip)
+            else:
+                rips.append(slot.start_at if slot.start_at is not None else
+                            slot.context.reg_read(X.UC_X86_REG_RIP))
+        return rips
+
+    def synchronize(self) -> None:
+        """text_poke_sync: return once every CPU is at an instruction boundary and will fetch its next
+        instruction from memory as it is now. With the CPUs interleaved on one emulator this is one trip to
+        the CPU thread (while it runs a request, no CPU is inside an instruction, and a patched range's
+        translated code was dropped by whoever patched it: the one translation cache serves every CPU)."""
+        self.run_on_cpu(lambda uc: None)
+
     def cpu_states(self) -> list[smp.CpuState]:
         """Every CPU as of one instant: running, idle (in hlt) or offline, where it is, the task it runs."""
         def gather(uc: Uc) -> list[smp.CpuState]:
