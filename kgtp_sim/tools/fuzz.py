@@ -586,11 +586,15 @@ class Harness:
         return jiffies
 
 
-def build_stub(engine: str = "opt"):
+#: CPUs of the fuzzed machine, as `serve` has by default
+FUZZ_CPUS = 2
+
+
+def build_stub(engine: str = "opt", cpus: int = FUZZ_CPUS):
     from ..app import Stub, StubConfig
     from ..machine import KernelImage, Machine
 
-    machine = Machine(KernelImage.load(VMLINUX))
+    machine = Machine(KernelImage.load(VMLINUX), cpus=cpus)
     return Stub(machine, StubConfig(engine=engine))
 
 
