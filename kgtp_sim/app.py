@@ -11,11 +11,12 @@ from .machine import Machine
 from .rsp.dispatch import Dispatcher
 from .rsp.server import RspServer
 from .rsp.session import Session
-from .stub.core import CoreHandlers, ViewHolder, stop_reply
+from .stub.core import CoreHandlers, ViewHolder
 from .stub.live import LiveView
 from .stub.machine_monitor import register_machine_commands
 from .stub.monitor import Monitor
 from .stub.replay import register_replay_commands
+from .stub.threads import ThreadHandlers
 from .stub.trace import TraceHandlers, register_trace_commands
 from .tracing import Tracer
 
@@ -43,22 +44,25 @@ class Stub:
         self.views = ViewHolder(live)
         self.monitor = Monitor()
         register_machine_commands(self.monitor, self.machine, self.started)
-        self.core = CoreHandlers(self.views, self.config.allow_writes, live.write_memory)
+        self.threads = ThreadHandlers(self.machine, live)
+        self.core = CoreHandlers(self.views, self.threads, self.config.allow_writes, live.write_memory)
         self.tracer = Tracer(self.machine, self.config.engine)
         register_trace_commands(self.monitor, self.tracer)
         self.trace = TraceHandlers(self.tracer, self.views, self.config.save_dir, self.config.name_markers_always)
         register_replay_commands(self.monitor, self.trace, self.views, self.machine.image)
-        self.dispatcher = Dispatcher((self.core, self.trace, self.monitor))
+        self.dispatcher = Dispatcher((self.core, self.threads, self.trace, self.monitor))
 
     def make_session(self) -> Session:
-        return Session(self.dispatcher, stop_reply=stop_reply())
+        return Session(self.dispatcher, stop_reply=self.threads.stop_reply)
 
     def on_connect(self) -> None:
         self.trace.forget_session()
+        self.threads.forget_session()
 
     def on_disconnect(self) -> None:
         """GDB sends nothing when it leaves: stop tracing unless disconnected tracing was asked for."""
         self.trace.forget_session()
+        self.threads.forget_session()
         if self.tracer.running and not self.tracer.definitions.disconnected_tracing:
             from .rsp.packets.trace import StopReason
 

@@ -13,6 +13,11 @@ from pathlib import Path
 
 from .rsp.server import is_loopback
 
+#: CPUs of `kgtp-sim serve` unless --cpus says otherwise.
+DEFAULT_CPUS = 2
+#: The most CPUs the machine has (kgtp_sim.machine.smp.MAX_CPUS; not imported here, so --help stays light).
+MAX_CPUS = 8
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kgtp-sim", description=__doc__)
@@ -34,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--allow-writes", action="store_true", help="let GDB write kernel memory (M/X packets)")
     serve.add_argument("--hz", type=int, default=100, help="timer tick rate of the kernel (default: 100)")
+    serve.add_argument("--cpus", type=int, default=DEFAULT_CPUS,
+                       help=f"CPUs of the simulated machine, 1 to 8; GDB sees each as a thread (default: {DEFAULT_CPUS})")
     serve.add_argument("--pace", type=int, default=None, help="kgtp_test_function calls per tick")
     serve.add_argument("--engine", choices=("interp", "naive", "opt"), default="opt",
                        help="how conditions and actions run: interpreted, naive native or optimized native (default)")
@@ -80,10 +87,19 @@ def _take_stdout() -> int:
     return packets
 
 
+def _machine(args: argparse.Namespace, image):
+    from .machine import Machine
+
+    return Machine(image, hz=args.hz, cpus=args.cpus, **({"pace": args.pace} if args.pace is not None else {}))
+
+
 def serve(args: argparse.Namespace) -> int:
     from .app import Stub, StubConfig
-    from .machine import KernelImage, KernelImageError, Machine
+    from .machine import KernelImage, KernelImageError
 
+    if not 1 <= args.cpus <= MAX_CPUS:
+        print(f"kgtp-sim: --cpus must be between 1 and {MAX_CPUS}", file=sys.stderr)
+        return 2
     pipe = _take_stdout() if getattr(args, "stdio", False) else None
     if pipe is not None:
         return _serve_stdio(args, pipe)
@@ -105,7 +121,7 @@ def serve(args: argparse.Namespace) -> int:
     if not 1 <= args.hz <= 10000:
         print("kgtp-sim: --hz must be between 1 and 10000", file=sys.stderr)
         return 2
-    machine = Machine(image, hz=args.hz, **({"pace": args.pace} if args.pace is not None else {}))
+    machine = _machine(args, image)
     stub = Stub(machine, StubConfig(allow_writes=args.allow_writes, engine=args.engine, save_dir=args.save_dir,
                                            name_markers_always=args.name_markers_at_strace))
     server = stub.server(args.host, args.port)
@@ -156,14 +172,14 @@ def serve(args: argparse.Namespace) -> int:
 def _serve_stdio(args: argparse.Namespace, pipe: int) -> int:
     """`target remote | kgtp-sim serve --stdio`: the kernel runs while GDB holds the pipe; end of file ends it."""
     from .app import Stub, StubConfig
-    from .machine import KernelImage, KernelImageError, Machine
+    from .machine import KernelImage, KernelImageError
 
     try:
         image = KernelImage.load(args.kernel)
     except KernelImageError as error:
         print(f"kgtp-sim: {error}", file=sys.stderr)
         return 1
-    machine = Machine(image, hz=args.hz, **({"pace": args.pace} if args.pace is not None else {}))
+    machine = _machine(args, image)
     stub = Stub(machine, StubConfig(allow_writes=args.allow_writes, engine=args.engine, save_dir=args.save_dir,
                                     name_markers_always=args.name_markers_at_strace))
     server = stub.server(args.host, 0)

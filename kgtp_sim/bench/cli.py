@@ -26,6 +26,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scaling", action="store_true",
                         help="also: cost per hit with 1..1000 tracepoints and 64 KiB..64 MiB buffers")
     parser.add_argument("--scaling-json", type=Path, default=None, metavar="FILE", help="scaling rows as JSON")
+    parser.add_argument("--smp", action="store_true",
+                        help="also: frames a second with 1, 2 and 4 CPUs, the kernel serving at full pace")
+    parser.add_argument("--smp-json", type=Path, default=None, metavar="FILE", help="SMP rows as JSON")
     parser.add_argument("--no-peer", action="store_true",
                         help="leave out the gdbserver rows (the same workload as a user program under gdbserver)")
 
@@ -64,6 +67,15 @@ def run(args: argparse.Namespace) -> int:
             import json
 
             args.scaling_json.write_text(json.dumps(srows, indent=2) + "\n")
+    if args.smp or args.smp_json:
+        from .smp import markdown as smp_markdown, smp_rows
+
+        smp = smp_rows(seconds=1.0 if args.quick else 2.0)
+        print(smp_markdown(smp))
+        if args.smp_json:
+            import json
+
+            args.smp_json.write_text(json.dumps(smp, indent=2) + "\n")
     print(f"({time.monotonic() - started:.0f} s)", file=sys.stderr)
     for r in bad:
         print(f"kgtp-sim bench: {r['probe']} {r['case']} {r['engine']}: {r['frames']} frames, expected "

@@ -112,15 +112,21 @@ class Measurement:
 
 
 class Bench:
-    def __init__(self, calls: int = 10_000, repetitions: int = 5, image: KernelImage | None = None) -> None:
+    def __init__(self, calls: int = 10_000, repetitions: int = 5, image: KernelImage | None = None,
+                 cpus: int = 1, on_cpu: int = 0) -> None:
+        """`cpus`, `on_cpu`: the machine's CPUs, and the one the workload runs on (the others stay idle: the
+        per-hit cost must not depend on them)."""
         self.calls = calls
+        self.cpus = cpus
+        self.on_cpu = on_cpu
         self.repetitions = repetitions
         self.image = image or KernelImage.load(VMLINUX)
         self.fixture = load(FIXTURE)
         self.speed_figures: tuple[float, float] | None = None  #: set by rows(): see speed()
 
     def machine(self, counting: bool = True) -> Machine:
-        machine = Machine(self.image)
+        machine = Machine(self.image, cpus=self.cpus)
+        machine.on_cpu(self.on_cpu, lambda uc: None)  # Machine.call runs on the loaded CPU
         if counting:
             machine.set_counting(True)  # every row's instruction count is exact
         machine.call("kgtp_bench_loop", 0)  # place call()'s stack first: same rsp in every run

@@ -62,12 +62,17 @@ class StubProcess:
                 self.proc.wait()
 
 
-def start_stub(*extra: str, timeout: float = 30) -> StubProcess:
+def start_stub(*extra: str, cpus: int | None = None, timeout: float = 30) -> StubProcess:
     """`kgtp-sim serve --port 0 EXTRA...` as a user runs it; returns once it prints the port it listens on.
+
+    `cpus`: the machine's CPU count (`--cpus`); None leaves it to `kgtp-sim serve`'s own default, so a test that
+    does not care runs the machine users get.
 
     Raises RuntimeError with everything the stub printed if it exits, or stays silent about its port for
     `timeout` seconds.
     """
+    if cpus is not None:
+        extra = ("--cpus", str(cpus), *extra)
     proc = subprocess.Popen(kgtp_command("serve", "--port", "0", *extra), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     output: list[str] = []

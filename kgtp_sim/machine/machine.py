@@ -91,6 +91,7 @@ class MachineStats:
     cpus_online: int = 1  #: CPUs the kernel has started
     ticks_per_cpu: tuple[int, ...] = ()  #: timer interrupts delivered to each CPU
     ipis: int = 0  #: inter-processor interrupts sent
+    yields: int = 0  #: turns given up through the yield port
     cpu_switches: int = 0  #: times the CPU thread went from one CPU to another
 
 
@@ -142,6 +143,7 @@ class Machine:
         self._slots = self._boot_slots(cpus)
         self._rotate = False
         self._ipis = 0
+        self._yields = 0
         self._switches = 0
         #: int3 address -> handler(uc), consulted before the kernel's #BP (see cpu.py)
         self.breakpoints = self.cpu.breakpoints
@@ -257,6 +259,7 @@ class Machine:
                     self._cond.notify_all()
                 self.cpu.stopper.request()  # served at the next block: the target may be this CPU
         elif port == smp.PORT_SMP_YIELD:
+            self._yields += 1
             if self.cpu_count > 1:
                 self._rotate = True
                 self.cpu.stopper.request()
@@ -460,22 +463,28 @@ class Machine:
 
         self.run_on_cpu(write)
 
-    def on_cpu(self, index: int | None, fn: Callable[[Uc], T]) -> T:
-        """Run fn(uc) on the CPU thread with CPU `index`'s registers loaded (None: whichever is loaded)."""
+    def on_cpu(self, index: int | None, fn: Callable[[Uc], T], stay: bool = True) -> T:
+        """Run fn(uc) on the CPU thread with CPU `index`'s registers loaded (None: whichever is loaded). The CPU
+        stays loaded (a `call` then runs on it) unless stay=False."""
         if index is not None and not 0 <= index < self.cpu_count:
             raise ValueError(f"no CPU {index}: the machine has {self.cpu_count}")
 
         def run(uc: Uc) -> T:
+            before = self.current_cpu
             if index is not None:
                 self._load(index)
-            return fn(uc)
+            try:
+                return fn(uc)
+            finally:
+                if not stay:
+                    self._load(before)
 
         return self.run_on_cpu(run)
 
     def registers(self, cpu: int | None = None) -> dict[str, int]:
         """A CPU's registers, named as in kgtp_sim/arch/amd64.py (rax … r15, rip, eflags, cs ss ds es fs gs);
         cpu=None: the loaded CPU's (the one whose hooks run)."""
-        return self.on_cpu(cpu, lambda uc: self.cpu.registers())
+        return self.on_cpu(cpu, lambda uc: self.cpu.registers(), stay=False)
 
     def set_registers(self, values: dict[str, int], cpu: int | None = None) -> None:
         """Write some registers (names as in `registers()`) of a CPU (None: the loaded one)."""
@@ -487,20 +496,40 @@ class Machine:
             for name, value in values.items():
                 uc.reg_write(REGISTER_IDS[name], value & _MASK64)
 
-        self.on_cpu(cpu, write)
+        self.on_cpu(cpu, write, stay=False)
 
     def current_task(self, cpu: int | None = None) -> int:
         """The kernel's `current` on a CPU (None: the loaded one): its per-CPU `current_task`."""
-        return self.on_cpu(cpu, smp.current_task)
+        return self.on_cpu(cpu, smp.current_task, stay=False)
+
+    def cpu_rips(self) -> list[int]:
+        """Where every CPU is (on the CPU thread, between instructions): the loaded one's RIP, the others' saved
+        ones. A CPU the kernel has not started yet counts too: its RIP is where it will start."""
+        rips = []
+        for slot in self._slots:
+            if slot.index == self.current_cpu and slot.start_at is None:
+                rips.append(self.cpu.rip)
+            else:
+                rips.append(slot.start_at if slot.start_at is not None else
+                            slot.context.reg_read(X.UC_X86_REG_RIP))
+        return rips
+
+    def synchronize(self) -> None:
+        """text_poke_sync: return once every CPU is at an instruction boundary and will fetch its next
+        instruction from memory as it is now. With the CPUs interleaved on one emulator this is one trip to
+        the CPU thread (while it runs a request, no CPU is inside an instruction, and a patched range's
+        translated code was dropped by whoever patched it: the one translation cache serves every CPU)."""
+        self.run_on_cpu(lambda uc: None)
 
     def cpu_states(self) -> list[smp.CpuState]:
         """Every CPU as of one instant: running, idle (in hlt) or offline, where it is, the task it runs."""
         def gather(uc: Uc) -> list[smp.CpuState]:
-            states = []
+            states, loaded = [], self.current_cpu
             for slot in self._slots:
                 self._load(slot.index)
                 state = "offline" if not slot.online else "idle" if slot.halted else "running"
                 states.append(smp.CpuState(slot.index, state, self.cpu.rip, smp.current_task(uc)))
+            self._load(loaded)
             return states
 
         return self.run_on_cpu(gather)
@@ -712,6 +741,7 @@ class Machine:
             cpus_online=sum(slot.online for slot in self._slots),
             ticks_per_cpu=tuple(slot.ticks for slot in self._slots),
             ipis=self._ipis,
+            yields=self._yields,
             cpu_switches=self._switches,
         )
 

@@ -7,6 +7,7 @@ It owns the acknowledgement protocol (acks, `-` retransmission, QStartNoAckMode)
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .codec import Decoder, EventKind, encode_packet
@@ -29,7 +30,8 @@ class SessionStats:
 @dataclass
 class Session:
     dispatcher: Dispatcher
-    stop_reply: bytes = b"S05"
+    #: the reply to a Ctrl-C after `c`: fixed bytes, or a function giving them then (the thread it names changes)
+    stop_reply: bytes | Callable[[], bytes] = b"S05"
     decoder: Decoder = field(default_factory=Decoder)
     ack_mode: bool = True
     waiting_for_interrupt: bool = False
@@ -53,7 +55,8 @@ class Session:
             elif event.kind is EventKind.INTERRUPT:
                 if self.waiting_for_interrupt:
                     self.waiting_for_interrupt = False
-                    out += self._frame(self.stop_reply)
+                    stop = self.stop_reply
+                    out += self._frame(stop if isinstance(stop, bytes) else stop())
                 else:
                     log.info("Ctrl-C while no continue is pending: ignored")
             elif event.kind is EventKind.BAD_CHECKSUM:

@@ -1,4 +1,7 @@
-"""Connect-time, register and memory packets: what lets GDB attach to the live kernel and look at it."""
+"""Connect-time, register and memory packets: what lets GDB attach to the live kernel and look at it.
+
+The thread packets, and which CPU the registers come from, are stub/threads.py's; the stop replies here name the
+thread it says. Runs on the server thread."""
 
 from __future__ import annotations
 
@@ -12,11 +15,9 @@ from ..rsp.packets import data as d
 from ..rsp.packets import replay as r
 from ..tracing.frames import StateView, ViewError
 from .replay import Replay
+from .threads import ThreadHandlers
 
 log = logging.getLogger(__name__)
-
-#: The whole kernel is presented to GDB as one thread of one process, as KGTP does.
-THREAD_ID = 1
 
 
 class ViewHolder:
@@ -53,6 +54,7 @@ class ViewHolder:
 @dataclass
 class CoreHandlers:
     views: ViewHolder
+    threads: ThreadHandlers
     allow_writes: bool = False
     write_memory: object = None  # callable(address, data) used only when allow_writes
     _xml: bytes = field(init=False, default_factory=lambda: amd64.target_xml().encode())
@@ -65,31 +67,9 @@ class CoreHandlers:
     def must_reply_empty(self, packet: c.MustReplyEmpty) -> Reply:
         return b""
 
-    @handles(c.SetThread)
-    def set_thread(self, packet: c.SetThread) -> Reply:
-        return b"OK"
-
     @handles(c.HaltReason)
     def halt_reason(self, packet: c.HaltReason) -> Reply:
-        return stop_reply()
-
-    @handles(c.FirstThreadInfo)
-    def first_thread_info(self, packet: c.FirstThreadInfo) -> Reply:
-        return b"m%x" % THREAD_ID
-
-    @handles(c.SubsequentThreadInfo)
-    def subsequent_thread_info(self, packet: c.SubsequentThreadInfo) -> Reply:
-        return b"l"
-
-    @handles(c.CurrentThread)
-    def current_thread(self, packet: c.CurrentThread) -> Reply:
-        return b"QC%x" % THREAD_ID
-
-    @handles(c.ThreadAlive)
-    def thread_alive(self, packet: c.ThreadAlive) -> Reply:
-        if packet.thread in (THREAD_ID, 0, -1):
-            return b"OK"
-        return b"E01"
+        return self.threads.stop_reply()
 
     @handles(c.Attached)
     def attached(self, packet: c.Attached) -> Reply:
@@ -127,8 +107,8 @@ class CoreHandlers:
             raise RspError(E_PERMISSION, "the kernel never stops: step and reverse only replay a while-stepping "
                            "recording (tfind one of its frames, then `monitor replay`)", text=True)
         if replay.resume(step=step, reverse=reverse):
-            return stop_reply()
-        return b"T05replaylog:%s;thread:%x;" % (b"begin" if reverse else b"end", THREAD_ID)
+            return self.threads.stop_reply()
+        return b"T05replaylog:%s;thread:%x;" % (b"begin" if reverse else b"end", self.threads.general_thread)
 
     @handles(r.Step)
     def step(self, packet: r.Step) -> Reply:
@@ -168,6 +148,8 @@ class CoreHandlers:
 
     @handles(d.ReadRegisters)
     def read_registers(self, packet: d.ReadRegisters) -> Reply:
+        """`g`, as remote.c: remote_target::fetch_registers asks it after set_general_thread: the selected trace
+        frame's registers, else the live registers of the CPU whose thread `Hg` selected (stub/threads.py)."""
         return amd64.hex_registers(self.views.view.registers()).encode()
 
     @handles(d.ReadRegister)
@@ -181,6 +163,7 @@ class CoreHandlers:
 
     @handles(d.WriteRegisters)
     def write_registers(self, packet: d.WriteRegisters) -> Reply:
+        """`G` and `P` are refused on every CPU, also with --allow-writes (which opens memory only)."""
         raise RspError(E_PERMISSION, "registers of the running kernel cannot be changed")
 
     @handles(d.WriteRegister)
@@ -218,7 +201,3 @@ class CoreHandlers:
             raise RspError(E_MEMORY, str(error)) from None
         return b"OK"
 
-
-def stop_reply() -> bytes:
-    """What GDB is told about the (never really stopped) kernel: a SIGTRAP stop of thread 1."""
-    return b"T05thread:%x;" % THREAD_ID

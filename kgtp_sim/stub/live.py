@@ -1,4 +1,7 @@
-"""The live view: registers and memory of the running kernel, read coherently through the machine."""
+"""The live view: registers and memory of the running kernel, read coherently through the machine.
+
+Registers are those of one CPU, `cpu` (the thread GDB selected with `Hg`, stub/threads.py); memory is shared by
+every CPU."""
 
 from __future__ import annotations
 
@@ -13,9 +16,10 @@ _PAGE = 0x1000
 @dataclass
 class LiveView:
     machine: Machine
+    cpu: int = 0  #: the CPU whose registers `registers` reads (GDB's selected thread: stub/threads.py)
 
     def registers(self) -> dict[str, int | None]:
-        return dict(self.machine.registers())
+        return dict(self.machine.registers(cpu=self.cpu))
 
     def read_memory(self, address: int, length: int) -> bytes:
         """Read `length` bytes, or the readable prefix when the range runs into unmapped memory."""

@@ -1,4 +1,6 @@
-"""`monitor` commands about the machine itself: statistics, tick rate, workload pace, kernel console."""
+"""`monitor` commands about the machine itself: statistics, CPUs, tick rate, workload pace, kernel console.
+
+Runs on the server thread; the machine answers through its CPU thread (`Machine.run_on_cpu`)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,17 @@ def register_machine_commands(monitor: Monitor, machine: Machine, started: float
         if args:
             machine.set_pace(parse_int(args[0], "pace", low=0, high=1_000_000))
         return f"pace {machine.pace}"
+
+    @monitor.register("cpus", "cpus", "each CPU: running, idle or offline, where it is, its task, its ticks")
+    def cpus(args: list[str]) -> str:
+        ticks = machine.stats(count=False).ticks_per_cpu
+        lines = []
+        for cpu in machine.cpu_states():
+            where = machine.image.function_bounds(cpu.rip)
+            name = f"{where[0]}+{cpu.rip - where[1]:#x}" if where else "?"
+            lines.append(f"CPU {cpu.index}  {cpu.state:<7}  rip {cpu.rip:#018x} ({name})  task {cpu.current_task:#x}"
+                         f"  ticks {ticks[cpu.index] if cpu.index < len(ticks) else 0}")
+        return "\n".join(lines)
 
     @monitor.register("console", "console", "the kernel's recent console output")
     def console(args: list[str]) -> str:

@@ -3,7 +3,8 @@
     python -m kgtp_sim.tools.record_transcript OUT.rsp --gdb /usr/bin/gdb -- -ex 'info registers rip' ...
 
 Starts `kgtp-sim serve` on a free port, puts the recording proxy in front of it, runs GDB in batch mode with
-the bundled kernel's symbols and the given GDB arguments, and writes what went over the wire.
+the bundled kernel's symbols and the given GDB arguments, and writes what went over the wire. The stub has one
+CPU, as the machine tests/e2e/test_transcripts.py replays against (the thread packets' replies depend on it).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("gdb_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     gdb_args = [a for a in args.gdb_args if a != "--"]
-    stub = start_stub()
+    stub = start_stub(cpus=1)
     try:
         proxy = RecordingProxy(("127.0.0.1", stub.port))
         version = gdb_version(args.gdb)

@@ -358,31 +358,64 @@ class CompiledRun:
         return probe.kind
 
     def patch_to(self, site: ProbeSite, target: int, want_jump: bool) -> str:
-        def apply(uc: Uc) -> str:
-            if want_jump and site.kind == "jump" and self._window_is_free(uc, site):
-                patch = jump(site.address, target).ljust(site.length, b"\x90")
-                uc.mem_write(site.address, patch)
-                uc.ctl_remove_cache(site.address, site.address + site.length)
-                return "jump"
-            self.machine.cpu.jumps.set(site.address, target)  # no Python at the hit (cpu.InterruptDispatch)
-            uc.mem_write(site.address, INT3)
-            uc.ctl_remove_cache(site.address, site.address + 1)
+        """Send the site to `target` while every CPU may be running it, as Linux's text_poke_bp does: an int3 on
+        the first byte (a CPU meeting it goes to `target` natively, cpu.InterruptDispatch), every CPU
+        synchronised, the jump's tail written if no CPU is and no task will resume inside the window,
+        synchronised, the first byte written. Without a free window the site stays an int3 probe."""
+        machine = self.machine
+        machine.run_on_cpu(lambda uc: self._poke_int3(uc, site.address, target))
+        if not (want_jump and site.kind == "jump"):
             return "int3"
+        machine.synchronize()
+        patch = jump(site.address, target).ljust(site.length, b"\x90")
 
-        return self.machine.run_on_cpu(apply)
+        def tail(uc: Uc) -> bool:
+            if not self._window_is_free(uc, site):
+                return False
+            self._poke(uc, site.address + 1, patch[1:])
+            return True
+
+        if not machine.run_on_cpu(tail):
+            return "int3"
+        machine.synchronize()
+        machine.run_on_cpu(lambda uc: self._poke_first(uc, site.address, patch[:1]))
+        return "jump"
 
     def unpatch(self, site: ProbeSite, probe: NativeProbe) -> None:
         self.unpatch_site(site, probe.kind)
         self.release(probe)
 
     def unpatch_site(self, site: ProbeSite, kind: str) -> None:
-        def restore(uc: Uc) -> None:
-            original = self.machine.image.read_code(site.address, site.length if kind == "jump" else 1)
-            uc.mem_write(site.address, original)
-            uc.ctl_remove_cache(site.address, site.address + len(original))
-            self.machine.cpu.jumps.remove(site.address)
+        """Give the site its original bytes back while every CPU may be running it, text_poke_bp's way: an int3
+        on the first byte that keeps sending CPUs where the jump did, synchronised, the original tail,
+        synchronised, the original first byte."""
+        machine = self.machine
+        original = machine.image.read_code(site.address, site.length if kind == "jump" else 1)
+        if kind == "jump":
+            def to_int3(uc: Uc) -> None:
+                rel32 = struct.unpack("<i", bytes(uc.mem_read(site.address + 1, 4)))[0]
+                self._poke_int3(uc, site.address, (site.address + JUMP_SIZE + rel32) % (1 << 64))
 
-        self.machine.run_on_cpu(restore)
+            machine.run_on_cpu(to_int3)
+            machine.synchronize()
+            machine.run_on_cpu(lambda uc: self._poke(uc, site.address + 1, original[1:]))
+            machine.synchronize()
+        machine.run_on_cpu(lambda uc: self._poke_first(uc, site.address, original[:1]))
+
+    def _poke_int3(self, uc: Uc, address: int, target: int) -> None:
+        """The first step of a patch: an int3 the machine sends on to `target` without Python."""
+        self.machine.cpu.jumps.set(address, target)
+        self._poke(uc, address, INT3)
+
+    def _poke_first(self, uc: Uc, address: int, first: bytes) -> None:
+        """The last step: the first byte, and the int3's entry in the machine's table goes."""
+        self._poke(uc, address, first)
+        self.machine.cpu.jumps.remove(address)
+
+    @staticmethod
+    def _poke(uc: Uc, address: int, data: bytes) -> None:
+        uc.mem_write(address, data)
+        uc.ctl_remove_cache(address, address + len(data))
 
     def release(self, probe: NativeProbe) -> None:
         """The probe's compiled code no longer runs from now on: its fault fixups go (the code itself stays in

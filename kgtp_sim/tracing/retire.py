@@ -4,7 +4,7 @@ copies.
 A run's code cannot be freed when the run ends. The kernel is preemptive: a task interrupted inside a detour's
 relocated instructions, or inside an out-of-line copy, resumes there whenever it is scheduled again, and its
 saved RIP sits on its stack (the interrupt frame). So removed code is retired instead, and freed between runs
-only when neither the current RIP nor any word of the kernel's writable memory (every task stack and saved
+only when neither any CPU's RIP nor any word of the kernel's writable memory (every task stack and saved
 register frame lives there) points into it. Freed too early, the next run's allocation would overwrite
 instructions a task is about to execute.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 import array
 
 from unicorn import Uc
-from unicorn.x86_const import UC_X86_REG_RIP
 
 from ..machine import Machine
 
@@ -32,9 +31,8 @@ def stacks_point_into(machine: Machine, uc: Uc, low: int, high: int) -> bool:
 
 
 def in_use(machine: Machine, uc: Uc, low: int, high: int) -> bool:
-    """Could the kernel still execute [low, high): the CPU is in it, or a task would return or resume into it."""
-    rip = uc.reg_read(UC_X86_REG_RIP)
-    return low <= rip < high or stacks_point_into(machine, uc, low, high)
+    """Could the kernel still execute [low, high): a CPU is in it, or a task would return or resume into it."""
+    return any(low <= rip < high for rip in machine.cpu_rips()) or stacks_point_into(machine, uc, low, high)
 
 
 class RetiredCode:

@@ -39,7 +39,7 @@ def test_jiffies_grows_while_attached(gdb, stub):
 
 
 def test_task_comm_and_struct_members(gdb, stub):
-    out = run_gdb(gdb, stub, "print tasks[1].comm", "print tasks[1].pid", "print current->pid")
+    out = run_gdb(gdb, stub, "print tasks[1].comm", "print tasks[1].pid", "print cpu_data[0].current_task->pid")  # `current` of CPU 0
     comm = re.search(r'^\$1 = "([^"\\]+)', out, re.M)
     assert comm and comm.group(1).isprintable(), out
     assert re.search(r"^\$2 = 1$", out, re.M), out

@@ -273,9 +273,11 @@ def test_args_locals_strings_struct_members_and_bt(gdb, fresh_stub, tmp_path):
     assert len(catalog) > 3
     out = run_gdb(
         gdb, fresh_stub, "trace load_module", "actions", "collect $args", "collect/s name",
-        "collect current->comm", "collect current->pid", "collect $bt", "collect $regs", "end",
-        "tstart", *wait_for_hits(1), "tstop", "tfind 0", "tdump", "print name", "print current->comm",
-        "print current->pid", "bt 2",
+        # `current` is per CPU (%gs:0, a macro to GDB): the hitting CPU's element, through KGTP's $cpu_id
+        "collect cpu_data[$cpu_id].current_task->comm", "collect cpu_data[$cpu_id].current_task->pid",
+        "collect $bt", "collect $regs", "end",
+        "tstart", *wait_for_hits(1), "tstop", "tfind 0", "tdump", "print name",
+        "print cpu_data[$cpu_id].current_task->comm", "print cpu_data[$cpu_id].current_task->pid", "bt 2",
     )
     name = re.search(r'^\$1 = 0x[0-9a-f]+ "(\w+)"$', out, re.M)
     assert name and name.group(1) in catalog, out  # the string the kernel passed, collected with collect/s

@@ -99,8 +99,9 @@ def _let_recorded_tracepoints_hit(session, exchanges) -> None:
 
 @pytest.fixture
 def stub():
-    """A fresh stub per transcript: each recording started from a freshly booted kernel."""
-    machine = Machine(KernelImage.load(VMLINUX))
+    """A fresh stub per transcript: each recording started from a freshly booted kernel of one CPU, as
+    tools/record_transcript.py records them (qfThreadInfo, qThreadExtraInfo name every CPU)."""
+    machine = Machine(KernelImage.load(VMLINUX), cpus=1)
     machine.start()
     yield Stub(machine)
     machine.shutdown()

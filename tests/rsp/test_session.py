@@ -115,6 +115,14 @@ def test_continue_waits_for_ctrl_c():
     assert s.receive(b"\x03") == b""  # no continue pending: nothing sent
 
 
+def test_stop_reply_may_be_computed_at_the_ctrl_c():
+    thread = [1]
+    s = Session(Dispatcher((Handlers(),)), stop_reply=lambda: b"T05thread:%x;" % thread[0])
+    send(s, b"c")
+    thread[0] = 2
+    assert packets(s.receive(b"\x03")) == [b"T05thread:2;"]
+
+
 def test_monitor_output_is_split_into_o_packets():
     out = packets(send(session(), b"qRcmd,6869"))
     assert out[-1] == b"OK"

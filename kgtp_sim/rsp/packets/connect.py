@@ -34,9 +34,31 @@ class MustReplyEmpty(Packet):
     EXACT = True
 
 
+#: Thread ids GDB gives a meaning of its own: 0 is "any thread", -1 "all threads" (remote.c: set_thread).
+ANY_THREAD = 0
+ALL_THREADS = -1
+
+
+def parse_thread_id(text: bytes, what: str = "thread id") -> int:
+    """A thread id as GDB writes it (remote.c: write_ptid): hex, `-1` (all threads) or `0` (any thread); the
+    multiprocess form `p<pid>.<tid>` gives its thread part (`p<pid>` alone: any thread of that process). Any other
+    negative number is malformed."""
+    if text.startswith(b"p"):
+        pid, dot, tid = text[1:].partition(b".")
+        parse_signed_hex(pid, "process id")
+        if not dot:
+            return ANY_THREAD
+        text = tid
+    value = parse_signed_hex(text, what)
+    if value < ALL_THREADS:
+        raise PacketError(f"{what}: {value} is neither a thread nor -1")
+    return value
+
+
 @dataclass(frozen=True)
 class SetThread(Packet):
-    """`Hg<id>` / `Hc<id>`: the kernel is one thread to GDB, any id is accepted."""
+    """`Hg<id>` (the thread `g`/`G`/`p`/`P` act on) / `Hc<id>` (the thread `c` resumes); `Hm` is GDB's old spelling
+    of Hg. `id` is a CPU's thread, 0 (any) or -1 (all)."""
 
     PREFIX = b"H"
     op: str = "g"
@@ -46,10 +68,7 @@ class SetThread(Packet):
     def parse(cls, body: bytes) -> Self:
         if len(body) < 2 or body[:1] not in (b"g", b"c", b"m"):
             raise PacketError("H: expected Hg<thread> or Hc<thread>")
-        rest = body[1:]
-        if rest.startswith(b"p"):  # multiprocess form p<pid>.<tid>
-            rest = rest.rpartition(b".")[2]
-        return cls(body[:1].decode(), parse_signed_hex(rest, "thread id"))
+        return cls(body[:1].decode(), parse_thread_id(body[1:]))
 
 
 @dataclass(frozen=True)
@@ -78,12 +97,27 @@ class CurrentThread(Packet):
 
 @dataclass(frozen=True)
 class ThreadAlive(Packet):
+    """`T<id>`: is the thread still there (remote.c: remote_target::thread_alive)."""
+
     PREFIX = b"T"
     thread: int = 1
 
     @classmethod
     def parse(cls, body: bytes) -> Self:
-        return cls(parse_signed_hex(body, "thread id"))
+        return cls(parse_thread_id(body))
+
+
+@dataclass(frozen=True)
+class ThreadExtraInfo(Packet):
+    """`qThreadExtraInfo,<id>`: the text `info threads` shows in parentheses after the thread
+    (remote.c: remote_target::extra_thread_info)."""
+
+    PREFIX = b"qThreadExtraInfo,"
+    thread: int = 1
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        return cls(parse_thread_id(body))
 
 
 @dataclass(frozen=True)
