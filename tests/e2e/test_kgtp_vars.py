@@ -27,7 +27,7 @@ def test_gdb_creates_every_special_variable_at_connect(gdb, fresh_stub):
     assert created == {b.number: b.name for b in BUILTIN_VARIABLES}, out
     assert re.search(rf"^\$gtp_version\s+{GTP_VERSION}\s+{GTP_VERSION}\s*$", out, re.M), out
     assert re.search(r"^\$bt\s+512\s+512\s*$", out, re.M), out  # KGTP's default
-    assert re.search(r"^\$cpu_number\s+1\s+1\s*$", out, re.M), out
+    assert re.search(r"^\$cpu_number\s+2\s+2\s*$", out, re.M), out  # serve's default: two CPUs
     assert re.search(r"^\$printk_level\s+8\s", out, re.M), out
     assert re.search(r"^\$current_task\s+0\s+<undefined>", out, re.M), out  # only a tracepoint can read it
 
@@ -49,7 +49,7 @@ def test_task_variables_match_the_kernel(gdb, fresh_stub):
     )
     values = _values(out)
     assert values[:2] == ["1", '"kgtp_bench\\000\\000\\000\\000\\000"'], out
-    assert values[2:] == ["1", "1", "0", "1", str(GTP_VERSION), "0", "0", "1", "1", "1"], out
+    assert values[2:] == ["1", "1", "0", "2", str(GTP_VERSION), "0", "0", "1", "1", "1"], out  # two CPUs
 
 
 def test_hardirq_count_inside_the_timer_interrupt(gdb, fresh_stub):
