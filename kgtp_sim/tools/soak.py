@@ -341,19 +341,26 @@ def check_frame_values(frames: Sequence[FrameRecord], specs: Sequence[Tracepoint
 _MONITOR_FRAME = re.compile(r"^frame\s+(\d+)\s+tp\s+(\d+)\s+\+\s*(-?[\d.]+) us\s+cpu (\d+)\s+seq (\d+)", re.M)
 
 
-def check_sequence(rows: Sequence[tuple[int, int, float, int]], frames: int, created: int) -> list[str]:
-    """The buffer holds the newest frames: their sequence numbers (the creation counter when each was
-    committed) are consecutive and end at tcreated - 1, and their timestamps never go back."""
+def check_sequence(rows: Sequence[tuple[int, int, float, int]], frames: int, created: int,
+                   cpu_of: dict[int, int] | None = None) -> list[str]:
+    """Each CPU's buffer holds its newest frames: their sequence numbers (the CPU's creation counter when each
+    was committed) are consecutive, the newest CPU's ones add up to tcreated (each CPU counts from 0), and the
+    merged frames' timestamps never go back."""
     problems: list[str] = []
+    cpu_of = cpu_of or {}
     if len(rows) != frames:
         problems.append(f"monitor frames lists {len(rows)} frames, qTStatus says {frames}")
-    for (number, _, stamp, seq), (next_number, _, next_stamp, next_seq) in zip(rows, rows[1:]):
-        if next_seq != seq + 1:
-            problems.append(f"frame {next_number}: sequence {next_seq} after {seq}")
-        if next_stamp < stamp:
-            problems.append(f"frame {next_number}: timestamp goes back")
-    if rows and rows[-1][3] != created - 1:
-        problems.append(f"newest frame has sequence {rows[-1][3]}, tcreated is {created}")
+    last: dict[int, tuple[int, int]] = {}  # cpu -> (frame number, sequence)
+    for index, (number, _, stamp, seq) in enumerate(rows):
+        cpu = cpu_of.get(number, 0)
+        if cpu in last and seq != last[cpu][1] + 1:
+            problems.append(f"frame {number}: CPU {cpu}'s sequence {seq} after {last[cpu][1]}")
+        last[cpu] = (number, seq)
+        if index and stamp < rows[index - 1][2]:
+            problems.append(f"frame {number}: timestamp goes back")
+    if rows and sum(seq + 1 for _, seq in last.values()) != created:
+        newest = ", ".join(f"CPU {cpu}: {seq}" for cpu, (_, seq) in sorted(last.items()))
+        problems.append(f"newest sequences ({newest}) do not add up to tcreated {created}")
     return problems
 
 
@@ -425,8 +432,8 @@ def final_walk(gdb: str, stub: StubProcess, specs: Sequence[TracepointSpec], add
             rows += [(int(n), int(tp), float(us), int(seq)) for n, tp, us, _, seq in found_rows]
             cpu_of.update((int(n), int(cpu)) for n, _, _, cpu, _ in found_rows)
         problems = [f"monitor frames failed: {monitor_error}"] if monitor_error else check_sequence(rows, frames,
-                                                                                                      created)
-        checks.append(Check("frame sequence numbers consecutive, newest = tcreated - 1", not problems,
+                                                                                                      created, cpu_of)
+        checks.append(Check("each CPU's frame sequence consecutive, newest ones add up to tcreated", not problems,
                             _first(problems) if problems else f"{len(rows)} frames, seq {rows[0][3] if rows else '-'}"
                             f"..{rows[-1][3] if rows else '-'}"))
 

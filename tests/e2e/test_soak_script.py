@@ -91,11 +91,20 @@ def test_rss_growth_fails_the_memory_checks_and_flat_rss_passes():
     assert figures.rss_start_mib == pytest.approx((54_000 + 30 * 30) / 1024)
 
 
-def kgtp_frame(number: int, counter1: int, counter: int, expression: int | None = None) -> FrameRecord:
+def kgtp_frame(number: int, counter1: int, counter: int, expression: int | None = None, cpu: int = 0) -> FrameRecord:
     counter2 = counter1 - 1
     value = 2 * counter1 + 3 * counter2 if expression is None else expression
     return FrameRecord(number, 1, 0, {"$rdi": str(counter1), "$rsi": str(counter2), "kgtp_counter": str(counter),
-                                      "(2*counter1+3*counter2)": str(value)})
+                                      "(2*counter1+3*counter2)": str(value)}, cpu)
+
+
+def test_frame_values_are_consecutive_per_cpu():
+    """Two CPUs' loops interleave: each CPU's counter1 steps by one, the shared kgtp_counter by the calls of both."""
+    specs = soak.tracepoint_specs(0xFFFFFFFF8100091C)
+    both = [kgtp_frame(n, 100 + n // 2 if n % 2 == 0 else 7 + n // 2, 500 + n, cpu=n % 2) for n in range(8)]
+    assert soak.check_frame_values(both, specs, final_jiffies=None) == []
+    lost = both[:4] + [kgtp_frame(4, 103, 504)] + both[5:]  # CPU 0 skipped a call
+    assert "counter1 stepped 2" in soak.check_frame_values(lost, specs, None)[0]
 
 
 def test_frame_values_catch_a_lost_or_repeated_call_and_a_wrong_expression():
@@ -117,6 +126,18 @@ def test_sequence_check_wants_consecutive_numbers_ending_at_tcreated():
     assert soak.check_sequence(rows, frames=10, created=1010) == []
     assert soak.check_sequence(rows[:5] + rows[6:], frames=10, created=1010)  # a frame missing in the middle
     assert soak.check_sequence(rows, frames=10, created=1011)  # the newest frame is not the last created
+
+
+def test_sequence_check_follows_each_cpu():
+    # CPU 0 made 1000 frames before these, CPU 1 made 20: their sequences interleave in timestamp order
+    rows = [(n, 1, float(n), 1000 + n // 2 if n % 2 == 0 else 20 + n // 2) for n in range(10)]
+    cpu_of = {n: n % 2 for n in range(10)}
+    assert soak.check_sequence(rows, frames=10, created=1005 + 25, cpu_of=cpu_of) == []
+    assert soak.check_sequence(rows, frames=10, created=1005 + 25)  # read as one CPU's: not consecutive
+    gap = rows[:4] + rows[6:]  # CPU 0 lost a frame in the middle (and so did CPU 1)
+    assert soak.check_sequence(gap, frames=8, created=1030, cpu_of=cpu_of)
+    back = rows[:3] + [(3, 1, 1.5, rows[3][3])] + rows[4:]
+    assert "goes back" in " ".join(soak.check_sequence(back, frames=10, created=1030, cpu_of=cpu_of))
 
 
 def test_gdb_mi_records_parse_including_tracepoint_scripts():
