@@ -91,6 +91,8 @@ def test_a_started_cpu_runs_beside_the_kernel(yields):
     module space would never be switched out (the stub's code is not interleaved)."""
     with Machine(IMAGE, cpus=2) as machine:
         entry, data = spinner(machine, yields)
+        # maxcpus=1: the kernel leaves CPU 1 to the test
+        machine.write_memory(IMAGE.address_of("setup_max_cpus"), (1).to_bytes(4, "little"))
         machine.start()
         wait_for(lambda: machine.read_symbol("jiffies") >= 2, "the kernel's first ticks")
         start_cpu(machine, 1, entry)
