@@ -9,13 +9,22 @@ import re
 import pytest
 
 from kgtp_sim.machine import KernelImage
+from kgtp_sim.tracing.probes import decode
 
 from ..conftest import VMLINUX, run_gdb, wait_for_hits
 
 pytestmark = pytest.mark.gdb
 
 IMAGE = KernelImage.load(VMLINUX)
-CALL = IMAGE.address_of("kgtp_bench_thread") + 0x23  # `call kgtp_test_function` in the workload's loop
+
+def _call_site() -> int:
+    """The `call kgtp_test_function` in the workload's loop (kgtp_bench_thread)."""
+    _, low, high = IMAGE.function_bounds(IMAGE.address_of("kgtp_bench_thread"))
+    target = IMAGE.address_of("kgtp_test_function")
+    return next(i.address for i in decode(IMAGE.read_code(low, high - low), low) if i.branch_target == target)
+
+
+CALL = _call_site()
 AFTER_CALL = CALL + 5
 
 
