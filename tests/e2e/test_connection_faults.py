@@ -53,6 +53,24 @@ pytestmark = pytest.mark.gdb
 IMAGE = KernelImage.load(VMLINUX)
 TEST_FUNCTION = IMAGE.symbols["kgtp_test_function"].address
 JIFFIES = IMAGE.symbols["jiffies"].address
+
+
+@pytest.fixture(scope="module")
+def stub():
+    """One CPU: the frames are judged against the one workload thread (on more CPUs each CPU's kgtp_bench/N calls
+    kgtp_test_function with its own counters, and kgtp_counter counts them all)."""
+    server = start_stub(cpus=1)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fresh_stub():
+    server = start_stub(cpus=1)
+    yield server
+    server.stop()
+
+
 KGTP_COUNTER = IMAGE.symbols["kgtp_counter"].address
 KGTP_EVENT_SITE = next(m.site for m in IMAGE.markers if m.id == "module::kgtp_module_event")
 
@@ -314,7 +332,7 @@ def stopped_by_disconnection(client: GdbClient, stub: StubProcess) -> list[Walke
 def paced_stub() -> Iterator[StubProcess]:
     """A stub of its own with one `kgtp_test_function` call per tick: runs of a second or two stay a few hundred
     frames, so walking all of them takes well under a second."""
-    server = start_stub("--pace", "1")
+    server = start_stub("--pace", "1", cpus=1)
     yield server
     server.stop()
 

@@ -41,8 +41,14 @@ def test_howto_return_probe_on_do_syscall(gdb, fresh_stub):
     for nr, value, counter, pc, bt in rows:
         nr, value = int(nr), int(value)
         numbers.add(nr)
-        expected = {39: 3, 500: int(counter), 1: 35, 24: 0, 35: 0}[nr]  # getpid is syscall_test's pid
-        assert value == expected, (nr, value, out)
+        # getpid is syscall_test's pid (3 on CPU 0, 8 on CPU 1: syscall_test/1); kgtp_count's value was the
+        # counter then, and another CPU may count before the collection at the return
+        if nr == 39:
+            assert value in (3, 8), (nr, value, out)
+        elif nr == 500:
+            assert 0 < value <= int(counter), (nr, value, out)
+        else:
+            assert value == {1: 35, 24: 0, 35: 0}[nr], (nr, value, out)
         assert "do_interrupt" in bt.split("|")[0] and "common_entry" in bt.split("|")[1], bt
         assert "??" not in bt and "0xffffffffa" not in bt, bt  # no trampoline in module space
     assert {39, 500, 35} <= numbers, rows
