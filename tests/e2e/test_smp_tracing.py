@@ -36,7 +36,8 @@ def test_frames_of_every_online_cpu_with_their_cpu_id(gdb, smp_stub):
     out = run_gdb(
         gdb, smp_stub, "monitor stats", "print $cpu_number",
         "trace kgtp_test_function", "actions", "collect $cpu_id, counter1", "end",
-        "tstart", *wait_for_hits("$tpnum", 40), "tstop", "tstatus",
+        # 100 calls a tick on each CPU, in turns of 2 ms: 400 hits span several turns of both CPUs
+        "tstart", *wait_for_hits("$tpnum", 400), "tstop", "tstatus",
         "python",
         "ids = []",
         "gdb.execute('tfind start', to_string=True)",

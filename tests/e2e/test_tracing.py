@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from ..conftest import run_gdb, wait_for_hits, wait_for_trace_stop
+from ..conftest import run_gdb, start_stub, wait_for_hits, wait_for_trace_stop
 
 pytestmark = pytest.mark.gdb
 
@@ -25,9 +25,17 @@ def _frames_collected(out: str) -> int:
     return int(match.group(1))
 
 
-def test_condition_and_collections_match_the_kernel(gdb, fresh_stub):
+@pytest.fixture
+def one_cpu_stub():
+    """One CPU: one workload thread, so consecutive frames are consecutive calls."""
+    server = start_stub(cpus=1)
+    yield server
+    server.stop()
+
+
+def test_condition_and_collections_match_the_kernel(gdb, one_cpu_stub):
     out = run_gdb(
-        gdb, fresh_stub, "monitor pace 20",  # native collection is fast: keep 0.3 s of frames under 1 MiB
+        gdb, one_cpu_stub, "monitor pace 20",  # native collection is fast: keep 0.3 s of frames under 1 MiB
         f"trace kgtp_test_function if {COND}", "actions", f"collect {EXPR}", "collect $regs", "collect kgtp_counter",
         "end", "tstart", *wait_for_hits(1, 11), "tstop", "tstatus",
         "tfind start", "tdump", "print $rdi", "print $rsi", "print kgtp_counter",
@@ -68,7 +76,8 @@ def test_full_buffer_stops_with_tfull(gdb, fresh_stub):
     assert 0 < frames < 8192 // 300, out
 
 
-def test_circular_buffer_keeps_the_newest_frames(gdb, fresh_stub):
+def test_circular_buffer_keeps_the_newest_frames(gdb, one_cpu_stub):
+    fresh_stub = one_cpu_stub  # one ring, one workload thread: the frames kept are consecutive calls
     out = run_gdb(gdb, fresh_stub, "set trace-buffer-size 8192", "set circular-trace-buffer on",
                   "trace kgtp_test_function", "actions", "collect $regs", "end", "tstart", *wait_for_hits(1, 100),
                   "tstop", "tstatus")
