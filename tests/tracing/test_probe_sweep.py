@@ -62,22 +62,33 @@ def instructions(name: str) -> list[int]:
     return [insn.address for insn in decode(IMAGE.read_code(low, high - low), low)]
 
 
-def booted(pace: int = PACE) -> Machine:
-    """A machine whose kernel ran `_start` to the idle `hlt` on this thread: IDT, tasks and scheduler set up."""
-    machine = Machine(IMAGE, pace=pace)
-    for _ in range(100):
-        if machine.cpu.run() is Stop.HALT:
-            # place call()'s stack now, before a tracer allocates: the idle task's saved %rsp points into it
-            machine.call("kgtp_bench_loop", 0)
-            return machine
-    raise AssertionError("the kernel did not reach its idle loop")
+def booted(pace: int = PACE, cpus: int = 1) -> Machine:
+    """A machine whose kernel ran `_start` to the idle `hlt` on this thread, and then each other CPU from where
+    the boot CPU started it to its own idle `hlt`: IDT, tasks, run queues and scheduler set up."""
+    machine = Machine(IMAGE, pace=pace, cpus=cpus)
+    halted: set[int] = set()
+    for _ in range(1000):  # CPUs take turns as the machine's loop gives them (a CPU waiting for another yields)
+        for cpu in range(cpus):
+            if cpu in halted or machine.cpu_states()[cpu].state == "offline":
+                continue
+            machine.on_cpu(cpu, lambda uc: None)
+            if machine.cpu.run() is Stop.HALT:
+                halted.add(cpu)
+        if len(halted) == cpus:
+            break
+    else:
+        raise AssertionError(f"CPUs {sorted(set(range(cpus)) - halted)} did not reach their idle loop")
+    machine.on_cpu(0, lambda uc: None)
+    # place call()'s stack now, before a tracer allocates: the idle task's saved %rsp points into it
+    machine.call("kgtp_bench_loop", 0)
+    return machine
 
 
-def cpu0_area(machine: Machine) -> bytes:
-    """CPU 0's per-CPU area without what comes from the clock (its run queue's clock and the time it charged)."""
+def cpu_area(machine: Machine, cpu: int) -> bytes:
+    """A CPU's per-CPU area without what comes from the clock (its run queue's clock and the time it charged)."""
     address, array = DWARF.global_variable("cpu_data")
     area = array.target
-    raw = bytearray(machine.read_memory(address, area.size))
+    raw = bytearray(machine.read_memory(address + cpu * area.size, area.size))
     rq_offset, rq = area.member("rq")
     for name in ("clock", "exec_charged"):
         offset, field = rq.member(name)
@@ -87,10 +98,11 @@ def cpu0_area(machine: Machine) -> bytes:
 
 def kernel_state(machine: Machine) -> dict[str, object]:
     state: dict[str, object] = {name: machine.read_symbol(name) for name in COUNTERS}
-    state["cpu_data"] = cpu0_area(machine)
+    for cpu in range(machine.cpu_count):
+        state[f"cpu_data{cpu}"] = cpu_area(machine, cpu)
     tasks = machine.read_memory(IMAGE.address_of("tasks"), IMAGE.symbols["tasks"].size)
     size = len(tasks) // 41  # NR_TASKS (include/kernel.h): CPU 0 has tasks 0..5, each other CPU 5 more
-    for i in range(5):
+    for i in range(5 + 5 * (machine.cpu_count - 1)):
         task = tasks[i * size : (i + 1) * size]
         # pid, comm, prio, state, wakeup | nvcsw, nivcsw, entry, thread.sp (exec_start/runtime come from the clock)
         state[f"task{i}"] = (task[:40], task[64:96])
@@ -102,21 +114,25 @@ def kernel_state(machine: Machine) -> dict[str, object]:
 
 
 def workload(machine: Machine, ticks: int = TICKS) -> dict[str, object]:
+    """Each tick, on every CPU in turn: its timer interrupt (its threads run, the scheduler switches) and the
+    benchmark's loop."""
     for _ in range(ticks):
-        machine.call("timer_interrupt", 0, max_instructions=20_000_000)
-        assert machine.call("kgtp_bench_loop", BENCH_CALLS) == BENCH_CALLS
+        for cpu in range(machine.cpu_count):
+            machine.on_cpu(cpu, lambda uc: None)
+            machine.call("timer_interrupt", 0, max_instructions=20_000_000)
+            assert machine.call("kgtp_bench_loop", BENCH_CALLS) == BENCH_CALLS
+    machine.on_cpu(0, lambda uc: None)
     return kernel_state(machine)
 
 
-REFERENCE = None
+REFERENCE: dict[int, dict[str, object]] = {}
 
 
-def reference_state() -> dict[str, object]:
-    global REFERENCE
-    if REFERENCE is None:
-        REFERENCE = workload(booted())
-        assert REFERENCE == workload(booted()), "the workload itself is not deterministic"
-    return REFERENCE
+def reference_state(cpus: int = 1) -> dict[str, object]:
+    if cpus not in REFERENCE:
+        REFERENCE[cpus] = workload(booted(cpus=cpus))
+        assert REFERENCE[cpus] == workload(booted(cpus=cpus)), "the workload itself is not deterministic"
+    return REFERENCE[cpus]
 
 
 def window(engine: str, address: int) -> tuple[int, int] | None:
@@ -158,8 +174,8 @@ class Traced:
     running: bool
 
 
-def traced_workload(engine: str, addresses: list[int], actions: bytes = b"") -> Traced:
-    machine = booted()
+def traced_workload(engine: str, addresses: list[int], actions: bytes = b"", cpus: int = 1) -> Traced:
+    machine = booted(cpus=cpus)
     tracer = Tracer(machine, engine)
     tracer.definitions.circular = True  # keep every probe firing however many frames the workload makes
     for number, address in enumerate(addresses, 1):
@@ -250,6 +266,24 @@ def test_jump_probes_on_every_instruction_leave_the_kernel_computing_the_same(en
     # every instruction ran exactly as often under a jump as under an int3
     assert set(hits) == set(swept) - set(refused)
     assert hits == {address: interp_hits[address] for address in hits}
+
+
+@pytest.mark.parametrize("engine", ["interp", "opt"])
+def test_probes_on_every_hot_instruction_with_two_cpus_leave_the_kernel_computing_the_same(engine):
+    """The sweep on a two-CPU kernel, both CPUs taking their ticks and running the loop through the same
+    probes: per-CPU run queues, the IPIs and spinlocks of the SMP kernel's hot paths compute as unprobed, and
+    every instruction fires as often as without the second CPU, twice over where both CPUs run it alike."""
+    swept = [address for name in HOT + ("kgtp_test_function",) for address in instructions(name)]
+    rounds, _ = rounds_of_disjoint_windows(engine, swept)
+    reference = reference_state(cpus=2)
+    hits: dict[int, int] = {}
+    for addresses in rounds:
+        run = traced_workload(engine, addresses, cpus=2)
+        assert run.running
+        assert run.state == reference, [k for k in reference if run.state[k] != reference[k]]
+        hits.update(run.hits)
+    loop = IMAGE.address_of("kgtp_test_function")
+    assert hits[loop] == 2 * TICKS * (PACE + BENCH_CALLS)  # both CPUs' threads and the benchmark loop on each
 
 
 # ---- known bugs --------------------------------------------------------------------------------------------
