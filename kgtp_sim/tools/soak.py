@@ -136,12 +136,14 @@ def _first(items: Iterable[str], limit: int = 3) -> str:
     return "; ".join(items[:limit]) + more
 
 
-def check_samples(samples: Sequence[Sample], buffer_size: int, limits: Limits = Limits()) -> list[Check]:
+def check_samples(samples: Sequence[Sample], buffer_size: int, limits: Limits = Limits(),
+                  cpus: int = 1) -> list[Check]:
     """The invariants that must hold at every sample and between consecutive samples.
 
-    Buffer accounting is checked against what this stub's qTStatus means: `tsize` is the ring's size, `tfree`
-    what no entry holds (so `tsize - tfree` is the bytes of whole entries: 8-byte multiples, each at least a
-    header and a frame header, none more than half the ring, plus at most one padding entry at the ring's end).
+    Buffer accounting is checked against what this stub's qTStatus means, summed over the CPUs' rings as KGTP
+    sums its per-CPU buffers: `tsize` is every ring's size (`buffer_size` each), `tfree` what no entry holds (so
+    `tsize - tfree` is the bytes of whole entries: 8-byte multiples, each at least a header and a frame header,
+    none more than half its ring, plus at most one padding entry at each ring's end).
     """
     checks: list[Check] = []
     good = [s for s in samples if s.status_error is None and s.created is not None]
@@ -178,15 +180,15 @@ def check_samples(samples: Sequence[Sample], buffer_size: int, limits: Limits = 
         assert s.frames is not None and s.free is not None and s.size is not None
         used = s.size - s.free
         where = f"t={s.elapsed_s:.0f}s (tframes {s.frames}, tfree {s.free}, tsize {s.size})"
-        if s.size != buffer_size:
-            accounting.append(f"{where}: tsize is not the {buffer_size} bytes asked for")
+        if s.size != buffer_size * cpus:
+            accounting.append(f"{where}: tsize is not the {buffer_size} bytes asked for, times {cpus} CPUs")
         elif not 0 <= s.free <= s.size:
             accounting.append(f"{where}: tfree outside 0..tsize")
         elif used % ENTRY_ALIGNMENT:
             accounting.append(f"{where}: used bytes {used} not a multiple of {ENTRY_ALIGNMENT}")
         elif used < s.frames * MIN_ENTRY_BYTES:
             accounting.append(f"{where}: {s.frames} frames cannot fit in {used} bytes")
-        elif used > (s.frames + 1) * half:
+        elif used > (s.frames + cpus) * half:
             accounting.append(f"{where}: {used} bytes is more than {s.frames} frames can take")
     checks.append(Check("buffer accounting (tfree, tsize, tframes agree)", not accounting,
                         _first(accounting) if accounting else "consistent at every sample"))
@@ -587,7 +589,7 @@ def take_sample(client: RspClient, pid: int, elapsed: float, tracepoints: dict[i
     return sample
 
 
-def throughput(samples: Sequence[Sample], buffer_size: int) -> dict[str, float]:
+def throughput(samples: Sequence[Sample], buffer_size: int, cpus: int = 1) -> dict[str, float]:
     """Rates between the first and last sample; wraps from the bytes the tracepoints wrote (qTP usage)."""
     good = [s for s in samples if s.created is not None]
     out: dict[str, float] = {}
@@ -605,7 +607,7 @@ def throughput(samples: Sequence[Sample], buffer_size: int) -> dict[str, float]:
         last = good[-1]
         out["frames_created"] = float(last.created or 0)
         out["bytes_written"] = float(sum(last.usage.values()))
-        out["wraps"] = out["bytes_written"] / buffer_size
+        out["wraps"] = out["bytes_written"] / (buffer_size * cpus)  # laps of the CPUs' rings, on average
         post = [s.frames for s in good if s.created and s.frames is not None and s.created > s.frames]
         if post:
             out["tframes_min"], out["tframes_median"], out["tframes_max"] = (
@@ -665,12 +667,13 @@ def run_soak(config: SoakConfig, progress: Callable[[str], None] = print) -> Soa
     log = [line.rstrip("\n") for line in stub.output]
     memory = memory_figures(samples, config.duration_s, config.warmup_s)
     errors = [line for line in log if " ERROR " in line or "Traceback" in line]
-    all_checks = (check_samples(samples, config.buffer_size, config.limits) + check_memory(memory, config.limits)
+    all_checks = (check_samples(samples, config.buffer_size, config.limits, config.cpus)
+                  + check_memory(memory, config.limits)
                   + checks + [Check("stub alive to the end, no errors logged", alive and not errors,
                                     _first(errors) if errors else ("alive" if alive else "the stub exited"))])
     tracepoints = [{"number": n, "address": hex(a), "name": specs[n - 1].name, "command": specs[n - 1].command,
                     "actions": list(specs[n - 1].actions)} for n, a in sorted(addresses.items())]
-    return SoakResult(config, tracepoints, samples, memory, throughput(samples, config.buffer_size), final,
+    return SoakResult(config, tracepoints, samples, memory, throughput(samples, config.buffer_size, config.cpus), final,
                       all_checks, log[-STUB_LOG_LINES:], time.monotonic() - started)
 
 

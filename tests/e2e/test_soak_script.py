@@ -165,9 +165,7 @@ def test_a_short_soak_passes_every_invariant(tmp_path):
     figures = tmp_path / "soak.json"
     command = [sys.executable, "-m", "kgtp_sim.tools.soak", "--seconds", "15", "--sample-seconds", "2",
                "--engine", "interp", "--rss-slope-limit", "60", "--gdb", GDB_CLIENTS[0].path, "--json", str(figures),
-               # one CPU until frames carry the CPU that hit (the ring records CPU 0 for every frame): the kernel runs
-               # a kgtp_bench/N on every CPU, and consecutive values are checked per CPU
-               "--cpus", "1"]
+               "--cpus", "2"]  # a kgtp_bench/N on each CPU, per-CPU rings: values and sequences checked per CPU
     # above the tool's own limits (stub start, GDB/MI, GDB batch), so a hang is reported by the tool, with its log
     result = subprocess.run(command, capture_output=True, text=True, timeout=420, cwd=ROOT)
     assert figures.exists(), result.stdout + result.stderr
@@ -177,6 +175,7 @@ def test_a_short_soak_passes_every_invariant(tmp_path):
     assert len(data["samples"]) >= 7 and data["throughput"]["wraps"] > 10
     assert data["final"]["frames_walked"] == int(data["final"]["status_after_stop"]["frames"]) > 0
     assert "PASS  tfind walks exactly tframes frames" in result.stdout
+    assert data["config"]["cpus"] == 2 and "FAIL" not in result.stdout
 
 
 def test_check_names_are_unique():
