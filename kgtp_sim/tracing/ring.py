@@ -47,7 +47,9 @@ CTL_CIRCULAR = 0x30
 CTL_FULL = 0x38
 #: Kept by every writer for the detours' short path (`detour.py`, lean frames): the address of the byte at
 #: `head`, and the logical position up to which an entry fits with no padding and no eviction,
-#: min(tail + size, the end of head's lap).
+#: min(tail + size, the end of head's lap). When an entry ends exactly at the end of a lap the native writers
+#: leave CTL_PHYS at `base + size` (one add, no wrap on the hot path): CTL_LIMIT is then `head` itself, so no
+#: entry is placed by it, and whatever raises the limit (the slow path, `consume`) writes both fields again.
 CTL_PHYS = 0x40
 CTL_LIMIT = 0x48
 #: A circular ring that must evict frees this much more than the entry needs (or empties), as KGTP's ring
