@@ -92,6 +92,19 @@ def wait_for_hits(number: int | str, hits: int = 1, *, more: bool = False, timeo
                      f"tracepoint {number} was not hit {hits} times in {timeout} s", timeout)
 
 
+def wait_until(condition, what: str, timeout: float = 60.0):
+    """Poll `condition()` (in this process) until it is true, and return its value; fail naming `what` after
+    `timeout` seconds. For tests that wait for an event of the running machine, never for a time window."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
 def wait_for_trace_stop(timeout: float = 30) -> tuple[str, ...]:
     """GDB commands that wait until the trace run stopped by itself (an error, a pass count, a full buffer)."""
     return _gdb_wait((), "'Trace is running' not in status", f"the trace run did not stop in {timeout} s", timeout)

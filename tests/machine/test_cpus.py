@@ -16,20 +16,9 @@ from kgtp_sim.machine import KernelImage, Machine, smp
 from kgtp_sim.stub.machine_monitor import register_machine_commands
 from kgtp_sim.stub.monitor import Monitor
 
-from ..conftest import VMLINUX
+from ..conftest import VMLINUX, wait_until
 
 IMAGE = KernelImage.load(VMLINUX)
-
-
-def wait_for(condition, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 def text_slack(image: KernelImage, length: int) -> int:
@@ -94,11 +83,11 @@ def test_a_started_cpu_runs_beside_the_kernel(yields):
         # maxcpus=1: the kernel leaves CPU 1 to the test
         machine.write_memory(IMAGE.address_of("setup_max_cpus"), (1).to_bytes(4, "little"))
         machine.start()
-        wait_for(lambda: machine.read_symbol("jiffies") >= 2, "the kernel's first ticks")
+        wait_until(lambda: machine.read_symbol("jiffies") >= 2, "the kernel's first ticks")
         start_cpu(machine, 1, entry)
         jiffies = machine.read_symbol("jiffies")
-        wait_for(lambda: int.from_bytes(machine.read_memory(data, 8), "little") > 10_000, "CPU 1 counting")
-        wait_for(lambda: machine.read_symbol("jiffies") >= jiffies + 5, "CPU 0's ticks meanwhile")
+        wait_until(lambda: int.from_bytes(machine.read_memory(data, 8), "little") > 10_000, "CPU 1 counting")
+        wait_until(lambda: machine.read_symbol("jiffies") >= jiffies + 5, "CPU 0's ticks meanwhile")
         assert int.from_bytes(machine.read_memory(data + 8, 4), "little") == 1  # %gs:8 on CPU 1
         stats = machine.stats(count=False)
         assert stats.cpus_online == 2 and stats.cpu_switches > 0

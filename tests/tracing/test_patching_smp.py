@@ -8,8 +8,6 @@ crashed the machine, panicked the kernel, or lost or doubled an increment.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from kgtp_sim.agent.opcodes import assemble
@@ -18,7 +16,7 @@ from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.tracing import Tracer
 from kgtp_sim.view.dwarf import KernelDwarf
 
-from ..conftest import VMLINUX
+from ..conftest import VMLINUX, wait_until
 
 IMAGE = KernelImage.load(VMLINUX)
 SITE = IMAGE.address_of("kgtp_test_function")
@@ -42,17 +40,6 @@ def bench_calls_offsets() -> tuple[int, int]:
 CPU_DATA, BENCH_CALLS, CPU_DATA_SIZE = bench_calls_offsets()
 
 
-def wait_for(condition, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
 def calls(machine: Machine, cpu: int) -> int:
     return int.from_bytes(machine.read_memory(CPU_DATA + cpu * CPU_DATA_SIZE + BENCH_CALLS, 8), "little")
 
@@ -71,8 +58,8 @@ def consistent(machine: Machine, cpus: int) -> bool:
 def test_probes_toggled_thousands_of_times_under_full_load_change_nothing(engine, cpus):
     with Machine(IMAGE, cpus=cpus, pace=300) as machine:
         machine.start()
-        wait_for(lambda: machine.stats(count=False).cpus_online == cpus, "every CPU online")
-        wait_for(lambda: all(calls(machine, cpu) > 1000 for cpu in range(cpus)), "every CPU's workload running")
+        wait_until(lambda: machine.stats(count=False).cpus_online == cpus, "every CPU online")
+        wait_until(lambda: all(calls(machine, cpu) > 1000 for cpu in range(cpus)), "every CPU's workload running")
         tracer = Tracer(machine, engine)
         tracer.definitions.circular = True
         tracer.definitions.buffer_size = 0x10000
@@ -92,7 +79,7 @@ def test_probes_toggled_thousands_of_times_under_full_load_change_nothing(engine
         tracer.stop(t.StopReason.STOP_COMMAND)
         assert machine.read_memory(SITE, 8) == IMAGE.read_code(SITE, 8)
         machine.set_pace(0)  # quiet: each CPU's thread finishes the calls it counted, then makes none
-        wait_for(lambda: consistent(machine, cpus), "kgtp_counter to equal the calls every CPU made")
+        wait_until(lambda: consistent(machine, cpus), "kgtp_counter to equal the calls every CPU made")
         stats = machine.stats(count=False)
         assert stats.state in ("running", "idle"), stats.state
         assert "panic" not in machine.console_text().lower()
