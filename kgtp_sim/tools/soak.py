@@ -481,8 +481,10 @@ def final_walk(gdb: str, stub: StubProcess, specs: Sequence[TracepointSpec], add
         value_problems = check_frame_values(walked, specs, figures.final_jiffies)
         checks.append(Check("collected values sane and consecutive", not value_problems and bool(walked),
                             _first(value_problems) if value_problems else
-                            ", ".join(f"tp{tp}: {n}" for tp, n in sorted(figures.frames_by_tracepoint.items()))
-                            or "no frames to check"))
+                            (", ".join(f"tp{tp}: {n}" for tp, n in sorted(figures.frames_by_tracepoint.items()))
+                             + "; by CPU " + ", ".join(f"{cpu}: {n}" for cpu, n in sorted(
+                                 collections.Counter(f.cpu for f in walked).items())))
+                            if walked else "no frames to check"))
 
         dump_problems: list[str] = []
         samples = sorted({0, frames - 1, *range(0, frames, max(1, frames // 20))}) if frames > 0 else []
