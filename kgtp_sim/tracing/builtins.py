@@ -496,18 +496,45 @@ def expand_bt(actions: list, tsv_slots: int, verify) -> list:
 
 def runs_natively(tracer: Tracer, programs, native_builtins: tuple[str, ...]) -> bool:
     """Can a compiled detour run this location? Not when it reads a variable only Python computes or writes one
-    only Python carries out, nor when it uses a per-CPU variable (the compiled code's one array of variables has
-    no per-CPU copies), nor in a run that times its hits for `$cooked_*` (the Python hit path times every hit)."""
+    only Python carries out, nor in a run that times its hits for `$cooked_*` (the Python hit path times every
+    hit). Per-CPU variables run natively once their copies are in emulated memory (percpu.py)."""
     from .placement import builtin_slots
 
     if tracer.kgtp.cooked:
         return False
-    if any(number in tracer.per_cpu for p in programs for _, number in _variable_ops(p)):
-        return False  # a per-CPU variable: its copy depends on the hitting CPU (percpu.py)
+    per_cpu = {number for p in programs for _, number in _variable_ops(p) if number in tracer.per_cpu}
+    if per_cpu and not tracer.per_cpu.attached:
+        return False  # a per-CPU variable without copies in emulated memory
+    if len({tracer.per_cpu.names[number].base for number in per_cpu}) < len(per_cpu):
+        return False  # two names of one variable's copies (`$p_x`, `$p_x1`): only Python sees them alias
     if any(op == "setv" and getattr(_BY_NUMBER.get(n), "assign", None) for p in programs
            for op, n in _variable_ops(p)):
         return False  # a write Python carries out ($watch_start ...)
     return all(kind in native_builtins for _, kind in builtin_slots(programs))
+
+
+def percpu_slots(tracer: Tracer, programs) -> tuple[tuple[int, str], ...]:
+    """The per-CPU variables a location reads or writes, as refresh entries: `percpu_local ADDR` (the copies of
+    the base name, CPU 0's at ADDR, the hitting CPU's at ADDR + 8 * cpu) or `percpu_cpu ADDR` (the copy of the
+    CPU the name gives), `_w` appended to the ones it writes. The detour loads them at entry and stores the
+    written ones back at its end (a location naming one variable's copies twice runs in Python: runs_natively)."""
+    ops = [(op, number) for p in programs for op, number in _variable_ops(p) if number in tracer.per_cpu]
+    written = {number for op, number in ops if op == "setv"}
+    out = []
+    for number in sorted({number for _, number in ops}):
+        kind = "percpu_local" if tracer.per_cpu.names[number].cpu is None else "percpu_cpu"
+        out.append((number, f"{kind}{'_w' if number in written else ''} {tracer.per_cpu.copy_address(number):#x}"))
+    return tuple(out)
+
+
+def percpu_store_asm(number: int, kind: str) -> list[str]:
+    """AT&T lines storing slot `number` of the variable array `(%rsi)` back into its per-CPU copy (kinds of
+    `percpu_slots`). May clobber rax, rcx, rdx."""
+    name, address = kind.split()
+    lines = [f"mov {8 * number:#x}(%rsi), %rdx", f"movabs ${int(address, 16):#x}, %rcx"]
+    if name.startswith("percpu_local"):
+        return lines + [f"movl %gs:{smp.PERCPU_CPU_NUMBER:#x}, %eax", "mov %rdx, (%rcx,%rax,8)"]
+    return lines + ["mov %rdx, (%rcx)"]
 
 
 def native_slots(tracer: Tracer, slots: tuple[tuple[int, str], ...]) -> tuple[tuple[int, str], ...]:
@@ -540,6 +567,13 @@ def native_refresh_asm(number: int, kind: str) -> list[str]:
         return [f"movq ${args[0] if args else CPU_NUMBER:#x}, {slot}"]
     if name == "gtp_version":
         return [f"movq ${GTP_VERSION:#x}, {slot}"]
+    if name.startswith("percpu_"):  # the hitting CPU's copy, or the named CPU's (percpu_slots)
+        lines = [f"movabs ${args[0]:#x}, %rcx"]
+        if name.startswith("percpu_local"):
+            lines += [f"movl %gs:{smp.PERCPU_CPU_NUMBER:#x}, %eax", "mov (%rcx,%rax,8), %rcx"]
+        else:
+            lines.append("mov (%rcx), %rcx")
+        return lines + [f"mov %rcx, {slot}"]
     if name in ("current_task", "current_task_pid"):
         lines = [f"mov %gs:{smp.PERCPU_CURRENT_TASK:#x}, %rax"]  # `current`, as the kernel reads it
         if name == "current_task_pid":

@@ -26,7 +26,7 @@ from ..agent import abi
 from ..agent.asm import assemble_text
 from ..agent.errors import ErrorCode
 from ..arch import amd64
-from .builtins import native_refresh_asm
+from .builtins import native_refresh_asm, percpu_store_asm
 from .frames import ALL_GENERAL, COMPACT_HEADER, FRAME_HEADER
 from .probes import decode
 from ..machine.smp import PERCPU_CPU_NUMBER
@@ -174,6 +174,18 @@ def _builtins(plan: DetourPlan) -> list[str]:
         lines += native_refresh_asm(number, kind)
     if lines:
         lines = ["mov (%rsi), %rsi"] + lines + [f"movabs ${plan.ctx:#x}, %rsi"]
+    return lines
+
+
+def _percpu_store(plan: DetourPlan) -> list[str]:
+    """At the detour's end, every path: the per-CPU variables the hit used go back to the hitting CPU's copies
+    (loaded at entry by `_builtins`; percpu.py)."""
+    lines = []
+    for number, kind in plan.builtin_slots:
+        if kind.startswith("percpu_") and kind.split()[0].endswith("_w"):
+            lines += percpu_store_asm(number, kind)
+    if lines:
+        lines = [f"movabs ${plan.ctx:#x}, %rsi", "mov (%rsi), %rsi"] + lines
     return lines
 
 
@@ -342,7 +354,7 @@ def build(plan: DetourPlan, base: int) -> Detour:
         "full_call:",
         "int3",
         "done:",
-    ] + _restore_block()
+    ] + _percpu_store(plan) + _restore_block()
     lines.append(_to_tail(plan) if plan.fast is not None else "detour_tail:")
     code = assemble("\n".join(lines), base)
     entry = base + DATA_PAGE

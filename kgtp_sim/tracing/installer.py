@@ -24,7 +24,7 @@ from ..agent.errors import ErrorCode, EvalError
 from ..agent.verify import verify
 from ..arch import amd64
 from . import model as t
-from .builtins import native_slots, runs_natively
+from .builtins import native_slots, percpu_slots, runs_natively
 from .detour import COUNTERS
 from .frames import StaticBlock, encode_block
 from .hits import HitContext, interpreted_hit
@@ -158,7 +158,8 @@ class ProbeSet:
         native = self.tracer.native
         assert native is not None
         tp = item.tracepoint
-        slots = native_slots(self.tracer, builtin_slots(item.programs()))
+        slots = native_slots(self.tracer, builtin_slots(item.programs())) + percpu_slots(self.tracer,
+                                                                                         item.programs())
         probe = native.build(
             item.site, tp.number, item.condition, item.actions, tp.pass_count, slots,
             lambda code: verify(code), marker=item.marker,

@@ -17,12 +17,17 @@ The rules are KGTP's (gtp.c, gtp_gdbrsp_qtdv and gtp_var_get_pc):
 - GDB reading a variable outside a frame (qTV) reads the copy it names, or for the local form the copy of the CPU
   loaded in the machine (KGTP: of the CPU the reading process runs on).
 
-The compiled engines keep one array of variables shared by every CPU; a location that reads or writes a per-CPU
-variable runs on the Python hit path in every engine (`builtins.runs_natively`), where the hitting CPU is known.
+Where the copies live. In an interpreting run, here. In a compiled run, in emulated memory (`attach`): copy `cpu`
+of the i-th base name at `address + 8 * (i * cpus + cpu)`, so detours read and write them natively: a detour of a
+location using per-CPU variables loads the hitting CPU's copies (`%gs:0x8`) into the run's shared array of
+variables when it starts and stores them back when it ends (`builtins.native_refresh_asm`, `detour.build`); the
+stub's code is never interleaved between CPUs (docs/DESIGN.md, Several CPUs), so the shared slots are the
+hitting CPU's for the whole hit. The Python hit path reads and writes the same memory.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 PREFIXES = ("p_", "per_cpu_")
@@ -55,11 +60,13 @@ class PerCpuVariables:
     def __init__(self, cpus: int) -> None:
         self.cpus = cpus
         self.names: dict[int, PerCpuName] = {}  # variable number -> its per-CPU name
-        self.copies: dict[str, list[int]] = {}  # base name -> one value per CPU
+        self.copies: dict[str, list[int]] = {}  # base name -> one value per CPU (before `attach`)
+        self._memory = None  # the emulated memory holding the copies of a compiled run (`attach`)
+        self._address = 0
 
     def define(self, variables) -> None:
         """At tstart: the per-CPU variables among `variables` (number -> TraceVariable), copies reset."""
-        self.names, self.copies = {}, {}
+        self.names, self.copies, self._memory = {}, {}, None
         for number in sorted(variables):
             variable = variables[number]
             if variable.builtin or not variable.name:
@@ -83,15 +90,51 @@ class PerCpuVariables:
     def __contains__(self, number: int) -> bool:
         return number in self.names
 
-    def _slot(self, number: int, cpu: int) -> tuple[list[int], int]:
+    def size(self) -> int:
+        """Bytes the copies take in emulated memory."""
+        return 8 * len(self.copies) * self.cpus
+
+    def attach(self, memory, address: int) -> None:
+        """From now on keep the copies at `address` in `memory` (read/write of emulated memory), starting with
+        their values so far."""
+        self._memory, self._address = memory, address
+        values = [value for base in self.copies for value in self.copies[base]]
+        memory.write(address, struct.pack(f"<{len(values)}q", *values))
+
+    @property
+    def attached(self) -> bool:
+        return self._memory is not None
+
+    def copy_address(self, number: int, cpu: int = 0) -> int:
+        """Where variable `number`'s copy for `cpu` is (for the local form, `cpu`'s; for a form naming a CPU,
+        that CPU's whatever `cpu` is). Only once attached."""
         name = self.names[number]
-        return self.copies[name.base], name.cpu if name.cpu is not None else cpu
+        index = list(self.copies).index(name.base)
+        return self._address + 8 * (index * self.cpus + (name.cpu if name.cpu is not None else cpu))
+
+    def values(self, base: str) -> list[int]:
+        """Every CPU's copy of the variables named `base`."""
+        if self._memory is None:
+            return list(self.copies[base])
+        number = next(n for n, name in self.names.items() if name.base == base)
+        start = self.copy_address(number, 0) - 8 * (self.names[number].cpu or 0)
+        return list(struct.unpack(f"<{self.cpus}q", self._memory.read(start, 8 * self.cpus)))
 
     def get(self, number: int, cpu: int) -> int:
-        copies, index = self._slot(number, cpu)
-        return copies[index] if index < len(copies) else 0
+        name = self.names[number]
+        index = name.cpu if name.cpu is not None else cpu
+        if index >= self.cpus:
+            return 0
+        if self._memory is not None:
+            return struct.unpack("<q", self._memory.read(self.copy_address(number, index), 8))[0]
+        return self.copies[name.base][index]
 
     def set(self, number: int, cpu: int, value: int) -> None:
-        copies, index = self._slot(number, cpu)
-        if index < len(copies):
-            copies[index] = value
+        name = self.names[number]
+        index = name.cpu if name.cpu is not None else cpu
+        if index >= self.cpus:
+            return
+        if self._memory is not None:
+            self._memory.write(self.copy_address(number, index), struct.pack("<Q", value & (2**64 - 1)))
+        else:
+            self.copies[name.base][index] = value

@@ -36,7 +36,7 @@ from .placement import prepare, resolve_overlaps
 from .percpu import PerCpuVariables
 from .printk import attach
 from .retire import RetiredCode
-from .ring import BLOCKS_AT, CONTROL_BYTES, Rings
+from .ring import BLOCKS_AT, Rings
 from .sdata import render
 from .watch import Watches
 
@@ -261,6 +261,8 @@ class Tracer:
         slots = max(self.definitions.variables, default=0) + 1
         self.native = CompiledRun(self.machine, self.engine, self.ring.ctl, slots, self.machine.cpu_count)
         self.native.reset(self.values)
+        if self.per_cpu.copies:  # per-CPU copies where the detours reach them (percpu.py)
+            self.per_cpu.attach(MachineMemory(self.machine), self.machine.alloc_data(self.per_cpu.size()))
 
     def stop(self, reason: StopReason, note: str | None = None, tracepoint: int = 0) -> None:
         """End the run (tstop, passcount, error, full buffer, disconnect). Probes go; frames stay."""

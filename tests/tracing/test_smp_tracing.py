@@ -221,11 +221,13 @@ def test_per_cpu_variables_count_each_cpu_and_name_another_cpus_copy(engine):
     _alternate(machine, 4, calls=3)  # 6 hits on each CPU
     frames = tracer.frames()
     values = {number: tracer.variable_value(number) for number in (zero, one)}
-    copies = list(tracer.per_cpu.copies["per_cpu_seen"])
+    copies = tracer.per_cpu.values("per_cpu_seen")
+    compiled = [item.native is not None for item in tracer.probes.installed.values()]
     machine.on_cpu(1, lambda uc: None)
     local_on_one = tracer.variable_value(hits)  # GDB's qTV of the local form: the loaded CPU's copy
     machine.on_cpu(0, lambda uc: None)
     tracer.stop(t.StopReason.STOP_COMMAND)
+    assert compiled == [False]  # one variable's copies under three names: only the Python path sees them alias
     assert values == {zero: 6, one: 1006}
     assert copies == [6, 56]
     assert local_on_one == 1006 and tracer.variable_value(hits) == 6
@@ -238,6 +240,36 @@ def test_per_cpu_variables_count_each_cpu_and_name_another_cpus_copy(engine):
         assert z <= 6 and 1000 <= o <= 1006
     assert by_cpu[1][0][1] == 3  # CPU 1's first hit read CPU 0's copy after CPU 0's first three hits
     assert by_cpu[0][3][2] == 1003  # CPU 0's fourth hit read CPU 1's copy after its three
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_per_cpu_variables_run_natively_in_the_compiled_engines(engine):
+    """Per-CPU variables of distinct names in a condition and an action: the compiled engines run the location
+    natively (each hit loads the hitting CPU's copies and stores back the ones it wrote) and every engine gives
+    the same frames and copies."""
+    machine = _machine()
+    tracer = Tracer(machine, engine)
+    hits, seen, other = USER, USER + 1, USER + 2
+    _variable(tracer, hits, "p_hits")
+    _variable(tracer, seen, "per_cpu_seen")
+    _variable(tracer, other, "p_other1", initial=7)  # CPU 1's copy, read on both CPUs
+    condition = assemble(f"getv {hits:#x}; const8 100; less_signed; end")
+    program = assemble(f"getv {hits:#x}; const8 1; add; setv {hits:#x}; pop; "
+                       f"getv {seen:#x}; const8 2; add; setv {seen:#x}; pop; "
+                       f"tracev {hits:#x}; tracev {other:#x}; tracev {CPU_ID:#x}; end")
+    _define(tracer, 1, SITE, t.EvalExpression(program), condition=condition)
+    tracer.start()
+    _alternate(machine, 4, calls=3)  # 6 hits on each CPU
+    native = [item.native is not None for item in tracer.probes.installed.values()]
+    frames = tracer.frames()
+    copies = {base: tracer.per_cpu.values(base) for base in ("p_hits", "per_cpu_seen", "p_other")}
+    tracer.stop(t.StopReason.STOP_COMMAND)
+    assert native == [engine != "interp"]
+    assert copies == {"p_hits": [6, 6], "per_cpu_seen": [12, 12], "p_other": [0, 7]}
+    for cpu in (0, 1):
+        mine = [frame for frame in frames if _tsv(frame, CPU_ID) == cpu]
+        assert [_tsv(frame, hits) for frame in mine] == [1, 2, 3, 4, 5, 6]
+        assert {_tsv(frame, other) for frame in mine} == {7}
 
 
 def test_per_cpu_variable_of_a_missing_cpu_is_refused():
