@@ -62,3 +62,31 @@ def test_frames_of_every_online_cpu_with_their_cpu_id(gdb, smp_stub):
         assert set(ids) >= {0, 1}, out
     else:
         assert set(ids) == {0}, out
+
+
+def test_a_per_cpu_variable_counts_each_cpus_hits(gdb, smp_stub):
+    """KGTP's `$p_` variable: `teval $p_hits = $p_hits + 1` counts on the hitting CPU's copy (natively, in the
+    default optimizing engine), so each CPU's frames carry 1, 2, 3, ... of their own."""
+    out = run_gdb(
+        gdb, smp_stub, "delete",  # the tracepoints GDB uploaded from the module's earlier session
+        "tvariable $p_hits", "trace kgtp_test_function", "actions",
+        "teval $p_hits = $p_hits + 1", "collect $cpu_id, $p_hits", "end",
+        "tstart", *wait_for_hits("$tpnum", 400), "tstop",
+        "python",
+        "pairs = []",
+        "gdb.execute('tfind start', to_string=True)",
+        "while int(gdb.parse_and_eval('$trace_frame')) >= 0:",
+        "    pairs.append('%d:%d' % (int(gdb.parse_and_eval('$cpu_id')), int(gdb.parse_and_eval('$p_hits'))))",
+        "    gdb.execute('tfind', to_string=True)",
+        "print('PAIRS', ' '.join(pairs))",
+        "end",
+        "monitor probes", "tfind none", "delete", "tstatus",
+    )
+    pairs = [tuple(map(int, pair.split(":"))) for pair in re.search(r"^PAIRS ?(.*)$", out, re.M).group(1).split()]
+    assert len(pairs) >= 400, out
+    by_cpu: dict[int, list[int]] = {}
+    for cpu, hits in pairs:
+        by_cpu.setdefault(cpu, []).append(hits)
+    for cpu, counts in by_cpu.items():
+        assert counts == list(range(1, len(counts) + 1)), (cpu, counts[:20], out)
+    assert re.search(r"^\s*\d+\s+0x[0-9a-f]+\s+jump\s", out, re.M), out  # compiled: a jump to its detour
