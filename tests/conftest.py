@@ -56,6 +56,16 @@ def fresh_stub():
     server.stop()
 
 
+@pytest.fixture
+def one_cpu_stub():
+    """A stub of its own with one CPU: one workload thread, so consecutive frames of kgtp_test_function are
+    consecutive calls of one loop (on more CPUs each CPU's kgtp_bench/N calls it with its own counters, and
+    kgtp_counter counts them all)."""
+    server = start_stub(cpus=1)
+    yield server
+    server.stop()
+
+
 def _gdb_wait(setup: tuple[str, ...], done: str, failure: str, timeout: float) -> tuple[str, ...]:
     """GDB Python that polls until the expression `done` holds (the trace status text is `status`), or fails the
     script with `failure` after `timeout` seconds. `tstatus` also refreshes GDB's hit counts from the target."""

@@ -86,22 +86,7 @@ def comm_offset(path) -> int | None:
         log.info("no DWARF for task names: %s", error)
         return None
     try:
-        for name, path_to_task in (("cpu_data", ("element", "current_task", "target")), ("tasks", ("element",)),
-                                   ("current", ("target",))):
-            found = dwarf.global_variable(name)
-            if found is None:
-                continue
-            ctype = found[1]
-            try:
-                for step in path_to_task:
-                    ctype = ctype.target if step in ("element", "target") else ctype.member(step)[1]
-                    if ctype is None:
-                        break
-                else:
-                    return ctype.member("comm")[0]
-            except KeyError:
-                continue
-        return None
+        return dwarf.task_comm_offset()
     finally:
         dwarf.close()
 

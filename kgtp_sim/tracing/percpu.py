@@ -109,16 +109,17 @@ class PerCpuVariables:
         """Where variable `number`'s copy for `cpu` is (for the local form, `cpu`'s; for a form naming a CPU,
         that CPU's whatever `cpu` is). Only once attached."""
         name = self.names[number]
-        index = list(self.copies).index(name.base)
-        return self._address + 8 * (index * self.cpus + (name.cpu if name.cpu is not None else cpu))
+        return self._copies_of(name.base) + 8 * (name.cpu if name.cpu is not None else cpu)
+
+    def _copies_of(self, base: str) -> int:
+        """Where CPU 0's copy of the variables named `base` is; CPU k's follows at + 8 * k."""
+        return self._address + 8 * self.cpus * list(self.copies).index(base)
 
     def values(self, base: str) -> list[int]:
         """Every CPU's copy of the variables named `base`."""
         if self._memory is None:
             return list(self.copies[base])
-        number = next(n for n, name in self.names.items() if name.base == base)
-        start = self.copy_address(number, 0) - 8 * (self.names[number].cpu or 0)
-        return list(struct.unpack(f"<{self.cpus}q", self._memory.read(start, 8 * self.cpus)))
+        return list(struct.unpack(f"<{self.cpus}q", self._memory.read(self._copies_of(base), 8 * self.cpus)))
 
     def get(self, number: int, cpu: int) -> int:
         name = self.names[number]

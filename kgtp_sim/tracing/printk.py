@@ -420,15 +420,6 @@ def switch(tracer: Tracer, setter: t.Tracepoint | None, number: int, enable: boo
 # ---- $dump_stack ---------------------------------------------------------------------------------------------
 
 
-def _comm_offset(dwarf) -> int:
-    """Where task_struct.comm is, from the type of the per-CPU `current_task` (4 if the DWARF does not say)."""
-    found = dwarf.global_variable(smp.PER_CPU_SYMBOL)
-    try:
-        return found[1].target.member("current_task")[1].target.member("comm")[0]
-    except (AttributeError, KeyError, TypeError):
-        return 4
-
-
 def dump_stack(ctx, dwarf) -> None:
     """KGTP prints `CPU0 gtp 1 ffffffff81001110:` and then Linux's dump_stack() follows: the task, then the
     call trace, one `[<address>] function+offset/size` a line (here unwound with the kernel's CFI)."""
@@ -446,7 +437,7 @@ def dump_stack(ctx, dwarf) -> None:
     tp = hit.tracepoint
     task = ctx.current_task()
     pid = int.from_bytes(read(task, 4) or bytes(4), "little", signed=True)
-    comm_at = _comm_offset(dwarf)
+    comm_at = dwarf.task_comm_offset() or 4  # task_struct.comm
     comm = (read(task + comm_at, 16) or b"").split(b"\0", 1)[0].decode("latin-1")
     header = f"gtp {tp.number} {tp.address & _U64:016x}:" if tp is not None else f"gtp 0 {regs['rip']:016x}:"
     cpu = smp.cpu_number(ctx.uc)

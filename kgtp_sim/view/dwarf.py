@@ -180,6 +180,21 @@ class KernelDwarf:
         address, die = found
         return address, self.type_of(die)
 
+    def task_comm_offset(self) -> int | None:
+        """Offset of `comm` in the kernel's `struct task_struct`: through the per-CPU area's `current_task`, the
+        `tasks` array or the `current` pointer, whichever the kernel has (None: none of them)."""
+        for name, steps in (("cpu_data", ("target", "current_task", "target")), ("tasks", ("target",)),
+                            ("current", ("target",))):
+            found = self.global_variable(name)
+            ctype = found[1] if found is not None else None
+            try:
+                for step in steps:
+                    ctype = ctype.target if step == "target" else ctype.member(step)[1]
+                return ctype.member("comm")[0]
+            except (AttributeError, KeyError):
+                continue
+        return None
+
     def address_of(self, name: str) -> int | None:
         for start, _size, symbol in self._symbols:
             if symbol == name:

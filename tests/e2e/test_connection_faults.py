@@ -65,10 +65,8 @@ def stub():
 
 
 @pytest.fixture
-def fresh_stub():
-    server = start_stub(cpus=1)
-    yield server
-    server.stop()
+def fresh_stub(one_cpu_stub):
+    return one_cpu_stub
 
 
 KGTP_COUNTER = IMAGE.symbols["kgtp_counter"].address

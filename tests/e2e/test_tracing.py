@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from ..conftest import run_gdb, start_stub, wait_for_hits, wait_for_trace_stop
+from ..conftest import run_gdb, wait_for_hits, wait_for_trace_stop
 
 pytestmark = pytest.mark.gdb
 
@@ -23,14 +23,6 @@ def _frames_collected(out: str) -> int:
     match = re.search(r"Collected (\d+) trace frames?", out)
     assert match, out
     return int(match.group(1))
-
-
-@pytest.fixture
-def one_cpu_stub():
-    """One CPU: one workload thread, so consecutive frames are consecutive calls."""
-    server = start_stub(cpus=1)
-    yield server
-    server.stop()
 
 
 def test_condition_and_collections_match_the_kernel(gdb, one_cpu_stub):

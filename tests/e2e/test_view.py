@@ -34,14 +34,6 @@ def view_stub():
     server.stop()
 
 
-@pytest.fixture
-def one_cpu_stub():
-    """One CPU: one workload thread, so frames in the follow channel come in one sequence."""
-    server = start_stub(cpus=1)
-    yield server
-    server.stop()
-
-
 def follow_port(stub) -> int:
     for line in stub.output:
         match = re.search(r"follow channel \(read-only\) on [\d.]+:(\d+)", line)
