@@ -22,7 +22,7 @@ from kgtp_sim.client.paths import VMLINUX
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.tracing import Tracer
-from kgtp_sim.tracing.probes import plan_probe
+from kgtp_sim.tracing.patching.probes import plan_probe
 
 from .record import FIXTURE, load
 

@@ -11,7 +11,7 @@ import resource
 import statistics
 
 from kgtp_sim.rsp.packets import trace as t
-from kgtp_sim.tracing.probes import ProbePlacementError, decode, plan_probe
+from kgtp_sim.tracing.patching.probes import ProbePlacementError, decode, plan_probe
 
 from .runner import Bench, Config
 

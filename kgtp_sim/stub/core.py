@@ -13,7 +13,7 @@ from ..rsp.dispatch import E_MEMORY, E_PERMISSION, Binary, Deferred, Reply, RspE
 from ..rsp.packets import connect as c
 from ..rsp.packets import data as d
 from ..rsp.packets import replay as r
-from ..tracing.frames import StateView, ViewError
+from ..tracing.core.frames import StateView, ViewError
 from .replay import Replay
 from .threads import ThreadHandlers
 

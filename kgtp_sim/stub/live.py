@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..machine import Machine, MemoryFault
-from ..tracing.frames import ViewError
+from ..tracing.core.frames import ViewError
 
 _PAGE = 0x1000
 

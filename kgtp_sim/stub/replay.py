@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..tracing.builtins import STEP_ID
-from ..tracing.frames import FrameView, StateView, TraceFrame, ViewError
+from ..tracing.core.builtins import STEP_ID
+from ..tracing.core.frames import FrameView, StateView, TraceFrame, ViewError
 
 
 @dataclass

@@ -78,7 +78,7 @@ class TaskNames:
 def comm_offset(path) -> int | None:
     """Offset of `comm` in the kernel's `struct task_struct`, from its DWARF: through the per-CPU area's
     `current_task`, the `tasks` array or the `current` pointer, whichever the kernel has."""
-    from ..view.dwarf import KernelDwarf
+    from ..machine.dwarf import KernelDwarf
 
     try:
         dwarf = KernelDwarf(path)

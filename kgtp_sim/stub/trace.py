@@ -12,14 +12,14 @@ import logging
 from pathlib import Path
 from dataclasses import dataclass, field
 
+from ..arch import amd64
 from ..rsp.dispatch import E_TRACE, Binary, Reply, RspError, handles
 from ..rsp.packets import trace as t
 from ..tracing import TraceError
 from ..tracing.api import TracerApi
-from ..arch import amd64
-from ..tracing.frames import FrameView, TraceFrame
-from ..tracing.tfile import SavePathError, resolve_save_path, write_tfile
-from ..tracing.model import DEFAULT_BUFFER_SIZE, MAX_BUFFER_SIZE, MIN_BUFFER_SIZE, Definitions, VariableSpec
+from ..tracing.core.frames import FrameView, TraceFrame
+from ..tracing.core.model import DEFAULT_BUFFER_SIZE, MAX_BUFFER_SIZE, MIN_BUFFER_SIZE, Definitions, VariableSpec
+from ..tracing.core.tfile import SavePathError, resolve_save_path, write_tfile
 from .core import ViewHolder
 
 log = logging.getLogger(__name__)

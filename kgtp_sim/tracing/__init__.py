@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .model import TraceError
+from .core.model import TraceError
 
 if TYPE_CHECKING:
     from .tracer import Tracer

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..machine import Marker
-from .clock import Tsc
-from .frames import TraceFrame
-from .model import Definitions, ProbeRow, StopReason, Tracepoint, TraceStatus
+from .core.clock import Tsc
+from .core.frames import TraceFrame
+from .core.model import Definitions, ProbeRow, StopReason, Tracepoint, TraceStatus
 
 
 class TracerApi(Protocol):

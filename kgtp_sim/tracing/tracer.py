@@ -23,22 +23,23 @@ from unicorn.x86_const import UC_X86_REG_RIP
 from ..agent.errors import ErrorCode, EvalError
 from ..agent.verify import Program
 from ..machine import MODULE_BASE, MODULE_SIZE, Machine, Marker, smp
-from .builtins import BUILTIN_VARIABLES, EINVAL, IGNORE_ERROR, LAST_ERRNO, BuiltinContext, KgtpState, gdb_value, setting
-from .clock import Tsc
-from .fastregs import RegisterReader
-from .frames import StaticBlock, TraceFrame, encode_frame
-from .hits import MAX_COLLECT, HitContext, Stepper
-from .installer import ProbeSet
-from .kret import KretRun
-from .model import Definitions, ProbeRow, StopReason, TraceError, Tracepoint, TraceStatus
-from .native import ENGINES, CompiledRun, faults_lose_a_block
-from .placement import prepare, resolve_overlaps
-from .percpu import PerCpuVariables
-from .printk import attach
-from .retire import RetiredCode
-from .ring import BLOCKS_AT, Rings
-from .sdata import render
-from .watch import Watches
+from ..machine.dwarf import KernelDwarf
+from .core.builtins import BUILTIN_VARIABLES, EINVAL, IGNORE_ERROR, LAST_ERRNO, BuiltinContext, KgtpState, gdb_value, setting
+from .core.clock import Tsc
+from .core.frames import StaticBlock, TraceFrame, encode_frame
+from .core.model import Definitions, ProbeRow, StopReason, TraceError, Tracepoint, TraceStatus
+from .core.percpu import PerCpuVariables
+from .core.ring import BLOCKS_AT, Rings
+from .core.sdata import render
+from .engines.fastregs import RegisterReader
+from .engines.hits import MAX_COLLECT, HitContext, Stepper
+from .engines.installer import ProbeSet
+from .engines.native import ENGINES, CompiledRun, faults_lose_a_block
+from .kgtp.kret import KretRun
+from .kgtp.printk import attach, dump_stack
+from .kgtp.watch import Watches
+from .patching.placement import prepare, resolve_overlaps
+from .patching.retire import RetiredCode
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ class Tracer:
         self.kret = KretRun(self)  # return probes (`$kret`, kret.py)
         self.watches = Watches(self)  # watch tracepoints and the hardware breakpoints they hold (watch.py)
         self.per_cpu = PerCpuVariables(machine.cpu_count)  # KGTP's `$p_*` / `$per_cpu_*` (percpu.py)
+        self._dwarf: KernelDwarf | None = None  # the kernel's DWARF, read on the first `$dump_stack`
         for variable in BUILTIN_VARIABLES:
             self.definitions.variables[variable.number] = variable.definition()
         cpu_number = BUILTIN_VARIABLES.by_name("cpu_number")  # KGTP's gtp_cpu_number, uploaded as its value
@@ -371,6 +373,12 @@ class Tracer:
             return True
         self.stop(StopReason.ERROR, note=f"tracepoint {tp.number}: {error}", tracepoint=tp.number)
         return False
+
+    def dump_stack(self, ctx: BuiltinContext) -> None:
+        """`$dump_stack` (core.run.Run): the hit's backtrace on the kernel's console, unwound with its DWARF."""
+        if self._dwarf is None:
+            self._dwarf = KernelDwarf(self.machine.image.path)
+        dump_stack(ctx, self._dwarf)
 
     # ---- what GDB asks about the run ----------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .dwarf import INT, LONG, MASK64, UINT, ULONG, CType, KernelDwarf, Unavailable
+from ..machine.dwarf import INT, LONG, MASK64, UINT, ULONG, CType, KernelDwarf, Unavailable
 
 _TOKEN = re.compile(r"\s*(?:(0[xX][0-9a-fA-F]+|\d+)[uUlL]*|(\$?[A-Za-z_]\w*)|(->|<<|>>|<=|>=|==|!=|&&|\|\||[-+*/%&|^~!<>()\[\].,?:]))")
 
@@ -231,7 +231,7 @@ class _Parser:
 
     def _located(self, kind: CType, location) -> Value:
         if location.kind == "reg":
-            from .dwarf import DWARF_REGISTERS
+            from ..machine.dwarf import DWARF_REGISTERS
 
             registers = self.context.registers
             if registers is None or location.value >= len(DWARF_REGISTERS):

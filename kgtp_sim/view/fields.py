@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..machine import KernelImage, Marker
-from ..tracing.sdata import split_top_level
+from ..machine.dwarf import CType, KernelDwarf, Unavailable
+from ..tracing.core.sdata import split_top_level
 from .cexpr import ExpressionError, FrameContext, Value, evaluate, to_python
-from .dwarf import CType, KernelDwarf, Unavailable
 from .model import Frame, Run, TracepointInfo
 
 #: The registers tdump prints for `collect $regs` (the x87 state in the block is not shown).

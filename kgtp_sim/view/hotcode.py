@@ -20,8 +20,8 @@ from collections import Counter
 from pathlib import Path
 
 from ..client.rsp import RspClient
+from ..machine.dwarf import KernelDwarf
 from .channel import ChannelError, messages
-from .dwarf import KernelDwarf
 from .fields import FrameReader
 from .model import Run
 

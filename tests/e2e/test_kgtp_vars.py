@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from kgtp_sim.tracing.builtins import BUILTIN_VARIABLES, GTP_VERSION
+from kgtp_sim.tracing.core.builtins import BUILTIN_VARIABLES, GTP_VERSION
 
 from ..conftest import run_gdb, start_stub, wait_for_hits, wait_for_trace_stop
 

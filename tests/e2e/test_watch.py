@@ -9,7 +9,7 @@ import re
 import pytest
 
 from kgtp_sim.machine import KernelImage
-from kgtp_sim.tracing.probes import decode
+from kgtp_sim.tracing.patching.probes import decode
 
 from ..conftest import VMLINUX, run_gdb, wait_for_hits
 

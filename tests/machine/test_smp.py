@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from kgtp_sim.machine import KernelImage, Machine, smp
-from kgtp_sim.view.dwarf import CType, KernelDwarf
+from kgtp_sim.machine.dwarf import CType, KernelDwarf
 
 from ..conftest import VMLINUX
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from kgtp_sim.arch import amd64
 from kgtp_sim.machine import Marker
 from kgtp_sim.tracing.api import TracerApi
-from kgtp_sim.tracing.frames import MemoryBlock, RegisterBlock, TraceFrame
-from kgtp_sim.tracing.model import Definitions, ProbeRow, StopReason, TraceError, Tracepoint, TraceStatus
+from kgtp_sim.tracing.core.frames import MemoryBlock, RegisterBlock, TraceFrame
+from kgtp_sim.tracing.core.model import Definitions, ProbeRow, StopReason, TraceError, Tracepoint, TraceStatus
 
 
 class FakeClock:

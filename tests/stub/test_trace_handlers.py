@@ -14,8 +14,8 @@ from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.machine import Marker
 from kgtp_sim.stub.core import ViewHolder
 from kgtp_sim.stub.trace import TraceHandlers
-from kgtp_sim.tracing.frames import ViewError
-from kgtp_sim.tracing.model import StopReason
+from kgtp_sim.tracing.core.frames import ViewError
+from kgtp_sim.tracing.core.model import StopReason
 
 from .fake_tracer import FakeTracer, register_frame
 

@@ -16,10 +16,10 @@ from kgtp_sim.agent.opcodes import assemble
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.tracing import TraceError, Tracer
-from kgtp_sim.tracing.builtins import (BUILTIN_VARIABLES, CPU_NUMBER, GTP_VERSION, PT_REGS_SIZE, KernelLayout,
+from kgtp_sim.tracing.core.builtins import (BUILTIN_VARIABLES, CPU_NUMBER, GTP_VERSION, PT_REGS_SIZE, KernelLayout,
                                        tsc_to_clock)
-from kgtp_sim.tracing.frames import TsvBlock
-from kgtp_sim.tracing.installer import NATIVE_BUILTINS
+from kgtp_sim.tracing.core.frames import TsvBlock
+from kgtp_sim.tracing.engines.installer import NATIVE_BUILTINS
 
 from ..conftest import VMLINUX
 

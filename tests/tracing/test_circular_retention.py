@@ -19,8 +19,8 @@ from kgtp_sim.arch import amd64
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.tracing import Tracer
-from kgtp_sim.tracing.frames import FRAME_HEADER, encode_block, register_collection
-from kgtp_sim.tracing.ring import DISCARD, ENTRY_HEADER
+from kgtp_sim.tracing.core.frames import FRAME_HEADER, encode_block, register_collection
+from kgtp_sim.tracing.core.ring import DISCARD, ENTRY_HEADER
 
 from ..conftest import VMLINUX
 
@@ -76,7 +76,7 @@ def test_with_an_expression_that_traces_nothing_compiled_engines_keep_as_much(en
 
 def test_the_reservation_is_what_an_expression_can_trace_at_most():
     from kgtp_sim.agent.verify import verify
-    from kgtp_sim.tracing.native import traced_bytes_bound
+    from kgtp_sim.tracing.engines.native import traced_bytes_bound
 
     assert traced_bytes_bound(verify(EXPR)) == 0
     assert traced_bytes_bound(verify(assemble("reg 5; trace_quick 8; reg 4; trace16 300; tracev 3; end"))) == (

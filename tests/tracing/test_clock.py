@@ -6,14 +6,14 @@ import subprocess
 import sys
 import time
 
-from kgtp_sim.tracing.clock import Tsc
+from kgtp_sim.tracing.core.clock import Tsc
 
 from ..conftest import ROOT
 
 CHILD = r"""
 import ctypes
 ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE: resident memory counted 4 KiB at a time
-from kgtp_sim.tracing.clock import Tsc
+from kgtp_sim.tracing.core.clock import Tsc
 
 def rss_kib():
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS"))

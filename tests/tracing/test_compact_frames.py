@@ -16,8 +16,8 @@ from kgtp_sim.arch import amd64
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.tracing import Tracer
-from kgtp_sim.tracing.frames import CompactRegisters, RegisterBlock, parse_blocks
-from kgtp_sim.tracing.ring import CTL_LIMIT, CTL_PHYS, short_path_fields
+from kgtp_sim.tracing.core.frames import CompactRegisters, RegisterBlock, parse_blocks
+from kgtp_sim.tracing.core.ring import CTL_LIMIT, CTL_PHYS, short_path_fields
 
 from ..conftest import VMLINUX
 

@@ -99,7 +99,7 @@ def test_neighbouring_probes_never_patch_over_each_other():
     tracer = Tracer(machine, "opt")
     loop = IMAGE.address_of("kgtp_bench_loop")
     _, start, end = IMAGE.function_bounds(loop)
-    from kgtp_sim.tracing.probes import decode
+    from kgtp_sim.tracing.patching.probes import decode
 
     sites = [i.address for i in decode(IMAGE.read_code(start, end - start), start)][:6]
     for number, address in enumerate(sites, start=1):

@@ -5,8 +5,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kgtp_sim.arch import amd64
-from kgtp_sim.tracing.frames import ViewError
-from kgtp_sim.tracing.frames import (
+from kgtp_sim.tracing.core.frames import ViewError
+from kgtp_sim.tracing.core.frames import (
     FrameFormatError,
     FrameView,
     MemoryBlock,

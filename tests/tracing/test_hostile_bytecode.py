@@ -18,7 +18,7 @@ import pytest
 from kgtp_sim.agent.opcodes import assemble
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
-from kgtp_sim.tracing.builtins import BUILTIN_VARIABLES
+from kgtp_sim.tracing.core.builtins import BUILTIN_VARIABLES
 from kgtp_sim.tracing import TraceError, Tracer
 
 from ..conftest import VMLINUX

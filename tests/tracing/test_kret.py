@@ -19,10 +19,10 @@ from kgtp_sim.agent.opcodes import assemble
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.tracing import TraceError, Tracer
-from kgtp_sim.tracing.builtins import BUILTIN_VARIABLES
-from kgtp_sim.tracing.frames import MemoryBlock, TsvBlock
-from kgtp_sim.tracing.kret import MAXACTIVE, POOL_BYTES
-from kgtp_sim.tracing.probes import decode
+from kgtp_sim.tracing.core.builtins import BUILTIN_VARIABLES
+from kgtp_sim.tracing.core.frames import MemoryBlock, TsvBlock
+from kgtp_sim.tracing.kgtp.kret import MAXACTIVE, POOL_BYTES
+from kgtp_sim.tracing.patching.probes import decode
 
 from ..conftest import VMLINUX
 

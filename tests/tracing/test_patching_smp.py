@@ -14,7 +14,7 @@ from kgtp_sim.agent.opcodes import assemble
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.tracing import Tracer
-from kgtp_sim.view.dwarf import KernelDwarf
+from kgtp_sim.machine.dwarf import KernelDwarf
 
 from ..conftest import VMLINUX, wait_until
 

@@ -17,9 +17,9 @@ from kgtp_sim.agent.opcodes import assemble
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.tracing import TraceError, Tracer
-from kgtp_sim.tracing.builtins import BUILTIN_VARIABLES
-from kgtp_sim.tracing.frames import CompactRegisters, MemoryBlock, RegisterBlock, TsvBlock
-from kgtp_sim.tracing.printk import PrintkError, expression_names, render, split_items
+from kgtp_sim.tracing.core.builtins import BUILTIN_VARIABLES
+from kgtp_sim.tracing.core.frames import CompactRegisters, MemoryBlock, RegisterBlock, TsvBlock
+from kgtp_sim.tracing.kgtp.printk import PrintkError, expression_names, render, split_items
 
 from ..conftest import VMLINUX
 

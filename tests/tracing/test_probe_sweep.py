@@ -27,8 +27,8 @@ from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.machine.cpu import Stop
 from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.tracing import TraceError, Tracer
-from kgtp_sim.tracing.probes import ProbePlacementError, decode, plan_probe
-from kgtp_sim.view.dwarf import KernelDwarf
+from kgtp_sim.tracing.patching.probes import ProbePlacementError, decode, plan_probe
+from kgtp_sim.machine.dwarf import KernelDwarf
 
 from ..conftest import VMLINUX
 
@@ -428,8 +428,8 @@ def test_stopping_while_a_hit_is_in_a_detour_keeps_the_kernel_intact(engine, cha
 
 def _publishing_store(tracer: Tracer, site: int) -> int:
     """The short path's last store to the ring: the one that publishes its entry (`mov %rax, head`)."""
-    from kgtp_sim.tracing.probes import decode
-    from kgtp_sim.tracing.ring import CTL_HEAD, field_address
+    from kgtp_sim.tracing.patching.probes import decode
+    from kgtp_sim.tracing.core.ring import CTL_HEAD, field_address
 
     item = next(iter(tracer.probes.installed.values()))
     detour = item.native.detour

@@ -5,7 +5,7 @@ from keystone import KS_ARCH_X86, KS_MODE_64, KS_OPT_SYNTAX_ATT, Ks
 from unicorn import UC_ARCH_X86, UC_MODE_64, UC_TLB_VIRTUAL, Uc
 from unicorn.x86_const import UC_X86_REG_RAX, UC_X86_REG_RSP
 
-from kgtp_sim.tracing.probes import ProbePlacementError, decode, jump, plan_probe, relocate
+from kgtp_sim.tracing.patching.probes import ProbePlacementError, decode, jump, plan_probe, relocate
 
 TEXT = 0xFFFFFFFF81000000
 DETOUR = 0xFFFFFFFFA0000000

@@ -6,9 +6,9 @@ from hypothesis import strategies as st
 from unicorn import UC_ARCH_X86, UC_MODE_64, UC_TLB_VIRTUAL, Uc
 from unicorn.x86_const import UC_X86_REG_GS_BASE, UC_X86_REG_RAX, UC_X86_REG_RDI, UC_X86_REG_RDX, UC_X86_REG_RSI, UC_X86_REG_RSP
 
-from kgtp_sim.tracing.frames import MemoryBlock, encode_block
-from kgtp_sim.tracing.detour import Runtime
-from kgtp_sim.tracing.ring import BLOCKS_AT, CTL_LIMIT, CTL_PHYS, DISCARD, Rings, align8, short_path_fields
+from kgtp_sim.tracing.core.frames import MemoryBlock, encode_block
+from kgtp_sim.tracing.patching.detour import Runtime
+from kgtp_sim.tracing.core.ring import BLOCKS_AT, CTL_LIMIT, CTL_PHYS, DISCARD, Rings, align8, short_path_fields
 
 CODE = 0xFFFFFFFFA0000000
 DATA = 0xFFFFC90000100000

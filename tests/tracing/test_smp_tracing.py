@@ -13,10 +13,10 @@ from kgtp_sim.agent.opcodes import assemble
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.tracing import Tracer
-from kgtp_sim.tracing.builtins import BUILTIN_VARIABLES
-from kgtp_sim.tracing.frames import TsvBlock
-from kgtp_sim.tracing.percpu import PerCpuName, parse
-from kgtp_sim.tracing.ring import merge_key
+from kgtp_sim.tracing.core.builtins import BUILTIN_VARIABLES
+from kgtp_sim.tracing.core.frames import TsvBlock
+from kgtp_sim.tracing.core.percpu import PerCpuName, parse
+from kgtp_sim.tracing.core.ring import merge_key
 
 from ..conftest import VMLINUX
 

@@ -17,7 +17,7 @@ import time
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.tracing import Tracer
-from kgtp_sim.tracing.probes import decode
+from kgtp_sim.tracing.patching.probes import decode
 
 from ..conftest import VMLINUX
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kgtp_sim.tracing.tfile import SavePathError, resolve_save_path
+from kgtp_sim.tracing.core.tfile import SavePathError, resolve_save_path
 
 
 def test_relative_and_absolute_paths_inside(tmp_path):

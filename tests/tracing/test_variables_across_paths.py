@@ -13,12 +13,12 @@ import pytest
 from kgtp_sim.agent.opcodes import assemble
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
-from kgtp_sim.tracing.builtins import BUILTIN_VARIABLES
+from kgtp_sim.tracing.core.builtins import BUILTIN_VARIABLES
 from kgtp_sim.tracing import Tracer
 from kgtp_sim.arch import amd64
-from kgtp_sim.tracing.frames import TsvBlock
-from kgtp_sim.tracing.native import sdata_in_place
-from kgtp_sim.tracing.sdata import build_entry
+from kgtp_sim.tracing.core.frames import TsvBlock
+from kgtp_sim.tracing.engines.native import sdata_in_place
+from kgtp_sim.tracing.core.sdata import build_entry
 
 from ..conftest import VMLINUX
 

@@ -13,8 +13,8 @@ from kgtp_sim.agent.opcodes import assemble
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.tracing import TraceError, Tracer
-from kgtp_sim.tracing.builtins import BUILTIN_VARIABLES
-from kgtp_sim.tracing.frames import MemoryBlock, TsvBlock
+from kgtp_sim.tracing.core.builtins import BUILTIN_VARIABLES
+from kgtp_sim.tracing.core.frames import MemoryBlock, TsvBlock
 
 from ..conftest import VMLINUX
 

@@ -14,7 +14,7 @@ import pytest
 
 from kgtp_sim.arch import amd64
 from kgtp_sim.view.cexpr import ExpressionError, FrameContext, evaluate, to_python
-from kgtp_sim.view.dwarf import KernelDwarf, Unavailable
+from kgtp_sim.machine.dwarf import KernelDwarf, Unavailable
 from kgtp_sim.view.export import identifier, write_chrome, write_ctf, write_jsonl
 from kgtp_sim.view.fields import FrameReader, split_arguments
 from kgtp_sim.view.model import Frame, Run, Source, TracepointInfo, load_tfile

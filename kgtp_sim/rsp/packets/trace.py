@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Self
 
-from ...tracing.model import (
+from ...tracing.core.model import (
     SOURCE_KINDS,
     Action,
     ActionList,

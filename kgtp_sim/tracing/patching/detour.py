@@ -22,16 +22,16 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from ..agent import abi
-from ..agent.asm import assemble_text
-from ..agent.errors import ErrorCode
-from ..arch import amd64
-from .builtins import native_refresh_asm, percpu_store_asm
-from .frames import ALL_GENERAL, COMPACT_HEADER, FRAME_HEADER
+from ...agent import abi
+from ...agent.asm import assemble_text
+from ...agent.errors import ErrorCode
+from ...arch import amd64
+from ...machine.smp import PERCPU_CPU_NUMBER
+from ..core.builtins import native_refresh_asm, percpu_store_asm
+from ..core.frames import ALL_GENERAL, COMPACT_HEADER, FRAME_HEADER
+from ..core.ring import (BLOCKS_AT, CTL_CREATED, CTL_FRAMES, CTL_HEAD, CTL_LIMIT, CTL_PHYS, ENTRY_LENGTH, ENTRY_SEQUENCE,
+                         ENTRY_TIMESTAMP, FRAME_AT, control_disp, reserve_and_commit_asm)
 from .probes import decode
-from ..machine.smp import PERCPU_CPU_NUMBER
-from .ring import (BLOCKS_AT, CTL_CREATED, CTL_FRAMES, CTL_HEAD, CTL_LIMIT, CTL_PHYS, ENTRY_LENGTH, ENTRY_SEQUENCE,
-                   ENTRY_TIMESTAMP, FRAME_AT, control_disp, reserve_and_commit_asm)
 
 #: Bytes of the register block on the detour's stack: the 24 registers GDB's agent numbers, 8-aligned.
 BLOCK_BYTES = (abi.REG_BLOCK_BYTES + 7) & ~7

@@ -15,7 +15,7 @@ import array
 
 from unicorn import Uc
 
-from ..machine import Machine
+from ...machine import Machine
 
 
 def stacks_point_into(machine: Machine, uc: Uc, low: int, high: int) -> bool:

@@ -16,9 +16,9 @@ from __future__ import annotations
 from capstone import CS_ARCH_X86, CS_MODE_64, Cs
 from capstone import x86_const as X
 
-from ..agent.compiled import CompiledExpr
-from ..agent.verify import Program
-from ..arch import amd64
+from ...agent.compiled import CompiledExpr
+from ...agent.verify import Program
+from ...arch import amd64
 from .probes import Instruction
 
 _cs = Cs(CS_ARCH_X86, CS_MODE_64)

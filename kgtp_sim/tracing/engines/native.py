@@ -16,24 +16,24 @@ from dataclasses import dataclass, field, replace
 
 from unicorn import Uc
 
-from ..agent import abi
-from ..agent.compile_naive import compile_naive
-from ..agent.compile_opt import compile_opt
-from ..agent.compiled import CompiledExpr, fault_fixup
-from ..agent.interp import DEFAULT_LOOP_BUDGET
-from ..agent.opcodes import OpClass
-from ..agent.verify import Program
-from ..arch import amd64
-from ..machine import FieldKind, Machine
-from . import model as t
-from . import detour as d
-from . import fastpath
-from .frames import ALL_GENERAL, compact_mask
-from .builtins import BUILTIN_VARIABLES
-from ..agent.blocks import MEMORY_BLOCK_OVERHEAD, TSV_BLOCK_SIZE
-from .probes import INT3, JUMP_SIZE, ProbeSite, jump, relocate, relocated_size_bound
-from .retire import in_use
-from .sdata import SdataError, argument_register
+from ...agent import abi
+from ...agent.blocks import MEMORY_BLOCK_OVERHEAD, TSV_BLOCK_SIZE
+from ...agent.compile_naive import compile_naive
+from ...agent.compile_opt import compile_opt
+from ...agent.compiled import CompiledExpr, fault_fixup
+from ...agent.interp import DEFAULT_LOOP_BUDGET
+from ...agent.opcodes import OpClass
+from ...agent.verify import Program
+from ...arch import amd64
+from ...machine import FieldKind, Machine
+from ..core import model as t
+from ..core.builtins import BUILTIN_VARIABLES
+from ..core.frames import ALL_GENERAL, compact_mask
+from ..core.sdata import SdataError, argument_register
+from ..patching import detour as d
+from ..patching import fastpath
+from ..patching.probes import INT3, JUMP_SIZE, ProbeSite, jump, relocate, relocated_size_bound
+from ..patching.retire import in_use
 
 log = logging.getLogger(__name__)
 

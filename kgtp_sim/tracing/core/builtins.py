@@ -29,15 +29,13 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from unicorn import Uc
 
-from ..machine import smp
+from ...machine import smp
 from .model import TraceVariable
-
-if TYPE_CHECKING:
-    from .tracer import Tracer
+from .run import Run
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +124,7 @@ class Builtin:
     summary: str = ""
     agent_read: bool = True  # a condition or action may read it
     agent_write: bool = False  # ... may write it (stored variables only)
-    gdb_read: Callable[[Tracer], int | None] | str | None = None  # "stored": the setting; a function: live
+    gdb_read: Callable[[Run], int | None] | str | None = None  # "stored": the setting; a function: live
     gdb_write: bool = False  # `tvariable $x = v` (QTDV) sets it
     refused: str = ""  # why an action may not use it at all (a feature not implemented yet)
     #: a write from a hit that Python carries out (`setv` of it puts the tracepoint on the Python hit path)
@@ -240,7 +238,7 @@ def _dump_stack(ctx: BuiltinContext) -> int:
 
     def dump() -> None:
         try:
-            ctx.tracer.kgtp.dump_stack(ctx)
+            ctx.tracer.dump_stack(ctx)
         except Exception:  # noqa: BLE001 (a diagnostic must not take the hit down)
             log.exception("$dump_stack")
 
@@ -251,11 +249,11 @@ def _dump_stack(ctx: BuiltinContext) -> int:
 # ---- read by GDB (qTv) without a hit -------------------------------------------------------------------------
 
 
-def _live_clock(tracer: Tracer) -> int:
+def _live_clock(tracer: Run) -> int:
     return tsc_to_clock(tracer.tsc, tracer.tsc.read())
 
 
-def _discarded(tracer: Tracer) -> int:
+def _discarded(tracer: Run) -> int:
     return tracer.ring.state().discards if tracer.ring is not None else 0
 
 
@@ -385,14 +383,13 @@ COOKED = {BUILTIN_VARIABLES.by_name(n).number for n in ("cooked_clock", "cooked_
 
 @dataclass
 class KgtpState:
-    """What the special variables keep across hits of one run: the step id, the cost of tracing, `$dump_stack`."""
+    """What the special variables keep across hits of one run: the step id, the cost of tracing."""
 
     step_id: int = 0
     cooked: bool = False  # some tracepoint of the run reads $cooked_*: every hit is timed (Python path)
     entry_tsc: int = 0  # the TSC when the current handler began
     _cost_ns: int = 0
     _tsc: Any = field(default=None, repr=False)
-    _dwarf: Any = field(default=None, repr=False)
 
     def start(self, tracepoints, tsc) -> None:
         self._cost_ns = 0
@@ -426,15 +423,6 @@ class KgtpState:
         finally:
             self._cost_ns += time.perf_counter_ns() - begin
 
-    def dump_stack(self, ctx: BuiltinContext) -> None:
-        from .printk import dump_stack
-
-        if self._dwarf is None:
-            from ..view.dwarf import KernelDwarf
-
-            self._dwarf = KernelDwarf(ctx.machine.image.path)  # type: ignore[attr-defined]
-        dump_stack(ctx, self._dwarf)
-
 
 # ---- checks at tstart, and which engine runs a location ----------------------------------------------------------
 
@@ -447,7 +435,7 @@ def _variable_ops(program):
 
 def reads(tp, numbers: set[int]) -> bool:
     """Does any bytecode of the location read one of these variables?"""
-    from ..agent.verify import BytecodeError, verify
+    from ...agent.verify import BytecodeError, verify
 
     for code in tp.expressions():
         try:
@@ -494,12 +482,23 @@ def expand_bt(actions: list, tsv_slots: int, verify) -> list:
     return out
 
 
-def runs_natively(tracer: Tracer, programs, native_builtins: tuple[str, ...]) -> bool:
+_COMPUTED = {b.number: b.name for b in BUILTIN_VARIABLES if b.computed}
+
+
+def builtin_slots(programs: list[Program]) -> tuple[tuple[int, str], ...]:
+    """Computed built-in variables the bytecode reads: the detour refreshes their slots at each hit."""
+    found: dict[int, str] = {}
+    for program in programs:
+        for insn in program.insns:
+            if insn.name in ("getv", "tracev") and insn.operands[0] in _COMPUTED:
+                found[insn.operands[0]] = _COMPUTED[insn.operands[0]]
+    return tuple(sorted(found.items()))
+
+
+def runs_natively(tracer: Run, programs, native_builtins: tuple[str, ...]) -> bool:
     """Can a compiled detour run this location? Not when it reads a variable only Python computes or writes one
     only Python carries out, nor in a run that times its hits for `$cooked_*` (the Python hit path times every
     hit). Per-CPU variables run natively once their copies are in emulated memory (percpu.py)."""
-    from .placement import builtin_slots
-
     if tracer.kgtp.cooked:
         return False
     per_cpu = {number for p in programs for _, number in _variable_ops(p) if number in tracer.per_cpu}
@@ -513,7 +512,7 @@ def runs_natively(tracer: Tracer, programs, native_builtins: tuple[str, ...]) ->
     return all(kind in native_builtins for _, kind in builtin_slots(programs))
 
 
-def percpu_slots(tracer: Tracer, programs) -> tuple[tuple[int, str], ...]:
+def percpu_slots(tracer: Run, programs) -> tuple[tuple[int, str], ...]:
     """The per-CPU variables a location reads or writes, as refresh entries: `percpu_local ADDR` (the copies of
     the base name, CPU 0's at ADDR, the hitting CPU's at ADDR + 8 * cpu) or `percpu_cpu ADDR` (the copy of the
     CPU the name gives), `_w` appended to the ones it writes. The detour loads them at entry and stores the
@@ -537,7 +536,7 @@ def percpu_store_asm(number: int, kind: str) -> list[str]:
     return lines + ["mov %rdx, (%rcx)"]
 
 
-def native_slots(tracer: Tracer, slots: tuple[tuple[int, str], ...]) -> tuple[tuple[int, str], ...]:
+def native_slots(tracer: Run, slots: tuple[tuple[int, str], ...]) -> tuple[tuple[int, str], ...]:
     """The refresh list a detour gets: each kind with the numbers its code needs (hex, space separated)."""
     out = []
     for number, kind in slots:
@@ -601,7 +600,7 @@ def native_refresh_asm(number: int, kind: str) -> list[str]:
 # ---- values GDB reads ------------------------------------------------------------------------------------------
 
 
-def gdb_value(tracer: Tracer, builtin: Builtin, stored: Callable[[], int | None]) -> int | None:
+def gdb_value(tracer: Run, builtin: Builtin, stored: Callable[[], int | None]) -> int | None:
     """qTv of a special variable without a hit: live, the setting, or unknown, as KGTP answers."""
     if callable(builtin.gdb_read):
         return builtin.gdb_read(tracer)
@@ -614,7 +613,7 @@ def gdb_value(tracer: Tracer, builtin: Builtin, stored: Callable[[], int | None]
     return None
 
 
-def setting(tracer: Tracer, number: int) -> int:
+def setting(tracer: Run, number: int) -> int:
     """A GDB-side setting (`$ignore_error`, `$bt`) as GDB last set it, for tstart itself."""
     variable = tracer.definitions.variables.get(number)
     return variable.initial if variable is not None else _BY_NUMBER[number].initial

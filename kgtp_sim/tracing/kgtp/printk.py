@@ -56,22 +56,20 @@ import logging
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from ..agent.errors import ErrorCode, EvalError, EvalResult, UnreadableMemory
-from ..agent.interp import evaluate
-from ..agent.opcodes import OpClass
-from ..machine import smp
-from ..agent.verify import Program
-from ..arch import amd64
-from . import model as t
-from .builtins import BUILTIN_VARIABLES, PRINTK_LEVEL_DEFAULT, PT_REGS_SIZE
-from .hits import HitContext
-from .model import TraceError
+from ...agent.errors import ErrorCode, EvalError, EvalResult, UnreadableMemory
+from ...agent.interp import evaluate
+from ...agent.opcodes import OpClass
+from ...agent.verify import Program
+from ...arch import amd64
+from ...machine import smp
+from ..core import model as t
+from ..core.builtins import BUILTIN_VARIABLES, PRINTK_LEVEL_DEFAULT, PT_REGS_SIZE
+from ..core.model import TraceError
+from ..core.run import Run
+from ..engines.hits import HitContext
+from ..patching.placement import Installed
 
-if TYPE_CHECKING:
-    from .placement import Installed
-    from .tracer import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +116,7 @@ def render(fmt: int, data: bytes) -> bytes:
     raise PrintkError(f"format {fmt} is not one of KGTP's (0 to 5)")
 
 
-def kernel_print(tracer: Tracer, text: bytes) -> None:
+def kernel_print(tracer: Run, text: bytes) -> None:
     """Print on the kernel's console (`monitor console`; the stub's log shows each line)."""
     tracer.machine.console_write(text)
 
@@ -231,7 +229,7 @@ def _writes(programs) -> set[int]:
     return {number for program in programs for op, number in _ops(program) if op == "setv"}
 
 
-def attach(item: Installed, tracer: Tracer) -> None:
+def attach(item: Installed, tracer: Run) -> None:
     """tstart (or a location armed during a run): refuse what KGTP refuses about these variables, and give a
     location that uses them the hit context that does what they mean (None keeps the ordinary one, and the
     location its native path)."""
@@ -394,7 +392,7 @@ def _last_traced(held: list[bytes]) -> bytes:
     return held[at]
 
 
-def switch(tracer: Tracer, setter: t.Tracepoint | None, number: int, enable: bool) -> None:
+def switch(tracer: Run, setter: t.Tracepoint | None, number: int, enable: bool) -> None:
     """`$enable`/`$disable` = number: every location of tracepoint `number` (0: all but the setter's), from the
     next hit on. Runs inside a hit, which never raises: a location that cannot go back in is logged."""
     mine = setter.number if setter is not None else None

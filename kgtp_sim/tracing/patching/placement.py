@@ -9,19 +9,15 @@ what `installer.py` then puts into the kernel. Runs on the CPU thread (inside `T
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..agent.errors import BytecodeError, ErrorCode
-from ..agent.verify import Program, verify
-from ..machine import KernelImage, Marker
-from . import model as t
-from .builtins import BUILTIN_VARIABLES, check_access, expand_bt
-from .model import TraceError, Tracepoint
-from .native import NativeProbe
+from ...agent.errors import BytecodeError, ErrorCode
+from ...agent.verify import Program, verify
+from ...machine import KernelImage, Marker
+from ..core import model as t
+from ..core.builtins import BUILTIN_VARIABLES, check_access, expand_bt
+from ..core.model import TraceError, Tracepoint
 from .probes import ProbePlacementError, ProbeSite, plan_probe
-
-if TYPE_CHECKING:
-    from .kret import KretProbe
 
 
 @dataclass
@@ -33,13 +29,13 @@ class Installed:
     condition: Program | None
     actions: list[tuple[t.Action, Program | None]]
     out_of_line: int = 0  # int3 path: the relocated copy of the probed instruction
-    native: NativeProbe | None = None  # compiled engines: the detour and its counters
+    native: Any = None  # compiled engines: the detour and its counters (engines.native.NativeProbe)
     want_jump: bool = False
     stepping: list[tuple[t.Action, Program | None]] = field(default_factory=list)
     marker: Marker | None = None  # static tracepoints: the TRACE_EVENT site they enable
     shared: bool = False  # another tracepoint has the same address: they share one probe (resolve_overlaps)
-    hit_context: Any = None  # printk.attach: the hit context of direct output, $enable/$disable, $current
-    kret: KretProbe | None = None  # a return probe (`$kret`): its return side (kret.py)
+    hit_context: Any = None  # kgtp.printk.attach: the hit context of direct output, $enable/$disable, $current
+    kret: Any = None  # a return probe (`$kret`): its return side (kgtp.kret.KretProbe)
     fired: int = 0
     hits: int = 0
     usage: int = 0
@@ -158,19 +154,6 @@ def verified_actions(actions: list[t.Action], tsv_slots: int, what: str) -> list
                 raise TraceError(f"{what} rejected: {error}") from None
         out.append((action, program))
     return out
-
-
-_COMPUTED = {b.number: b.name for b in BUILTIN_VARIABLES if b.computed}
-
-
-def builtin_slots(programs: list[Program]) -> tuple[tuple[int, str], ...]:
-    """Computed built-in variables the bytecode reads: the detour refreshes their slots at each hit."""
-    found: dict[int, str] = {}
-    for program in programs:
-        for insn in program.insns:
-            if insn.name in ("getv", "tracev") and insn.operands[0] in _COMPUTED:
-                found[insn.operands[0]] = _COMPUTED[insn.operands[0]]
-    return tuple(sorted(found.items()))
 
 
 _FAILING_OPS = {

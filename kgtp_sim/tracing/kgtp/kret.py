@@ -52,23 +52,21 @@ from __future__ import annotations
 import logging
 import struct
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 from unicorn import Uc
 from unicorn.x86_const import UC_X86_REG_RIP
 
-from ..agent.verify import Program
-from ..arch import amd64
-from . import model as t
-from .builtins import BUILTIN_VARIABLES
-from .frames import MemoryBlock, TraceFrame
-from .hits import HitContext, record_hit
-from .model import TraceError
-from .probes import INT3, plan_probe
+from ...agent.verify import Program
+from ...arch import amd64
+from ..core import model as t
+from ..core.builtins import BUILTIN_VARIABLES
+from ..core.frames import MemoryBlock, TraceFrame
+from ..core.model import TraceError
+from ..core.run import Run
+from ..engines.hits import HitContext, record_hit
+from ..patching.placement import Installed
+from ..patching.probes import INT3, plan_probe
 
-if TYPE_CHECKING:
-    from .placement import Installed
-    from .tracer import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +152,7 @@ class ReturnHit(HitContext):
 class KretRun:
     """The tracer's return probes: planning at tstart, the entry and return hits, removal, and GDB's view."""
 
-    def __init__(self, tracer: Tracer) -> None:
+    def __init__(self, tracer: Run) -> None:
         self.tracer = tracer
         self.machine = tracer.machine
         #: trampoline -> the return address it stands for, for every pool not yet freed (frames of the run may
@@ -223,7 +221,7 @@ class KretRun:
 
     # ---- the entry: hijack the return address (CPU thread, in the int3 hook) -------------------------------------
 
-    def enter(self, tracer: Tracer, uc: Uc, item: Installed) -> None:
+    def enter(self, tracer: Run, uc: Uc, item: Installed) -> None:
         uc.reg_write(UC_X86_REG_RIP, item.out_of_line)  # whatever happens, the function runs on
         probe: KretProbe = item.kret
         if not tracer.running or not probe.armed:

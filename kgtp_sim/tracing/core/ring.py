@@ -33,7 +33,7 @@ import struct
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from ..machine.smp import MAX_CPUS, PERCPU_CPU_NUMBER
+from ...machine.smp import MAX_CPUS, PERCPU_CPU_NUMBER
 from .frames import FRAME_HEADER, TraceFrame, parse_blocks
 
 # Control block: u64 fields.

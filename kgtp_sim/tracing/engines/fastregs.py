@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from unicorn import Uc
 
-from ..arch import amd64
-from ..machine.cpu import REGISTER_IDS
-from ..uc_native import RegisterBatch
+from ...arch import amd64
+from ...machine.cpu import REGISTER_IDS
+from ...uc_native import RegisterBatch
 
 
 class RegisterReader:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from ..arch import amd64
-from ..machine import FieldKind, Marker, MarkerField
+from ...arch import amd64
+from ...machine import FieldKind, Marker, MarkerField
 
 # register operand text as the compiler printed it -> (GDB register number, width in bytes)
 _REGISTER_WIDTHS: dict[str, tuple[int, int]] = {}

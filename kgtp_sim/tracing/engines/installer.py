@@ -14,27 +14,25 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from unicorn import Uc
 from unicorn.x86_const import UC_X86_REG_RIP, UC_X86_REG_RSP
 
-from ..agent.abi import CTX_ERROR, CTX_SIZE, CTX_TRACE_PTR, AgentCtx
-from ..agent.errors import ErrorCode, EvalError
-from ..agent.verify import verify
-from ..arch import amd64
-from . import model as t
-from .builtins import native_slots, percpu_slots, runs_natively
-from .detour import COUNTERS
-from .frames import StaticBlock, encode_block
+from ...agent.abi import CTX_ERROR, CTX_SIZE, CTX_TRACE_PTR, AgentCtx
+from ...agent.errors import ErrorCode, EvalError
+from ...agent.verify import verify
+from ...arch import amd64
+from ..core import model as t
+from ..core.builtins import builtin_slots, native_slots, percpu_slots, runs_natively
+from ..core.frames import StaticBlock, encode_block
+from ..core.model import ProbeRow, TraceError
+from ..core.run import Run
+from ..core.sdata import build_entry
+from ..patching.detour import COUNTERS
+from ..patching.placement import Installed, fails_that_way
+from ..patching.probes import INT3, ProbeSite, jump, relocate, relocated_size_bound
 from .hits import HitContext, interpreted_hit
-from .model import ProbeRow, TraceError
-from .placement import Installed, builtin_slots, fails_that_way
-from .probes import INT3, ProbeSite, jump, relocate, relocated_size_bound
-from .sdata import build_entry
 
-if TYPE_CHECKING:
-    from .tracer import Tracer
 
 #: Computed built-in variables the compiled engines can refresh at a hit (builtins.native_refresh_asm); a location
 #: reading any other computed one runs on the Python hit path (builtins.runs_natively).
@@ -54,7 +52,7 @@ class Chain:
 
 
 class ProbeSet:
-    def __init__(self, tracer: Tracer) -> None:
+    def __init__(self, tracer: Run) -> None:
         self.tracer = tracer
         self.machine = tracer.machine
         self.installed: dict[tuple[int, int], Installed] = {}

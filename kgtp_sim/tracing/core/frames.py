@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from typing import Protocol
 
-from ..agent.blocks import MEMORY_HEADER, TSV_BLOCK, memory_block, tsv_block
-from ..arch import amd64
+from ...agent.blocks import MEMORY_HEADER, TSV_BLOCK, memory_block, tsv_block
+from ...arch import amd64
 
 FRAME_HEADER = struct.Struct("<HI")
 STATIC_HEADER = struct.Struct("<H")

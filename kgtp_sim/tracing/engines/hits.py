@@ -11,23 +11,22 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from unicorn import Uc
 from unicorn.x86_const import UC_X86_REG_EFLAGS, UC_X86_REG_RIP
 
-from ..agent.errors import EvalResult, UnreadableMemory
-from ..agent.interp import evaluate
-from ..arch import amd64
-from ..machine import Marker, MemoryFault, smp
-from . import model as t
-from .frames import MemoryBlock, StaticBlock, encode_block, register_collection
-from .placement import Installed
-from .probes import INT3
-from .sdata import build_entry
+from ...agent.errors import EvalResult, UnreadableMemory
+from ...agent.interp import evaluate
+from ...arch import amd64
+from ...machine import Marker, MemoryFault, smp
+from ..core import model as t
+from ..core.frames import MemoryBlock, StaticBlock, encode_block, register_collection
+from ..core.run import Run
+from ..core.sdata import build_entry
+from ..patching.placement import Installed
+from ..patching.probes import INT3
 
-if TYPE_CHECKING:
-    from .tracer import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +41,7 @@ class HitContext:
 
     uc: Uc
     regs: list[int]
-    tracer: Tracer
+    tracer: Run
     blocks: list[bytes] = field(default_factory=list)
     room: int = MAX_COLLECT * 4
     marker: Marker | None = None
@@ -97,7 +96,7 @@ class HitContext:
         return True
 
 
-def hit_registers(tracer: Tracer, uc: Uc, pc: int) -> list[int]:
+def hit_registers(tracer: Run, uc: Uc, pc: int) -> list[int]:
     """The hit's registers in GDB's order, with the PC GDB must see and eflags as the 32 bits GDB reads."""
     regs = tracer.registers.read(uc)
     regs[amd64.PC_REGNUM] = pc
@@ -105,7 +104,7 @@ def hit_registers(tracer: Tracer, uc: Uc, pc: int) -> list[int]:
     return regs
 
 
-def interpreted_hit(tracer: Tracer, uc: Uc, item: Installed) -> None:
+def interpreted_hit(tracer: Run, uc: Uc, item: Installed) -> None:
     """One int3 hit: condition, actions, a frame in the ring, then passcount or while-stepping."""
     uc.reg_write(UC_X86_REG_RIP, item.out_of_line)  # whatever happens, the kernel goes on
     if not tracer.running:
@@ -125,7 +124,7 @@ def interpreted_hit(tracer: Tracer, uc: Uc, item: Installed) -> None:
         tracer.stop(t.StopReason.PASSCOUNT, tracepoint=tp.number)
 
 
-def record_hit(tracer: Tracer, hit: HitContext, item) -> bool | None:
+def record_hit(tracer: Run, hit: HitContext, item) -> bool | None:
     """The condition, the actions and the frame of one hit on the Python path, for any location that has a
     tracepoint, condition, actions and counters (an int3's `Installed`, a return probe's, a watch tracepoint's).
     None: nothing recorded (the condition false, an error recorded, the buffer full, the run over); else
@@ -151,7 +150,7 @@ def record_hit(tracer: Tracer, hit: HitContext, item) -> bool | None:
     return bool(tp.pass_count and item.hits >= tp.pass_count)
 
 
-def commit(tracer: Tracer, number: int, hit: HitContext, item: Installed) -> bool:
+def commit(tracer: Run, number: int, hit: HitContext, item: Installed) -> bool:
     """Append the hit's blocks as one frame to the hitting CPU's ring; a full linear buffer ends the run
     (`tfull`)."""
     blocks = b"".join(hit.blocks)
@@ -194,7 +193,7 @@ class Stepper:
     (the steps taken so far stay recorded) and clears TF there.
     """
 
-    def __init__(self, tracer: Tracer) -> None:
+    def __init__(self, tracer: Run) -> None:
         self.tracer = tracer
         self._item: Installed | None = None
         self._task = b""

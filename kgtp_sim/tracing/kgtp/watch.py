@@ -46,25 +46,25 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from unicorn import Uc
 from unicorn.x86_const import UC_X86_REG_RIP
 
-from ..agent.errors import BytecodeError
-from ..agent.interp import evaluate
-from ..agent.verify import Program, verify
-from ..machine import MODULE_BASE, MODULE_SIZE, MemoryFault
-from ..machine.watchpoints import COUNT, EXECUTE, READ_WRITE, SIZES, WRITE, DebugRegisters, WatchpointError
-from . import model as t
-from .builtins import BUILTIN_VARIABLES, check_access, expand_bt
-from .hits import HitContext, hit_registers, record_hit
+from ...agent.errors import BytecodeError
+from ...agent.interp import evaluate
+from ...agent.verify import Program, verify
+from ...machine import MODULE_BASE, MODULE_SIZE, MemoryFault
+from ...machine.watchpoints import COUNT, EXECUTE, READ_WRITE, SIZES, WRITE, DebugRegisters, WatchpointError
+from ..core import model as t
+from ..core.builtins import BUILTIN_VARIABLES, check_access, expand_bt
+from ..core.model import ProbeRow, StopReason, TraceError, Tracepoint
+from ..core.run import Run
+from ..engines.hits import HitContext, hit_registers, record_hit
+from ..patching.placement import verified_actions
+from ..patching.placement import Installed
 from .kret import sets_kret
-from .model import ProbeRow, StopReason, TraceError, Tracepoint
-from .placement import verified_actions
 
-if TYPE_CHECKING:
-    from .tracer import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -293,7 +293,7 @@ class ArmError(TraceError):
 class Watches:
     """The watch tracepoints of the tracer's run and the hardware breakpoints they hold."""
 
-    def __init__(self, tracer: Tracer) -> None:
+    def __init__(self, tracer: Run) -> None:
         self.tracer = tracer
         self.plans: dict[tuple[int, int], WatchPlan] = {}
         self.slots: list[Slot | None] = [None] * COUNT
