@@ -2,7 +2,7 @@
 
 A block is one letter and its body: `M` + u64 address + u16 length + bytes for memory, `V` + i32 number + i64
 value for a trace state variable. (`R` register blocks and `S` static-data blocks are the tracer's; they are
-encoded in `kgtp_sim/tracing/frames.py` with these headers.) A memory block holds at most 65535 bytes (the
+encoded in `kgtp_sim/tracing/core/frames.py` with these headers.) A memory block holds at most 65535 bytes (the
 length is 16 bits), so bigger `trace` requests are split into several blocks, as gdbserver does. The compiled
 code writes the same bytes straight into emulated memory.
 """

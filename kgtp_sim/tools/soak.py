@@ -32,7 +32,7 @@ from pathlib import Path
 from ..client import VMLINUX, GdbMi, MiError, RspClient, StubProcess, run_gdb, start_stub, system_gdb
 from ..rsp.packets.trace import StopReason, decode_trace_status
 
-#: This stub's ring keeps whole entries of 8-byte multiples (tracing/ring.py), so `tsize - tfree` is one too.
+#: This stub's ring keeps whole entries of 8-byte multiples (tracing/core/ring.py), so `tsize - tfree` is one too.
 ENTRY_ALIGNMENT = 8
 #: The smallest entry that holds a frame: the 24-byte entry header and GDB's 6-byte frame header, aligned.
 MIN_ENTRY_BYTES = 32

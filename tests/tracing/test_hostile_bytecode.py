@@ -95,7 +95,7 @@ def stopped_by_error(outcome: Outcome, text: str) -> None:
 
 
 FAST_PATH_SWALLOWS_LOOP_ERRORS = (
-    "bug: the opt engine's false-condition fast path (tracing/fastpath.py can_fail) only checks agent_ctx.error "
+    "bug: the opt engine's false-condition fast path (tracing/patching/fastpath.py can_fail) only checks agent_ctx.error "
     "after conditions with div/rem/ref ops; a loop-budget error (backward jump) is taken as 'false', the hit "
     "is silently dropped, and the error stays in agent_ctx for the next tracepoint to report as its own")
 

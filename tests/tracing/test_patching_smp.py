@@ -1,5 +1,5 @@
 """Probes inserted and removed thousands of times while every CPU runs the probed function at full pace
-(issue 15, item 3): each insertion and removal goes through text_poke_bp's steps (tracing/native.py), with the
+(issue 15, item 3): each insertion and removal goes through text_poke_bp's steps (tracing/engines/native.py), with the
 kernel running between them on every CPU. The kernel must compute exactly what it computes unprobed: every call
 of kgtp_test_function bumps kgtp_counter once, so once the workload is quiet, kgtp_counter is 1 plus the calls
 each CPU's kgtp_bench thread says it made (its per-CPU `stats.bench_calls`); a torn instruction would have

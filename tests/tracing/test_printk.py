@@ -1,5 +1,5 @@
 """KGTP's direct output, `$dump_stack`, `$enable`/`$disable` and `$current`, driving the tracer directly under
-every engine (`kgtp_sim/tracing/printk.py`).
+every engine (`kgtp_sim/tracing/kgtp/printk.py`).
 
 Each run calls kernel functions with `machine.call` (deterministic, no timer): `kgtp_bench_loop(n)` calls
 `kgtp_test_function(i + 1, i)` n times. The printed lines are compared with what KGTP's gtp_action_printk prints

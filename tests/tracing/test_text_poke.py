@@ -1,4 +1,4 @@
-"""Patching a probe site while other CPUs run it, text_poke_bp's way (tracing/native.py `patch_to`,
+"""Patching a probe site while other CPUs run it, text_poke_bp's way (tracing/engines/native.py `patch_to`,
 `unpatch_site`): an int3 first, every CPU synchronised, the jump's tail only when no CPU is inside the window,
 synchronised, the first byte; removal in the same three steps.
 

@@ -1,4 +1,4 @@
-"""KGTP's watch tracepoints (tracing/watch.py) driven through the Tracer, in every engine.
+"""KGTP's watch tracepoints (tracing/kgtp/watch.py) driven through the Tracer, in every engine.
 
 `kgtp_bench_loop(n)` calls `kgtp_test_function` n times, whose first instruction is `addl $1, kgtp_counter(%rip)`
 (7 bytes); `Machine.call` runs it deterministically (no timer). Actions are the bytecode GDB sends for

@@ -15,7 +15,7 @@ buffer) lives in a different bucket from `QTBuffer:circular:`/`QTBuffer:size:`.
 Why this module is long: it is the whole tracepoint family of the protocol, about forty packets, each parser next
 to the reply encoder GDB reads back and to the model of GDB's own reader the tests use; the small strict readers
 at the top are shared by all of them. The words themselves (actions, specs, status) are the tracer's
-(`kgtp_sim/tracing/model.py`); this module only reads and writes their wire form.
+(`kgtp_sim/tracing/core/model.py`); this module only reads and writes their wire form.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def _xfer_window(body: bytes, what: str) -> tuple[int, int]:
 
 
 # The actions themselves (CollectRegisters, CollectMemory, EvalExpression, CollectStaticData) are the tracer's
-# words (kgtp_sim/tracing/model.py); this section reads and writes their wire form. `R` masks arrive most
+# words (kgtp_sim/tracing/core/model.py); this section reads and writes their wire form. `R` masks arrive most
 # significant byte first, two digits a byte, leading zero bytes dropped; `M` offsets are printed with phex_nz,
 # so a negative frame offset arrives as its 64-bit two's complement.
 
