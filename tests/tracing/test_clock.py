@@ -43,3 +43,30 @@ def test_reading_the_clock_does_not_grow_memory():
     result = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert int(result.stdout) < 2048, f"{result.stdout.strip()} KiB after 50,000 reads"
+
+
+def test_reads_from_two_threads_at_once_never_fail_nor_go_back():
+    """The CPU thread stamps frames while the server thread answers `print $rdtsc`: one private CPU, read under
+    a lock (without it, unicorn's run of one thread fails inside the other's)."""
+    import threading
+
+    tsc = Tsc()
+    problems: list[str] = []
+
+    def reader() -> None:
+        last = 0
+        try:
+            for _ in range(20_000):
+                value = tsc.read()
+                if value < last:
+                    problems.append(f"{value} after {last}")
+                last = value
+        except Exception as error:  # noqa: BLE001 (the test reports it)
+            problems.append(repr(error))
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not problems, problems[:3]

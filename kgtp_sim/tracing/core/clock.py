@@ -3,10 +3,14 @@
 Native frame commits stamp `rdtsc`. Unicorn's `rdtsc` returns the host's TSC, so Python-side writers (the
 interpreter engine) read the same clock by running `rdtsc` in a tiny private CPU: one time base for every frame,
 converted to nanoseconds with a rate measured once against the host's monotonic clock.
+
+Readable from any thread (the CPU thread at hits, the server thread for GDB's `print $rdtsc`): the private CPU
+runs under a lock, as one unicorn instance cannot run on two threads at once.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from functools import cached_property
 
@@ -22,13 +26,15 @@ _NO_EXIT = 0xFFFF_FFFF_FFFF_FFFF
 
 class Tsc:
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self._uc = Uc(UC_ARCH_X86, UC_MODE_64)
         self._uc.mem_map(_CODE, 0x1000)
         self._uc.mem_write(_CODE, _RDTSC_HLT)
 
     def read(self) -> int:
-        self._uc.emu_start(_CODE, _NO_EXIT)
-        return (self._uc.reg_read(UC_X86_REG_RDX) << 32) | (self._uc.reg_read(UC_X86_REG_RAX) & 0xFFFFFFFF)
+        with self._lock:
+            self._uc.emu_start(_CODE, _NO_EXIT)
+            return (self._uc.reg_read(UC_X86_REG_RDX) << 32) | (self._uc.reg_read(UC_X86_REG_RAX) & 0xFFFFFFFF)
 
     @cached_property
     def ticks_per_ns(self) -> float:

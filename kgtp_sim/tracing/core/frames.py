@@ -10,6 +10,8 @@ register n of the general ones, rax..gs). A register collection that names fewer
 so, always with rip, at the cost of what it names; `to_gdb` widens it to an `R` block (registers not collected
 read zero there, as GDB's tfile format has no way to say unavailable), and while GDB looks at the frame live they
 are unavailable (`FrameView`).
+
+Pure data: frames are built on the CPU thread and parsed and viewed on the server and follow threads.
 """
 
 from __future__ import annotations

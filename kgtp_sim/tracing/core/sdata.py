@@ -4,6 +4,8 @@ At the hit the stub records the entry structure in binary (the thesis' §3.1 imp
 every hit): each field is assigned from the TP_ARGS, found in the registers the marker record names, exactly as
 the event's TP_fast_assign would. What GDB reads as `$_sdata` is that entry rendered by the event's TP_printk
 format, so `print $_sdata` reads like ftrace output; the rendering happens when GDB asks, not at the hit.
+
+Pure: entries are built on the CPU thread at a hit, rendered on the server thread when GDB asks.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 The same file GDB writes for `tsave`: a text header of definitions (register block size, status, trace variables,
 tracepoints with their hit counts, the target description), an empty line, the raw frames, and a 4-byte zero.
 `target tfile FILE` reads it back. Where the file may go is confined to the directory chosen at start-up.
+
+Pure: writes bytes from the definitions and frames it is given; called on the server thread (QTSave).
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 Unicorn's Python `reg_read` costs several microseconds per register (24 per hit); `uc_reg_read_batch` with
 arrays prepared once reads them all in one ctypes call.
+
+Runs on the CPU thread, at a hit.
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ instructions, we check the current RIP and scan the kernel's writable memory (wh
 register frame lives) for a return address inside the window. If one is found the site gets an int3 into the
 same detour instead, which is always safe. Detour memory is likewise never reused while a stack may still point
 into it (retire.py).
+
+Runs on the CPU thread: building and patching happen inside a run change (`Tracer._between_hits`), the
+detours' hypercalls inside a hit; the variable array is read and written through the machine's coherent
+memory access, from the server thread too (qTv).
 """
 
 from __future__ import annotations

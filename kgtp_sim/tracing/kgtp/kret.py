@@ -45,6 +45,9 @@ caller as if nothing had been hijacked. Stack memory collected while other hijac
 the same function, or any other return probe) holds trampoline addresses: `visible()` shows each trampoline's
 original return address instead, at 8-byte aligned words of every frame GDB reads (tfind, tsave, the follow
 channel), so GDB's backtraces never meet a trampoline. Live memory is shown as it is.
+
+Threads: entries and returns run on the CPU thread, inside hits; `visible()` is pure and runs wherever frames
+are read (the server and follow threads).
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ One detour per probe location, in module space:
 A "hypercall" is an int3 at a known address inside the detour: the machine's breakpoint table sends it to Python,
 which records the error or stops the run, then resumes after it. Every other hit never leaves native code.
 Numbers are written in hex: the assembler reads decimal AT&T immediates and displacements as hex.
+
+Pure code generation (text in, bytes out): called on the CPU thread when a location is installed.
 """
 
 from __future__ import annotations

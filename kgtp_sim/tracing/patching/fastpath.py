@@ -9,6 +9,8 @@ and needs neither memory, TSVs nor a division check, it is compiled a second tim
 (compile_opt's `pointerless` and `true_exit`): the fast path pushes what that code clobbers and runs it inline on
 the site's registers, its final compare jumping to the full path (16 emulated instructions for the thesis' false
 condition, against 28 with a register block and a call).
+
+Pure analysis of a verified program; called on the CPU thread when a location is installed.
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ back. That is only correct when nothing can land inside the covered bytes, so a 
 An int3 probe covers one instruction and only needs the first rule. Relocation rewrites RIP-relative operands
 and relative branches for the new address; calls become `push return; jmp target` so the return address on the
 stack is the original one.
+
+Pure: decoding and planning read code through a `CodeSource` and keep no state; called on the CPU thread
+at tstart and by the stub's `monitor probes`.
 """
 
 from __future__ import annotations

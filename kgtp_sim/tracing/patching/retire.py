@@ -7,6 +7,8 @@ saved RIP sits on its stack (the interrupt frame). So removed code is retired in
 only when neither any CPU's RIP nor any word of the kernel's writable memory (every task stack and saved
 register frame lives there) points into it. Freed too early, the next run's allocation would overwrite
 instructions a task is about to execute.
+
+Runs on the CPU thread (between two instructions, inside a run change).
 """
 
 from __future__ import annotations
