@@ -107,10 +107,26 @@ class PagedUc(Uc):
         Uc.mem_write(self, address, data)
 
     def mem_read(self, address: int, size: int) -> bytearray:
+        physical = self._kernel_known(address, size)
+        if physical is not None:
+            return Uc.mem_read(self, physical, size)
         return self._space(address).read(address, size)
 
     def mem_write(self, address: int, data: bytes) -> None:
+        physical = self._kernel_known(address, len(data))
+        if physical is not None:
+            Uc.mem_write(self, physical, data)
+            return
         self._space(address).write(address, data)
+
+    def _kernel_known(self, address: int, size: int) -> int | None:
+        """The hit path's shortcut: the physical address of a kernel-half range within one page the machine
+        mapped itself (the same in every space; the page-table window is never among them)."""
+        offset = address & (PAGE_SIZE - 1)
+        if not address >> 63 or offset + size > PAGE_SIZE:
+            return None
+        known = self.tables._known.get(address - offset)
+        return None if known is None else known + offset
 
     def _space(self, address: int) -> AddressSpace:
         if kernel_half(address):

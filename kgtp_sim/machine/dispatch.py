@@ -6,8 +6,8 @@
 - `FaultFixups`: ranges of stub-generated code whose memory faults the tracer resolves (like Linux's exception
   tables), never the kernel's #PF handler.
 
-No thread of its own: the tables change on the CPU thread between runs (or inside a hook, for the fixups) and
-are read on it inside emulation.
+No thread of its own: both tables change on the CPU thread, never while one of its lookups runs, and are read
+on it inside emulation.
 """
 
 from __future__ import annotations
