@@ -11,6 +11,7 @@ from unicorn import x86_const as X
 from kgtp_sim import uc_paging as paging
 from kgtp_sim.machine import DEMAND_BASE, AddressSpace, KernelImage, Machine, MemoryFault
 
+from ..conftest import VMLINUX
 from .test_machine import assemble
 from .test_paging import booted
 
@@ -20,8 +21,6 @@ PAGE = 0x1000
 
 @pytest.fixture(scope="module")
 def image() -> KernelImage:
-    from ..conftest import VMLINUX
-
     return KernelImage.load(VMLINUX)
 
 
