@@ -1,22 +1,31 @@
-"""x86_64 4-level page tables in the emulated machine's physical memory, and access through them from the host.
+"""x86_64 4-level page tables in the emulated machine's physical memory, address spaces, and access through them
+from the host.
+
+A leaf module (it imports nothing from kgtp_sim): shared by the machine's CPU and the agent sandbox. No thread of
+its own; its objects are used by whoever owns the unicorn instance (the machine's CPU thread).
 
 Unicorn runs with its default TLB: the CPU translates every access through CR3's tables like a real x86_64 in
-long mode (CR0.PG, CR4.PAE, EFER.LME), and `uc.mem_map` defines physical memory. `PageTables` is the bootloader's
-and the module loader's side of that: it builds the tables in a pool of physical pages, maps pages with the
-permissions a kernel gives them (present, writable, no-execute), and walks them to translate a virtual address
-for the host. PML4 slot 510 points back at the PML4 itself, so the kernel reaches the entry of any address at
-`PTE_WINDOW + (address >> 9 & 0x7ffffffff8)` and fills or clears the entries of its demand-paged region itself.
+long mode (CR0.PG, CR4.PAE, EFER.LME), and `uc.mem_map` defines physical memory. An `AddressSpace` is one tree of
+tables under a root (a CR3 value): the bootloader's and the module loader's side of paging. It builds its tables
+from a pool of physical pages, maps pages with the permissions a kernel gives them (present, writable,
+no-execute, user), walks them to translate a virtual address for the host, and reads and writes through them.
+`PageTables` is the kernel's space, the first: PML4 slot 510 points back at the PML4 itself, so the kernel
+reaches the entry of any address at `PTE_WINDOW + (address >> 9 & 0x7ffffffff8)` and fills or clears the entries
+of its demand-paged region itself. Its `new_space` makes a space for a process: the kernel half shared (the
+upper PML4 entries copied, slot 510 pointing at the new root), the user half empty.
 
 `PagedUc` is the unicorn CPU whose `mem_read`/`mem_write` take virtual addresses and go through those tables,
 the way a debugger reads a kernel: an address whose page is not present is an error (`UcError`, as an unmapped
-address always was), never a mapping made by the read; a write to a read-only page (kernel text) is done, as a
-debugger's (or text_poke's) would be. `phys_read`/`phys_write` reach physical memory.
+address always was), never a mapping made by the read, and the CPU's state is left as it was; a write to a
+read-only page (kernel text) is done, as a debugger's (or text_poke's) would be. The kernel half goes through
+the kernel's space, the rest through the space CR3 holds (what a hook sees is what the interrupted code sees).
+`phys_read`/`phys_write` reach physical memory.
 
 Why not `uc_vmem_read`/`uc_vmem_translate`: in unicorn 2.1.4 they probe the CPU's own TLB fill, and a probe that
 fails still leaves a page fault pending in the CPU (CR2 set to the address, exception_index 14) that is taken
-as a bogus #PF when emulation resumes from a hook. A walk of our own has no side effect.
+as a bogus #PF when emulation resumes from a hook. A walk of our own has no side effect, and can walk a space
+the CPU has not loaded.
 """
-
 from __future__ import annotations
 
 import struct
@@ -33,6 +42,7 @@ from unicorn import x86_const as X
 PAGE_SIZE = 0x1000
 PTE_PRESENT = 1 << 0
 PTE_RW = 1 << 1
+PTE_USER = 1 << 2
 PTE_ACCESSED = 1 << 5
 PTE_DIRTY = 1 << 6
 PTE_LARGE = 1 << 7
@@ -63,6 +73,9 @@ RODATA = PTE_PRESENT | PTE_GLOBAL | PTE_NX
 DATA = PTE_PRESENT | PTE_RW | PTE_GLOBAL | PTE_NX
 CODE = PTE_PRESENT | PTE_RW | PTE_GLOBAL  #: module space: written by the stub, executed by the kernel
 DEMAND = PTE_PRESENT | PTE_RW | PTE_NX
+#: a process's pages (the user half: never global, their entries go with their space)
+USER_TEXT = PTE_PRESENT | PTE_USER
+USER_DATA = PTE_PRESENT | PTE_RW | PTE_USER | PTE_NX
 
 
 def indexes(address: int) -> tuple[int, int, int, int]:
@@ -81,7 +94,9 @@ def leaf_flags(readable: bool, writable: bool, executable: bool) -> int:
 
 @ucsubclass
 class PagedUc(Uc):
-    """A unicorn x86_64 CPU whose host-side memory access goes through the page tables (see the module text)."""
+    """A unicorn x86_64 CPU whose host-side memory access goes through the page tables (see the module text):
+    the kernel half through the kernel's space, which every space the machine makes shares, and the user half
+    (and the page-table window, each space's own) through the space whose root CR3 holds, as the CPU would."""
 
     tables: PageTables
 
@@ -92,38 +107,31 @@ class PagedUc(Uc):
         Uc.mem_write(self, address, data)
 
     def mem_read(self, address: int, size: int) -> bytearray:
-        first = self.tables.translate(address, size)
-        if first is not None:
-            return Uc.mem_read(self, first, size)
-        out = bytearray()
-        for physical, length in self._runs(address, size, UC_ERR_READ_UNMAPPED):
-            out += Uc.mem_read(self, physical, length)
-        return out
+        physical = self._kernel_known(address, size)
+        if physical is not None:
+            return Uc.mem_read(self, physical, size)
+        return self._space(address).read(address, size)
 
     def mem_write(self, address: int, data: bytes) -> None:
-        size = len(data)
-        first = self.tables.translate(address, size)
-        if first is not None:
-            Uc.mem_write(self, first, data)
+        physical = self._kernel_known(address, len(data))
+        if physical is not None:
+            Uc.mem_write(self, physical, data)
             return
-        data = bytes(data)
-        offset = 0
-        for physical, length in self._runs(address, size, UC_ERR_WRITE_UNMAPPED):  # all translated first
-            Uc.mem_write(self, physical, data[offset: offset + length])
-            offset += length
+        self._space(address).write(address, data)
 
-    def _runs(self, address: int, size: int, error: int) -> list[tuple[int, int]]:
-        """[address, address + size) as runs of contiguous physical memory; UcError(error) if a page is absent."""
-        runs: list[tuple[int, int]] = []
-        for virtual, length in _pages(address, size):
-            physical = self.tables.translate(virtual)
-            if physical is None:
-                raise UcError(error, address, size)
-            if runs and runs[-1][0] + runs[-1][1] == physical:
-                runs[-1] = (runs[-1][0], runs[-1][1] + length)
-            else:
-                runs.append((physical, length))
-        return runs
+    def _kernel_known(self, address: int, size: int) -> int | None:
+        """The hit path's shortcut: the physical address of a kernel-half range within one page the machine
+        mapped itself (the same in every space; the page-table window is never among them)."""
+        offset = address & (PAGE_SIZE - 1)
+        if not address >> 63 or offset + size > PAGE_SIZE:
+            return None
+        known = self.tables._known.get(address - offset)
+        return None if known is None else known + offset
+
+    def _space(self, address: int) -> AddressSpace:
+        if kernel_half(address):
+            return self.tables  # no register read: the hit path reads kernel memory this way
+        return self.tables.space_at(self.reg_read(X.UC_X86_REG_CR3))
 
 
 def _pages(address: int, size: int) -> Iterable[tuple[int, int]]:
@@ -134,50 +142,93 @@ def _pages(address: int, size: int) -> Iterable[tuple[int, int]]:
         address += length
 
 
-class PageTables:
-    """The machine's page tables: a PML4 and the tables under it, allocated from [pool, pool + pool_size).
+def kernel_half(address: int) -> bool:
+    """Is `address` in the upper half, which every space shares (except the page-table window, each its own)?"""
+    return bool(address >> 63) and address >> 39 & 511 != RECURSIVE_SLOT
 
-    Leaf entries the machine writes itself (the kernel image, module and vmalloc space) never change once
-    written, so their translations are remembered; every other address (the demand region, whose entries the
-    kernel owns) is walked from CR3 at each access.
-    """
 
-    def __init__(self, uc: PagedUc, pool: int, pool_size: int) -> None:
+class TablePool:
+    """Physical pages for page tables, [base, base + size), handed out zeroed; shared by every space of a CPU."""
+
+    def __init__(self, uc: PagedUc, base: int, size: int) -> None:
         self.uc = uc
-        uc.tables = self
-        self._pool_next = pool
-        self._pool_end = pool + pool_size
-        self.pml4 = self._new_table()
-        self._write_entry(self.pml4 + 8 * RECURSIVE_SLOT, self.pml4 | TABLE_FLAGS | PTE_NX)
-        self._known: dict[int, int] = {}  #: virtual page -> physical page, for the machine's own mappings
-        self._tables: dict[tuple[int, ...], int] = {(): self.pml4}  #: index path -> physical table
+        self._next = base
+        self._end = base + size
 
-    def _new_table(self) -> int:
-        table = self._pool_next
-        if table >= self._pool_end:
+    def alloc(self) -> int:
+        table = self._next
+        if table >= self._end:
             raise MemoryError("page-table pool exhausted")
-        self._pool_next += PAGE_SIZE
+        self._next += PAGE_SIZE
         self.uc.phys_write(table, bytes(PAGE_SIZE))
         return table
+
+
+class AddressSpace:
+    """One tree of 4-level page tables under a root table: what CR3 holds while the space is loaded.
+
+    Host access through it follows the rules of the module text: `read`/`write` translate through this space's
+    own tables (never the CPU's TLB, never CR3), an absent page is a UcError and maps nothing, a write to a
+    read-only page goes through. A space made by `PageTables.new_space` shares the kernel half: its upper PML4
+    entries point at the kernel's tables (the page-table window excepted, which points at its own root), so the
+    kernel half reads the same in every space, and the user half starts empty. Leaf entries the machine writes
+    itself (`map`) are remembered per space (the kernel half's in the kernel's space, for all); every other
+    address is walked at each access.
+
+    A space of no pool (`PageTables.space_at` of a root the machine did not make) can be read, not mapped.
+    """
+
+    def __init__(self, uc: PagedUc, root: int, pool: TablePool | None = None,
+                 kernel: PageTables | None = None) -> None:
+        self.uc = uc
+        self.root = root  #: physical address of the PML4: the space's CR3 value
+        self._pool = pool
+        self._kernel = kernel  #: the space whose upper half this one shares (None: its own)
+        self._known: dict[int, int] = {}  #: virtual page -> physical page, for the machine's own mappings
+        self._kernel_known = kernel._known if kernel is not None else self._known
+        self._tables: dict[tuple[int, ...], int] = {(): root}  #: index path -> physical table
+
+    @property
+    def pml4(self) -> int:
+        return self.root
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} cr3={self.root:#x}>"
+
+    # ---- building ------------------------------------------------------------------------------------------
 
     def _write_entry(self, physical: int, value: int) -> None:
         self.uc.phys_write(physical, struct.pack("<Q", value))
 
+    def _owner(self, virtual: int) -> AddressSpace:
+        """The space whose tables hold the entries of `virtual`: the kernel's for the shared half."""
+        return self._kernel if self._kernel is not None and kernel_half(virtual) else self
+
     def table_for(self, address: int) -> int:
-        """Physical address of the last-level table covering `address`, created (empty) if missing."""
+        """Physical address of the last-level table covering `address`, created (empty) if missing. The
+        kernel half's tables are the kernel space's: make them there."""
+        if self._owner(address) is not self:
+            raise ValueError(f"{address:#x} is in the kernel half, which this space shares: map it in the kernel's")
+        if self._pool is None:
+            raise ValueError(f"{self!r} was not made by the machine: its tables cannot be changed")
         path = indexes(address)[:3]
         table = self._tables.get(path)
         if table is not None:
             return table
-        parent = self.pml4
+        parent = self.root
         for depth in range(1, 4):
             table = self._tables.get(path[:depth])
             if table is None:
-                table = self._new_table()
+                table = self._pool.alloc()
                 self._write_entry(parent + 8 * path[depth - 1], table | TABLE_FLAGS)
                 self._tables[path[:depth]] = table
+                if depth == 1:
+                    self._new_top_entry(path[0], table | TABLE_FLAGS)
             parent = table
         return table
+
+    def _new_top_entry(self, index: int, entry: int) -> None:
+        """A PML4 entry was just made (the kernel's space hands the kernel half's on to the spaces sharing it)."""
 
     def map(self, virtual: int, physical: int, size: int, flags: int) -> None:
         """Map [virtual, virtual + size) to [physical, ...) page by page with leaf `flags` (machine-owned)."""
@@ -198,9 +249,12 @@ class PageTables:
         for address in range(virtual, virtual + size, 512 * PAGE_SIZE):
             self.table_for(address)
 
+    # ---- reading -------------------------------------------------------------------------------------------
+
     def entry_address(self, virtual: int) -> int | None:
         """Physical address of the leaf entry of `virtual`, if its tables exist."""
-        table = self._tables.get(indexes(virtual)[:3])
+        owner = self._owner(virtual)
+        table = owner._tables.get(indexes(virtual)[:3])
         return None if table is None else table + 8 * indexes(virtual)[3]
 
     def translate(self, virtual: int, size: int = 1) -> int | None:
@@ -210,20 +264,21 @@ class PageTables:
         if offset + size > PAGE_SIZE:
             return None
         page = virtual - offset
-        known = self._known.get(page)
+        known = (self._kernel_known if kernel_half(virtual) else self._known).get(page)
         if known is not None:
             return known + offset
         entry = self.walk(page)
         return None if entry is None else (entry & PTE_ADDRESS) + offset
 
     def walk(self, virtual: int) -> int | None:
-        """The leaf entry mapping `virtual` (4 KiB, 2 MiB or 1 GiB), read from CR3's tables; None if absent."""
+        """The leaf entry mapping `virtual` (4 KiB, 2 MiB or 1 GiB), read from this space's tables; None if
+        absent."""
         if not canonical(virtual):
             return None
-        uc = self.uc
-        table = uc.reg_read(X.UC_X86_REG_CR3) & PTE_ADDRESS
+        phys_read = self.uc.phys_read
+        table = self.root
         for level, index in enumerate(indexes(virtual)):
-            entry = int.from_bytes(uc.phys_read(table + 8 * index, 8), "little")
+            entry = int.from_bytes(phys_read(table + 8 * index, 8), "little")
             if not entry & PTE_PRESENT:
                 return None
             if level == 3:
@@ -235,10 +290,100 @@ class PageTables:
             table = entry & PTE_ADDRESS
         return None
 
+    def executable(self, address: int) -> bool:
+        """Is the page holding `address` present and executable in this space?"""
+        entry = self.walk(address & ~(PAGE_SIZE - 1))
+        return entry is not None and not entry & PTE_NX
+
+    # ---- the host's access ---------------------------------------------------------------------------------
+
+    def read(self, address: int, size: int) -> bytearray:
+        """[address, address + size) as this space maps it; UcError(UC_ERR_READ_UNMAPPED) if a page is absent."""
+        first = self.translate(address, size)
+        if first is not None:
+            return Uc.mem_read(self.uc, first, size)
+        out = bytearray()
+        for physical, length in self._runs(address, size, UC_ERR_READ_UNMAPPED):
+            out += Uc.mem_read(self.uc, physical, length)
+        return out
+
+    def write(self, address: int, data: bytes) -> None:
+        """Write through this space's tables (read-only pages too, as a debugger does); nothing is written if a
+        page is absent (UcError(UC_ERR_WRITE_UNMAPPED))."""
+        size = len(data)
+        first = self.translate(address, size)
+        if first is not None:
+            Uc.mem_write(self.uc, first, data)
+            return
+        data = bytes(data)
+        offset = 0
+        for physical, length in self._runs(address, size, UC_ERR_WRITE_UNMAPPED):  # all translated first
+            Uc.mem_write(self.uc, physical, data[offset: offset + length])
+            offset += length
+
+    def _runs(self, address: int, size: int, error: int) -> list[tuple[int, int]]:
+        """[address, address + size) as runs of contiguous physical memory; UcError(error) if a page is absent."""
+        runs: list[tuple[int, int]] = []
+        for virtual, length in _pages(address, size):
+            physical = self.translate(virtual)
+            if physical is None:
+                raise UcError(error, address, size)
+            if runs and runs[-1][0] + runs[-1][1] == physical:
+                runs[-1] = (runs[-1][0], runs[-1][1] + length)
+            else:
+                runs.append((physical, length))
+        return runs
+
+
+class PageTables(AddressSpace):
+    """The kernel's address space (Linux's swapper_pg_dir): the first space of a CPU, built in a pool of
+    physical pages [pool, pool + pool_size) that every later space's tables come from too, and the registry of
+    the spaces by root. PML4 slot 510 is the page-table window.
+
+    `new_space` makes a space sharing the kernel half (Linux's pgd_alloc: the kernel's upper PML4 entries
+    copied); a kernel-half PML4 entry made later is copied into every such space (Linux's sync_global_pgds).
+    """
+
+    def __init__(self, uc: PagedUc, pool: int, pool_size: int) -> None:
+        tables = TablePool(uc, pool, pool_size)
+        super().__init__(uc, tables.alloc(), tables)
+        uc.tables = self
+        self._write_entry(self.root + 8 * RECURSIVE_SLOT, self.root | TABLE_FLAGS | PTE_NX)
+        self._spaces: dict[int, AddressSpace] = {self.root: self}  #: root -> space, this one included
+
+    def new_space(self) -> AddressSpace:
+        """A space of its own root whose kernel half is this one's and whose user half is empty."""
+        assert self._pool is not None
+        root = self._pool.alloc()
+        upper = bytearray(self.uc.phys_read(self.root + 8 * 256, 8 * 256))
+        upper[8 * (RECURSIVE_SLOT - 256): 8 * (RECURSIVE_SLOT - 255)] = struct.pack("<Q", root | TABLE_FLAGS | PTE_NX)
+        self.uc.phys_write(root + 8 * 256, bytes(upper))
+        space = AddressSpace(self.uc, root, self._pool, kernel=self)
+        self._spaces[root] = space
+        return space
+
+    def space_at(self, cr3: int) -> AddressSpace:
+        """The space whose root `cr3` names: one of the machine's, or a read-only view of a root it did not make."""
+        root = cr3 & PTE_ADDRESS
+        space = self._spaces.get(root)
+        return space if space is not None else AddressSpace(self.uc, root)
+
+    @property
+    def spaces(self) -> list[AddressSpace]:
+        """Every space of the machine, the kernel's first."""
+        return list(self._spaces.values())
+
+    def _new_top_entry(self, index: int, entry: int) -> None:
+        if index < 256 or index == RECURSIVE_SLOT:
+            return
+        for space in self._spaces.values():
+            if space is not self:
+                self._write_entry(space.root + 8 * index, entry)
+
     def enable(self) -> None:
         """Hand the CPU these tables as a 64-bit bootloader does: CR3, PAE, long mode with NX, paging, WP."""
         uc = self.uc
-        uc.reg_write(X.UC_X86_REG_CR3, self.pml4)
+        uc.reg_write(X.UC_X86_REG_CR3, self.root)
         uc.reg_write(X.UC_X86_REG_CR4, uc.reg_read(X.UC_X86_REG_CR4) | CR4_PAE | CR4_PGE)
         uc.msr_write(MSR_EFER, uc.msr_read(MSR_EFER) | EFER_LME | EFER_LMA | EFER_NXE)
         uc.reg_write(X.UC_X86_REG_CR0, uc.reg_read(X.UC_X86_REG_CR0) | CR0_PE | CR0_MP | CR0_ET | CR0_NE | CR0_WP

@@ -3,6 +3,7 @@
 See docs/DESIGN.md (address space, devices, interrupts, marker table) for the contracts with the other layers.
 """
 
+from ..uc_paging import AddressSpace
 from .cpu import FaultFixups, Stop
 from .errors import KernelImageError, MachineError, MemoryFault
 from .image import KernelImage, Segment, Symbol
@@ -11,6 +12,7 @@ from .machine import Machine, MachineStats
 from .markers import SITE_NOP, FieldKind, Marker, MarkerField
 
 __all__ = [
+    "AddressSpace",
     "DEMAND_BASE",
     "DEMAND_SIZE",
     "FaultFixups",

@@ -1,11 +1,22 @@
-"""The unicorn CPU: memory map, hooks, and x86 interrupt/exception delivery through the kernel's IDT.
+"""The unicorn CPU: its registers, its hooks, x86 interrupt/exception delivery through the kernel's IDT, and the
+run loop (`Cpu.run`).
+
+Owns the unicorn instance and everything that happens between unicorn and the kernel at one instruction
+boundary. Runs on the CPU thread (`Machine`), or on the caller's before `Machine.start`; the hooks run on it
+inside emulation. Its parts live beside it:
+
+- memory.py: physical memory, the page tables and address spaces, the demand frames, the stub's pages, dropping
+  translated code (`Cpu.memory`);
+- dispatch.py: the tables the stub's code gets a look at first (the int3 jump table, the fault fixups);
+- stopper.py: ending emulation at a block boundary for other threads (`Cpu.stopper`).
 
 Unicorn runs instructions but has no notion of an IDT: software interrupts, #DE, #UD and bad memory accesses
 come back to us as hooks. This module turns each into what the hardware would do (push the 64-bit interrupt
 frame, set CR2, clear IF for an interrupt gate, jump to the gate's handler), so the kernel handles its own
 exceptions and returns with `iretq`. Two tables get a look first, for the tracer's sake:
 
-- `breakpoints`: an int3 at one of these addresses is the stub's probe, not the kernel's business;
+- `breakpoints`: an int3 at one of these addresses is the stub's probe, not the kernel's business (and the
+  native `jumps` table, dispatch.py, sends the compiled engines' int3s on without any Python);
 - `fault_fixups`: a memory fault whose RIP is in one of these ranges (stub-generated code) is resolved by the
   tracer (like Linux's exception tables), never by the kernel's #PF handler.
 
@@ -14,16 +25,12 @@ at the faulting instruction, `int N` and int3 report RIP after it; an unmapped a
 at the faulting instruction (so we stop, then deliver #PF from the run loop); `hlt` ends emu_start with RIP after
 it.
 
-Memory goes through the kernel's page tables (kgtp_sim/uc_paging.py): the machine builds them as a bootloader would and
-hands the CPU CR3 with paging on, so a not-present page or a protection violation is a real #PF raised by the
-MMU. Unicorn gives that to UC_HOOK_INTR with RIP at the faulting instruction and CR2 set; QEMU keeps the error
-code in a field the API does not reach, read from the saved context (offset found by experiment, as for the
-"exception in flight" below). The kernel's #PF handler fills the entry of a demand page itself and drops pages
-by clearing their entries and running `invlpg`, so the machine never flushes the TLB.
-
-Why this module is long: it is everything that happens between unicorn and the kernel at one instruction
-boundary (delivery, the probe and fixup tables, the #DB trap, page faults, block stops, counting), and those
-hooks share one piece of state, the CPU's, which splitting would pass around.
+Memory goes through the kernel's page tables (kgtp_sim/uc_paging.py): the machine builds them as a bootloader
+would and hands the CPU CR3 with paging on, so a not-present page or a protection violation is a real #PF raised
+by the MMU. Unicorn gives that to UC_HOOK_INTR with RIP at the faulting instruction and CR2 set; QEMU keeps the
+error code in a field the API does not reach, read from the saved context (offset found by experiment, as for
+the "exception in flight" below). The kernel's #PF handler fills the entry of a demand page itself and drops
+pages by clearing their entries and running `invlpg`, so the machine never flushes the TLB.
 """
 
 from __future__ import annotations
@@ -31,16 +38,13 @@ from __future__ import annotations
 import ctypes
 import enum
 import struct
-
 from collections import Counter
 from typing import Callable
 
 from unicorn import (
     UC_ARCH_X86,
-    UC_HOOK_BLOCK,
     UC_HOOK_INSN,
     UC_HOOK_INSN_INVALID,
-    UC_HOOK_INTR,
     UC_HOOK_MEM_INVALID,
     UC_MEM_FETCH_PROT,
     UC_MEM_FETCH_UNMAPPED,
@@ -48,48 +52,20 @@ from unicorn import (
     UC_MEM_WRITE_PROT,
     UC_MEM_WRITE_UNMAPPED,
     UC_MODE_64,
-    UC_PROT_ALL,
     Uc,
     UcError,
 )
 from unicorn import x86_const as X
-from unicorn.unicorn_const import UC_CTL_IO_WRITE, UC_CTL_TLB_FLUSH
-from unicorn.unicorn_py3.unicorn import HOOK_INTR_CFUNC
 
 from .. import uc_paging as paging
+from ..uc_native import InstructionCounter, Registers, old_exception_offset
+from ..uc_paging import AddressSpace, memory_operand_address, page_fault_error_offset
+from .dispatch import FaultFixups, FaultHandler, InterruptDispatch  # noqa: F401 - FaultHandler: cpu.py's name too
 from .errors import MachineError
 from .image import KernelImage
-from .layout import (
-    BOOT_BASE,
-    BOOT_SIZE,
-    DEMAND_BASE,
-    DEMAND_SIZE,
-    MODULE_BASE,
-    MODULE_SIZE,
-    PAGE_SIZE,
-    PHYS_BOOT,
-    PHYS_DEMAND,
-    PHYS_DEMAND_SIZE,
-    PHYS_KERNEL,
-    PHYS_KERNEL_SIZE,
-    PHYS_MODULE,
-    PHYS_TABLES,
-    PHYS_TABLES_SIZE,
-    PHYS_VMALLOC,
-    VMALLOC_BASE,
-    VMALLOC_SIZE,
-    page_ceil,
-    page_floor,
-)
-from ..uc_native import (
-    InstructionCounter,
-    Registers,
-    add_native_hook,
-    emu_stop_address,
-    lib,
-    old_exception_offset,
-)
-from ..uc_paging import memory_operand_address, page_fault_error_offset
+from .memory import BOOT_GDT, Memory, _gaps
+from .layout import BOOT_BASE
+from .stopper import BlockStopper
 
 TRANSLATION_CACHE = 32 << 20  #: bytes of host code the emulator keeps translated (see Cpu.__init__)
 NO_EXIT = 0xFFFF_FFFF_FFFF_FFFF  #: `until` for emu_start when only a stop request should end it
@@ -100,8 +76,6 @@ EFLAGS_NT = 1 << 14
 EFLAGS_RF = 1 << 16
 KERNEL_CS = 0x08
 KERNEL_DS = 0x10
-#: the bootloader's GDT: null, 64-bit code (0x08), data (0x10); the kernel installs its own equivalent
-BOOT_GDT = struct.pack("<3Q", 0, 0x00AF9B000000FFFF, 0x00CF93000000FFFF)
 
 #: register name (kgtp_sim/arch/amd64.py order) -> unicorn id
 REGISTER_IDS: dict[str, int] = {
@@ -114,8 +88,6 @@ ARGUMENT_REGISTERS = (X.UC_X86_REG_RDI, X.UC_X86_REG_RSI, X.UC_X86_REG_RDX, X.UC
                       X.UC_X86_REG_R9)
 
 BreakpointHandler = Callable[[Uc], None]
-FaultHandler = Callable[[Uc, int], None]
-
 
 GENERAL_PROTECTION = 13
 PAGE_FAULT = 14
@@ -124,19 +96,6 @@ PAGE_FAULT = 14
 CONTRIBUTORY_VECTORS = frozenset({0, 10, 11, 12, 13})
 
 
-
-def _gaps(regions) -> list[tuple[int, int]]:
-    """The physical addresses no region backs, as inclusive (begin, end) ranges, from unicorn's inclusive
-    (begin, end, perms) regions."""
-    gaps, cursor = [], 0
-    for begin, end, _ in sorted(regions):
-        if begin > cursor:
-            gaps.append((cursor, begin - 1))
-        cursor = end + 1
-    if cursor <= 2**64 - 1:
-        gaps.append((cursor, 2**64 - 1))
-    return gaps
-
 class Stop(enum.Enum):
     """Why `Cpu.run` returned."""
 
@@ -144,245 +103,6 @@ class Stop(enum.Enum):
     STOPPED = "stop requested (or instruction budget spent)"
     UNTIL = "reached the requested address"
     EXCEPTION = "a memory fault was delivered (IDT or fixup); resume"
-
-
-class FaultFixups:
-    """Address ranges of stub-generated code -> handler(uc, fault_address) for memory faults raised there.
-
-    The handler must leave RIP (and whatever else) where execution continues, typically the generated code's
-    fault exit, after recording the error. Ranges must not overlap.
-    """
-
-    def __init__(self) -> None:
-        self._ranges: dict[int, tuple[int, FaultHandler]] = {}
-
-    def add(self, start: int, end: int, handler: FaultHandler) -> None:
-        """Cover [start, end)."""
-        if end <= start:
-            raise ValueError(f"empty range {start:#x}..{end:#x}")
-        for lo, (hi, _) in self._ranges.items():
-            if start < hi and lo < end:
-                raise ValueError(f"range {start:#x}..{end:#x} overlaps {lo:#x}..{hi:#x}")
-        self._ranges[start] = (end, handler)
-
-    def remove(self, start: int) -> None:
-        del self._ranges[start]
-
-    def find(self, address: int) -> FaultHandler | None:
-        for lo, (hi, handler) in list(self._ranges.items()):
-            if lo <= address < hi:
-                return handler
-        return None
-
-    def __len__(self) -> int:
-        return len(self._ranges)
-
-    def clear(self) -> None:
-        self._ranges.clear()
-
-
-class _StopCell(ctypes.Structure):
-    _fields_ = [("requested", ctypes.c_uint64), ("emu_stop", ctypes.c_void_p), ("lo", ctypes.c_uint64),
-                ("hi", ctypes.c_uint64)]
-
-
-class _JumpCell(ctypes.Structure):
-    _fields_ = [("python", ctypes.c_uint64), ("reg_read", ctypes.c_uint64), ("reg_write", ctypes.c_uint64),
-                ("hits", ctypes.c_uint64), ("mask", ctypes.c_uint64)]
-
-
-class InterruptDispatch:
-    """The CPU's one UC_HOOK_INTR callback, in machine code: an int3 at an address of the jump table goes on at that
-    address's target without any Python (the compiled engines' int3 probes enter their detours this way, as the
-    jump probes do); anything else is handed to the Python handler, with the same arguments.
-
-    The table is open addressing with linear probing in host memory (address 0: empty slot), indexed by the int3's
-    address modulo its size; entries change only on the CPU thread between runs (`set`, `remove`), when no
-    callback can be reading it. Without W+X host pages the Python handler is the hook and looks the table up
-    itself.
-    """
-
-    SLOTS = 0x2000  # a power of two: ten thousand probes stay well under half full
-    #: AT&T, hex only (see docs/DESIGN.md, the assembler trap); rdi = uc, esi = intno, rdx = the cell
-    SOURCE = """
-        cmp $0x3, %esi
-        jne python
-        push %rbx
-        push %r12
-        push %r13
-        sub $0x10, %rsp
-        mov %rdi, %rbx
-        mov %rdx, %r12
-        mov $RIP, %esi
-        mov %rsp, %rdx
-        call *0x8(%r12)
-        mov (%rsp), %rax
-        dec %rax
-        mov %rax, %rcx
-        and 0x20(%r12), %rcx
-    probe:
-        mov %rcx, %r13
-        shl $0x4, %r13
-        lea 0x28(%r12,%r13), %r13
-        mov (%r13), %rdx
-        test %rdx, %rdx
-        je miss
-        cmp %rax, %rdx
-        je hit
-        inc %rcx
-        and 0x20(%r12), %rcx
-        jmp probe
-    hit:
-        mov 0x8(%r13), %rax
-        mov %rax, (%rsp)
-        incq 0x18(%r12)
-        mov %rbx, %rdi
-        mov $RIP, %esi
-        mov %rsp, %rdx
-        call *0x10(%r12)
-        add $0x10, %rsp
-        pop %r13
-        pop %r12
-        pop %rbx
-        ret
-    miss:
-        mov %rbx, %rdi
-        mov $0x3, %esi
-        mov %r12, %rdx
-        add $0x10, %rsp
-        pop %r13
-        pop %r12
-        pop %rbx
-    python:
-        jmp *(%rdx)
-    """
-
-    def __init__(self, uc: Uc, handler: Callable[[Uc, int, object], None]) -> None:
-        self.table: dict[int, int] = {}
-        memory = (ctypes.c_uint64 * (5 + 2 * self.SLOTS))()
-        self._memory = memory
-        self._cell = _JumpCell.from_buffer(memory)
-        self._slots = ctypes.cast(ctypes.addressof(memory) + ctypes.sizeof(_JumpCell),
-                                  ctypes.POINTER(ctypes.c_uint64))
-        self._python = HOOK_INTR_CFUNC(lambda _uc, intno, _data: handler(uc, intno, None))
-        self._cell.python = ctypes.cast(self._python, ctypes.c_void_p).value
-        self._cell.reg_read = ctypes.cast(lib.uc_reg_read, ctypes.c_void_p).value
-        self._cell.reg_write = ctypes.cast(lib.uc_reg_write, ctypes.c_void_p).value
-        self._cell.mask = self.SLOTS - 1
-        code = _assemble(self.SOURCE.replace("$RIP", f"${X.UC_X86_REG_RIP:#x}"))
-        self.native = add_native_hook(uc, UC_HOOK_INTR, code, ctypes.addressof(memory)) is not None
-        if not self.native:
-            uc.hook_add(UC_HOOK_INTR, handler)
-
-    @property
-    def hits(self) -> int:
-        """int3s sent on natively."""
-        return self._cell.hits
-
-    def target(self, address: int) -> int | None:
-        return self.table.get(address)
-
-    def set(self, address: int, target: int) -> None:
-        if address not in self.table and len(self.table) >= self.SLOTS // 2:
-            raise MachineError(f"more than {self.SLOTS // 2} int3 probes")
-        self.table[address] = target
-        slot = self._find(address)
-        self._slots[2 * slot], self._slots[2 * slot + 1] = address, target
-
-    def remove(self, address: int) -> None:
-        if self.table.pop(address, None) is None:
-            return
-        # backward-shift deletion keeps every other entry reachable from its home slot
-        mask = self.SLOTS - 1
-        hole = self._find(address)
-        index = hole
-        while True:
-            index = (index + 1) & mask
-            key = self._slots[2 * index]
-            if key == 0:
-                break
-            home = key & mask
-            if (index - home) & mask >= (index - hole) & mask:
-                self._slots[2 * hole], self._slots[2 * hole + 1] = key, self._slots[2 * index + 1]
-                hole = index
-        self._slots[2 * hole] = self._slots[2 * hole + 1] = 0
-
-    def _find(self, address: int) -> int:
-        """The slot holding `address`, or the empty slot where it goes."""
-        index = address & (self.SLOTS - 1)
-        while self._slots[2 * index] not in (0, address):
-            index = (index + 1) & (self.SLOTS - 1)
-        return index
-
-
-def _assemble(source: str) -> bytes:
-    from keystone import KS_ARCH_X86, KS_MODE_64, KS_OPT_SYNTAX_ATT, Ks
-
-    ks = Ks(KS_ARCH_X86, KS_MODE_64)
-    ks.syntax = KS_OPT_SYNTAX_ATT
-    encoding, _ = ks.asm(source, 0)
-    return bytes(encoding)
-
-
-class BlockStopper:
-    """Ends emulation at the next block boundary on behalf of other threads.
-
-    `uc.emu_stop()` called from another thread is not safe: it can end a translation block in the middle
-    while QEMU resumes from the block's first instruction, so the instructions already run execute twice (an
-    `inc` counted twice, a `push` doubled; measured with two counters in one block). A stop requested from
-    inside a hook on the CPU thread is exact. So other threads only raise a flag; a native UC_HOOK_BLOCK
-    callback (`cmp [rcx], 0; jne; ret; jmp *uc_emu_stop`) sees it at the next block's start, before any of
-    its instructions ran, and calls uc_emu_stop from the CPU thread. Without W+X pages, a Python block hook
-    does the same, slower.
-
-    A second kind of request, `stop_outside(lo, hi)`, ends emulation at the first block that starts outside
-    [lo, hi): the CPU thread asks it when a timer tick waits while the stub's own code (a detour, interrupts
-    off) runs, so the tick is taken as soon as the kernel's code resumes instead of whenever a periodic stop
-    happens to land outside a detour (at full tracing pace, almost never).
-    """
-
-    # cmp qword [rcx], 0; jne +1; ret
-    # cmp qword [rcx], 1; je stop                      (1: stop at any block)
-    # cmp rsi, [rcx+16]; jb stop; cmp rsi, [rcx+24]; jae stop; ret    (2: only outside [lo, hi))
-    # stop: jmp qword [rcx+8]                          (uc_emu_stop(uc): rdi is still the hook's uc)
-    CODE = bytes.fromhex(
-        "48833900" "7501" "c3"
-        "48833901" "740d"
-        "483b7110" "7207" "483b7118" "7301" "c3"
-        "ff6108"
-    )
-    ANY_BLOCK, OUTSIDE_RANGE = 1, 2
-
-    def __init__(self, uc: Uc) -> None:
-        self._cell = _StopCell(0, emu_stop_address(), 0, 0)
-        self._hook = add_native_hook(uc, UC_HOOK_BLOCK, self.CODE, ctypes.addressof(self._cell))
-        if self._hook is None:
-            uc.hook_add(UC_HOOK_BLOCK, self._python_check)
-
-    def request(self) -> None:
-        """From any thread: end emulation at the next block boundary (kept until `clear`)."""
-        self._cell.requested = self.ANY_BLOCK
-
-    def stop_outside(self, lo: int, hi: int) -> None:
-        """On the CPU thread, before emulation starts: end it at the first block starting outside [lo, hi).
-        A later `request` from any thread widens this to any block."""
-        self._cell.lo, self._cell.hi = lo, hi
-        self._cell.requested = self.OUTSIDE_RANGE
-
-    def clear(self) -> None:
-        """On the CPU thread, before emulation starts: forget requests already served."""
-        self._cell.requested = 0
-
-    def take(self) -> int:
-        """On the CPU thread: the pending request (0 if none), cleared; `request()` puts a stop back."""
-        requested, self._cell.requested = self._cell.requested, 0
-        return requested
-
-    def _python_check(self, uc: Uc, address: int, _size: int, _data: object) -> None:
-        cell = self._cell
-        if cell.requested == self.ANY_BLOCK or (
-                cell.requested == self.OUTSIDE_RANGE and not cell.lo <= address < cell.hi):
-            uc.emu_stop()
 
 
 class Cpu:
@@ -400,20 +120,9 @@ class Cpu:
         # compiled tracing at full pace, seen in the soak) before that happened.
         uc.ctl_set_tcg_buffer_size(TRANSLATION_CACHE)
         self.uc = uc
-        # physical memory; permissions live in the page tables, so every frame is RWX to unicorn
-        uc.mem_map(PHYS_BOOT, PAGE_SIZE, UC_PROT_ALL)
-        uc.mem_map(PHYS_TABLES, PHYS_TABLES_SIZE, UC_PROT_ALL)
-        uc.mem_map(PHYS_DEMAND, PHYS_DEMAND_SIZE, UC_PROT_ALL)
-        uc.mem_map(PHYS_MODULE, MODULE_SIZE, UC_PROT_ALL)
-        uc.mem_map(PHYS_VMALLOC, VMALLOC_SIZE, UC_PROT_ALL)
-        self.tables = paging.PageTables(uc, PHYS_TABLES, PHYS_TABLES_SIZE)
-        self._map_image(image)
-        self.tables.prepare(DEMAND_BASE, DEMAND_SIZE)  # entries absent: the kernel's #PF handler fills them
-        #: module and vmalloc pages mapped so far, with their rights (`map_stub_pages`)
-        self._stub_pages: dict[int, int] = {}
-        #: frames of the demand pool not handed to the kernel (it asks through port 0x80)
-        self._free_frames = list(range(PHYS_DEMAND + PHYS_DEMAND_SIZE - PAGE_SIZE, PHYS_DEMAND - 1, -PAGE_SIZE))
-        self.frames_in_use = 0
+        self.memory = Memory(uc, image)
+        #: the kernel's address space (its page tables): the default space of every access
+        self.tables = self.memory.kernel
 
         self.breakpoints: dict[int, BreakpointHandler] = {}
         #: the single-step trap (#DB after an instruction run with EFLAGS.TF): the stub's while-stepping, never the
@@ -450,60 +159,10 @@ class Cpu:
         uc.ctl_set_exits([])
         self._reset(image.entry)
 
-    # ---- memory map --------------------------------------------------------------------------------------
-
-    def _map_image(self, image: KernelImage) -> None:
-        """Load each PT_LOAD at PHYS_KERNEL + (vaddr - lowest vaddr) and map its pages with its permissions:
-        text read-only and executable, rodata read-only, data no-execute (a kernel write to text is a #PF)."""
-        low = page_floor(min(seg.vaddr for seg in image.segments))
-        high = page_ceil(max(seg.end for seg in image.segments))
-        if high - low > PHYS_KERNEL_SIZE:
-            raise MachineError(f"kernel image of {high - low:#x} bytes does not fit {PHYS_KERNEL_SIZE:#x}")
-        self.uc.mem_map(PHYS_KERNEL, high - low, UC_PROT_ALL)
-        rights: dict[int, tuple[bool, bool]] = {}  # page -> (writable, executable): a shared page gets both's
-        for seg in image.segments:
-            for page in range(page_floor(seg.vaddr), page_ceil(seg.end), PAGE_SIZE):
-                w, x = rights.get(page, (False, False))
-                rights[page] = (w or seg.writable, x or seg.executable)
-        for page, (w, x) in sorted(rights.items()):
-            self.tables.map(page, PHYS_KERNEL + page - low, PAGE_SIZE, paging.leaf_flags(True, w, x))
-        for seg in image.segments:
-            self.uc.phys_write(PHYS_KERNEL + seg.vaddr - low, seg.data)
-
-    def map_stub_pages(self, address: int, length: int, data: bool = False) -> None:
-        """Map the pages of module or vmalloc space under [address, address + length) as their space wants them
-        (module space read-write-execute, vmalloc space no-execute), each to its own frame; `data` maps module
-        pages no-execute (data that code in module space keeps beside itself: see `Machine.alloc_code`).
-        A page mapped before with other rights is mapped again."""
-        if MODULE_BASE <= address < MODULE_BASE + MODULE_SIZE:
-            base, physical, flags = MODULE_BASE, PHYS_MODULE, paging.DATA if data else paging.CODE
-        elif VMALLOC_BASE <= address < VMALLOC_BASE + VMALLOC_SIZE:
-            base, physical, flags = VMALLOC_BASE, PHYS_VMALLOC, paging.DATA
-        else:
-            raise ValueError(f"{address:#x} is neither in module space nor in vmalloc space")
-        first = page_floor(address)
-        last = page_ceil(address + length)
-        remapped = False
-        run_start = None
-        for page in list(range(first, last, PAGE_SIZE)) + [None]:
-            if page is not None and self._stub_pages.get(page) != flags:
-                remapped |= page in self._stub_pages
-                run_start = page if run_start is None else run_start
-                continue
-            if run_start is not None:
-                end = page if page is not None else last
-                self.tables.map(run_start, physical + run_start - base, end - run_start, flags)
-                self._stub_pages.update(dict.fromkeys(range(run_start, end, PAGE_SIZE), flags))
-                run_start = None
-        if remapped:  # the TLB may still hold the old rights
-            self.uc.ctl(UC_CTL_TLB_FLUSH, UC_CTL_IO_WRITE)
-
     def _reset(self, entry: int) -> None:
-        """The state a 64-bit bootloader hands over: long mode with paging on the machine's tables, flat
-        segments, interrupts off, RIP at entry."""
+        """The state a 64-bit bootloader hands over: long mode with paging on the kernel's tables, flat
+        segments, interrupts off, RIP at entry (the boot page holds the GDT: memory.Memory)."""
         uc = self.uc
-        self.tables.map(BOOT_BASE, PHYS_BOOT, BOOT_SIZE, paging.RODATA)
-        uc.phys_write(PHYS_BOOT, BOOT_GDT)
         self.tables.enable()
         uc.reg_write(X.UC_X86_REG_GDTR, (0, BOOT_BASE, len(BOOT_GDT) - 1, 0))
         uc.reg_write(X.UC_X86_REG_CS, KERNEL_CS)
@@ -512,48 +171,10 @@ class Cpu:
         uc.reg_write(X.UC_X86_REG_EFLAGS, 0x2)
         uc.reg_write(X.UC_X86_REG_RIP, entry)
 
-    # ---- the demand region: frames for the kernel's #PF handler -----------------------------------------------
-
-    def alloc_frame(self) -> int:
-        """A zeroed page frame for the kernel to map in its demand region (0 if none is left)."""
-        if not self._free_frames:
-            return 0
-        frame = self._free_frames.pop()
-        self.uc.phys_write(frame, bytes(PAGE_SIZE))
-        self.frames_in_use += 1
-        return frame
-
-    def free_frame(self, frame: int) -> bool:
-        """The kernel gives a frame back (after clearing its entry and invalidating its TLB entry)."""
-        if not PHYS_DEMAND <= frame < PHYS_DEMAND + PHYS_DEMAND_SIZE or frame & (PAGE_SIZE - 1) or (
-                frame in self._free_frames):
-            return False
-        self._free_frames.append(frame)
-        self.frames_in_use -= 1
-        return True
-
-    @property
-    def demand_pages(self) -> set[int]:
-        """Pages of the demand region the kernel has made present (read from its page table)."""
-        table = self.tables.entry_address(DEMAND_BASE)
-        entries = struct.unpack(f"<{DEMAND_SIZE // PAGE_SIZE}Q", self.uc.phys_read(table, 8 * (DEMAND_SIZE // PAGE_SIZE)))
-        return {DEMAND_BASE + i * PAGE_SIZE for i, entry in enumerate(entries) if entry & paging.PTE_PRESENT}
-
-    def page_present(self, address: int) -> bool:
-        """Does the page holding `address` translate (as the kernel's tables say)?"""
-        return self.tables.translate(address) is not None
-
-    def executable(self, address: int) -> bool:
-        """Is the page holding `address` present and executable?"""
-        entry = self.tables.walk(page_floor(address))
-        return entry is not None and not entry & paging.PTE_NX
-
-    def remove_cache(self, address: int, length: int) -> None:
-        """Drop translated code over [address, address + length) after the host changed it. Only for executable
-        pages: unicorn finds the code through an instruction fetch, which on any other page fails and leaves a
-        #PF in flight."""
-        if length > 0 and self.executable(address) and self.executable(address + length - 1):
-            self.uc.ctl_remove_cache(address, address + length)
+    def remove_cache(self, address: int, length: int, space: AddressSpace | None = None) -> None:
+        """Drop translated code over [address, address + length) of `space` (None: the kernel's) after the host
+        changed it (memory.Memory.remove_cache)."""
+        self.memory.remove_cache(address, length, space, self._in_emulation)
 
     # ---- registers ---------------------------------------------------------------------------------------
 
@@ -713,7 +334,7 @@ class Cpu:
         begin = self.regs.read(X.UC_X86_REG_RIP)
         failure: UcError | None = None
         if until != NO_EXIT:
-            if not self.executable(until - 1):
+            if not self.memory.loaded_space().executable(until - 1):
                 # when the run ends, unicorn looks up the code at until - 1 by an instruction fetch: anywhere
                 # else that fetch faults, and the fault is taken as a #PF by the next run
                 raise MachineError(f"exit address {until:#x}: the byte before it is not executable code")

@@ -1,69 +1,37 @@
-"""The machine: its CPUs on one thread, a timer per CPU, idle sleeping, and coherent access for the debugger.
+"""The machine: its public API, for the stub, the tracer, the tools and the tests.
 
-Several CPUs, interleaved. The machine has one unicorn instance and one register context per CPU (`_Slot`); the
-CPU thread runs one CPU at a time and switches between them (uc.context_save/restore, about 3 us) when a slice
-ends (SLICE_S, asked by the ticker thread), when the running CPU halts or yields (port 0xe3), never inside a hook
-and never while the CPU runs the stub's own code in module space or single-steps: stub code (detours, compiled
-expressions, the ring routines, while-stepping) never interleaves with itself, and locked instructions are exact
-because only one CPU runs at a time. Memory, the page tables' TLB and the translated code are the one instance's,
-so every CPU sees every patch at once. The kernel starts its other CPUs, sends IPIs and yields through the ports
-of smp.py; every online CPU gets the timer's ticks.
-
-Threading model. Only the CPU thread touches unicorn while the machine runs. Everyone else posts a function
-with `run_on_cpu(fn)`: the poster queues it and asks the CPU's BlockStopper for a stop, which ends emulation at
-the next block boundary (never `uc.emu_stop()` from another thread: that can replay half a block, see
-cpu.BlockStopper); the CPU thread runs the posted functions (so a read never sees half an instruction's
-effects) and resumes. A ticker thread does the same for timer ticks. The request is a flag that stays set
-until the CPU thread clears it on entering emulation, so it cannot be lost; posters still repeat it while
-they wait (every 2 ms), which costs nothing.
-
-Idle. `hlt` ends `emu_start`; the CPU thread then sleeps on a condition variable until a tick or a request,
-so an idle kernel costs no host CPU beyond its ticks.
-
-Before `start()` (tests, the benchmark) there is no thread: every call runs directly on the caller's thread.
-
-Why this module is long: it is the machine's whole public API (start and stop, coherent memory and registers,
-allocation of module and vmalloc space, calls, counting, statistics), every part of it built on the same
-request-to-the-CPU-thread mechanism.
+Owns the kernel image's CPUs (cpu.py, one unicorn instance; their scheduling on the CPU thread: scheduler.py),
+the devices (devices.py), the stub's allocations of module and vmalloc space, and the host's access to the
+machine: memory read and written through an address space (the kernel's unless a space is named), registers,
+kernel function calls, counting, statistics. Every method may be called from any thread: what touches unicorn
+runs on the CPU thread through `run_on_cpu` (directly on the caller's before `start()`).
 """
 
 from __future__ import annotations
 
-import logging
 import struct
-import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar
 
 from unicorn import Uc, UcError
 from unicorn import x86_const as X
 
+from ..uc_paging import AddressSpace
 from . import smp
-from .cpu import ARGUMENT_REGISTERS, EFLAGS_TF, REGISTER_IDS, Cpu, Stop
+from .cpu import ARGUMENT_REGISTERS, REGISTER_IDS, Cpu, Stop
 from .devices import Devices
 from .errors import MachineError, MemoryFault
 from .image import KernelImage
-from .layout import (
-    MODULE_BASE,
-    MODULE_SIZE,
-    PAGE_SIZE,
-    VMALLOC_BASE,
-    VMALLOC_SIZE,
-    RegionAllocator,
-    page_ceil,
-)
+from .layout import MODULE_BASE, MODULE_SIZE, PAGE_SIZE, VMALLOC_BASE, VMALLOC_SIZE, RegionAllocator, page_ceil
+from .scheduler import Scheduler
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-TIMER_VECTOR = 32
 TRAP_VECTORS = (0, 3, 6)
 DEFAULT_PACE = 100
 PACE_SYMBOL = "kgtp_test_pace"  #: kernel global: kgtp_test_function calls per tick by the workload thread
 CALL_STACK_SIZE = 64 * 1024
-_KICK_RETRY_S = 0.002
-SLICE_S = 0.002  #: a CPU's turn while another one could run (and how often a pending interrupt is retried)
 _MASK64 = (1 << 64) - 1
 
 
@@ -95,39 +63,6 @@ class MachineStats:
     cpu_switches: int = 0  #: times the CPU thread went from one CPU to another
 
 
-class _Request:
-    def __init__(self, fn: Callable[[Uc], Any]) -> None:
-        self.fn = fn
-        self.done = threading.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-    def execute(self, uc: Uc) -> None:
-        try:
-            self.result = self.fn(uc)
-        except BaseException as error:  # noqa: BLE001 - handed back to the poster
-            self.error = error
-        finally:
-            self.done.set()
-
-
-class _Slot:
-    """One CPU of the machine: its registers while another CPU is loaded, and what waits for it."""
-
-    def __init__(self, index: int, context: Any, online: bool) -> None:
-        self.index = index
-        self.context = context  #: its registers while another CPU is loaded in the unicorn instance
-        self.online = online
-        self.start_at: int | None = None  #: the entry the kernel started it at, applied when first loaded
-        self.halted = False
-        self.tick_pending = False
-        self.vectors: list[int] = []  #: IPIs not yet delivered, oldest first
-        self.ticks = 0
-
-    def runnable(self) -> bool:
-        return self.online and (not self.halted or self.tick_pending or bool(self.vectors))
-
-
 class Machine:
     """A simulated x86_64 machine of `cpus` CPUs (1..8) running `image`."""
 
@@ -135,16 +70,10 @@ class Machine:
         if not 1 <= cpus <= smp.MAX_CPUS:
             raise ValueError(f"cpus must be between 1 and {smp.MAX_CPUS}, not {cpus}")
         self.image = image
-        self.devices = Devices(self._alloc_frame, self._free_frame)
         self.cpu = Cpu(image, self._port_out, self._port_in)
+        self.devices = Devices(self.cpu.memory.alloc_frame, self.cpu.memory.free_frame)
         self.cpu_count = cpus
-        #: the CPU whose registers are in the unicorn instance: the one that runs, whose hooks run
-        self.current_cpu = 0
-        self._slots = self._boot_slots(cpus)
-        self._rotate = False
-        self._ipis = 0
-        self._yields = 0
-        self._switches = 0
+        self._sched = Scheduler(self.cpu, image, cpus)
         #: int3 address -> handler(uc), consulted before the kernel's #BP (see cpu.py)
         self.breakpoints = self.cpu.breakpoints
         #: stub-code ranges -> handler(uc, fault_address), consulted before the kernel's #PF (see cpu.py)
@@ -153,20 +82,6 @@ class Machine:
         self._aligned: dict[int, int] = {}  # alloc_code(data_pages=...) address -> the allocation
         self._data = RegionAllocator(VMALLOC_BASE, VMALLOC_SIZE, 16)
         self._call_frame: tuple[int, int] | None = None  # (stack top, return sentinel) for call()
-
-        self._cond = threading.Condition()
-        self._requests: list[_Request] = []
-        self._kicked = False
-        self._in_emu = False
-        self._stopping = False
-        self._crash: str | None = None
-        self._thread: threading.Thread | None = None
-        self._ticker: threading.Thread | None = None
-        self._ticker_wake = threading.Event()
-        self._started_at: float | None = None
-        self._idle_s = 0.0
-        self._ticks = 0
-        self._ticks_missed = 0
 
         self.hz = 0
         self.set_hz(hz)
@@ -181,29 +96,14 @@ class Machine:
 
     @property
     def started(self) -> bool:
-        return self._thread is not None
+        return self._sched.started
 
     def start(self) -> None:
         """Boot: the kernel runs from now on, on its own thread, until shutdown()."""
-        if self._thread is not None:
-            raise MachineError("machine already started")
-        self._started_at = time.monotonic()
-        self._thread = threading.Thread(target=self._cpu_loop, name="kgtp-cpu", daemon=True)
-        self._ticker = threading.Thread(target=self._tick_loop, name="kgtp-timer", daemon=True)
-        self._thread.start()
-        self._ticker.start()
+        self._sched.start()
 
     def shutdown(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        self._ticker_wake.set()
-        if self._thread is not None:
-            while self._thread.is_alive():
-                self.cpu.stopper.request()
-                self._thread.join(0.05)
-        if self._ticker is not None:
-            self._ticker.join()
+        self._sched.shutdown()
 
     def __enter__(self) -> Machine:
         return self
@@ -213,253 +113,72 @@ class Machine:
 
     # ---- the CPUs ---------------------------------------------------------------------------------------------
 
-    def _boot_slots(self, cpus: int) -> list[_Slot]:
-        """Every CPU in the bootloader's state, GS base on its per-CPU area (smp.py); CPU 0 loaded, at the entry,
-        the others offline until the kernel starts them (port 0xe1)."""
-        uc = self.cpu.uc
-        slots = []
-        for index in range(cpus):
-            uc.reg_write(X.UC_X86_REG_GS_BASE, smp.per_cpu_area(self.image, index))
-            slots.append(_Slot(index, uc.context_save(), online=index == 0))
-        uc.context_restore(slots[0].context)
-        return slots
-
-    def _load(self, index: int) -> None:
-        """Put CPU `index`'s registers in the unicorn instance (on the CPU thread, outside emulation)."""
-        if index == self.current_cpu:
-            return
-        if self.cpu.in_emulation:
-            raise MachineError("CPUs can be switched only between emulation runs, not from a hook")
-        uc = self.cpu.uc
-        uc.context_update(self._slots[self.current_cpu].context)
-        slot = self._slots[index]
-        uc.context_restore(slot.context)
-        self.current_cpu = index
-        self._switches += 1
-        if slot.start_at is not None:
-            uc.reg_write(X.UC_X86_REG_RIP, slot.start_at)
-            uc.reg_write(X.UC_X86_REG_RDI, index)
-            slot.start_at = None
+    @property
+    def current_cpu(self) -> int:
+        """The CPU whose registers are in the unicorn instance: the one that runs, whose hooks run."""
+        return self._sched.current_cpu
 
     def _port_out(self, port: int, size: int, value: int, rdi: int) -> None:
-        if port not in smp.SMP_PORTS:
+        if port in smp.SMP_PORTS:
+            self._sched.port_out(port, value, rdi)
+        else:
             self.devices.port_out(port, size, value, rdi)
-        elif port == smp.PORT_SMP_START:
-            if 0 < value < self.cpu_count and not self._slots[value].online:
-                with self._cond:
-                    slot = self._slots[value]
-                    slot.start_at, slot.online = rdi, True
-                log.info("CPU %d started at %#x", value, rdi)
-        elif port == smp.PORT_SMP_IPI:
-            target, vector = value >> 8 & 0xFF, value & 0xFF
-            if target < self.cpu_count and self._slots[target].online:
-                with self._cond:
-                    self._slots[target].vectors.append(vector)
-                    self._ipis += 1
-                    self._cond.notify_all()
-                self.cpu.stopper.request()  # served at the next block: the target may be this CPU
-        elif port == smp.PORT_SMP_YIELD:
-            self._yields += 1
-            if self.cpu_count > 1:
-                self._rotate = True
-                self.cpu.stopper.request()
 
     def _port_in(self, port: int, size: int) -> int:
         if port == smp.PORT_SMP_CPUS:
             return self.cpu_count
         return self.devices.port_in(port, size)
 
-    def _in_stub_code(self) -> bool:
-        """Is the loaded CPU running the stub's code (or single-stepping), where it must not be switched out nor
-        interrupted?"""
-        regs = self.cpu.regs
-        rip = regs.read(X.UC_X86_REG_RIP)
-        return MODULE_BASE <= rip < MODULE_BASE + MODULE_SIZE or bool(regs.read(X.UC_X86_REG_EFLAGS) & EFLAGS_TF)
-
-    def _choose(self, rotate: bool) -> _Slot | None:
-        """The CPU to run next, loaded: the next runnable one after the current when its turn is over (`rotate`)
-        or it cannot run, else the current one. None: no CPU can run."""
-        current = self._slots[self.current_cpu]
-        if current.runnable() and rotate and self._in_stub_code():
-            self._rotate = True  # its turn ends where the kernel's code resumes
-            return current
-        if current.runnable() and not rotate:
-            return current
-        count = self.cpu_count
-        for step in range(1, count + 1):
-            slot = self._slots[(self.current_cpu + step) % count]
-            if slot.runnable():
-                self._load(slot.index)
-                return slot
-        return None
-
-    def _deliver_pending(self, slot: _Slot) -> None:
-        """The loaded CPU's waiting tick or IPI, if it takes interrupts now (one: the handler runs with IF off)."""
-        if not (slot.tick_pending or slot.vectors):
-            return
-        if self.cpu.interrupts_enabled():
-            with self._cond:
-                if slot.tick_pending:
-                    vector, slot.tick_pending = TIMER_VECTOR, False
-                    slot.ticks += 1
-                    if slot.index == 0:
-                        self._ticks += 1
-                else:
-                    vector = slot.vectors.pop(0)
-            self.cpu.deliver(vector)
-            slot.halted = False
-        elif slot.halted:  # cli; hlt: nothing will ever take these
-            with self._cond:
-                slot.tick_pending = False
-                slot.vectors.clear()
-
-    def _others_runnable(self) -> bool:
-        return any(slot.runnable() for slot in self._slots if slot.index != self.current_cpu)
-
-    # ---- the CPU thread ----------------------------------------------------------------------------------
-
-    def _cpu_loop(self) -> None:
-        cpu = self.cpu
-        while True:
-            with self._cond:
-                while not (self._stopping or self._requests or (not self._crash and any(
-                        slot.runnable() for slot in self._slots))):
-                    idle_since = time.monotonic()
-                    self._cond.wait()
-                    self._idle_s += time.monotonic() - idle_since
-                if self._stopping:
-                    return
-                requests, self._requests = self._requests, []
-                self._kicked = False
-                rotate, self._rotate = self._rotate, False
-            for request in requests:
-                request.execute(cpu.uc)
-            if self._crash:
-                continue
-            try:
-                slot = self._choose(rotate)
-                if slot is None:
-                    continue
-                self._deliver_pending(slot)
-            except MachineError as error:
-                self._crashed(error)
-                continue
-            if slot.halted:
-                continue
-            with self._cond:
-                if self._requests or self._stopping or self._kicked:
-                    continue
-                self._in_emu = True
-                cpu.stopper.clear()  # every stop asked so far was served; a later kick sets it again
-                if (slot.tick_pending or slot.vectors or self._rotate or self._others_runnable()) and \
-                        MODULE_BASE <= cpu.rip < MODULE_BASE + MODULE_SIZE:
-                    # an interrupt or another CPU waits while the stub's code runs (interrupts off): take the
-                    # turn where the kernel's code resumes
-                    cpu.stopper.stop_outside(MODULE_BASE, MODULE_BASE + MODULE_SIZE)
-            try:
-                stop = cpu.run(keep_stop_request=True)
-            except (MachineError, Exception) as error:  # noqa: BLE001 - a crashed kernel stays inspectable
-                stop = None
-                self._crashed(error)
-            finally:
-                with self._cond:
-                    self._in_emu = False
-                    kicked = self._kicked
-            # a hlt that coincides with a stop request is treated as a spurious wakeup: the idle loop re-halts
-            if stop is Stop.HALT and not kicked:
-                slot.halted = True
-
-    def _crashed(self, error: BaseException) -> None:
-        self._crash = f"{type(error).__name__}: {error}" if not isinstance(error, MachineError) else str(error)
-        log.error("machine stopped: %s", self._crash)
-
-    def _kick(self) -> None:
-        """Make the CPU thread come round its loop soon: a stop at the next block boundary if it is emulating."""
-        with self._cond:
-            self._kicked = True
-            if self._in_emu:
-                self.cpu.stopper.request()
-            self._cond.notify_all()
-
-    def _tick_loop(self) -> None:
-        """Ticks every CPU at `hz`; every SLICE_S, ends the running CPU's turn when another CPU could run, and
-        repeats the stop request while an interrupt waits (interrupts were off when the CPU came round)."""
-        next_tick = time.monotonic() + self._period
-        next_slice = time.monotonic() + SLICE_S
-        while not self._stopping:
-            now = time.monotonic()
-            wake = min(next_tick, next_slice)
-            if now < wake:
-                self._ticker_wake.wait(wake - now)
-                self._ticker_wake.clear()
-                next_tick = min(next_tick, time.monotonic() + self._period)  # set_hz() may have shortened it
-                continue
-            if now >= next_tick:
-                next_tick += self._period
-                if next_tick < now:  # a slow host drops ticks rather than bursting them
-                    next_tick = now + self._period
-                with self._cond:
-                    for slot in self._slots:
-                        if slot.online:
-                            if slot.tick_pending and slot.index == 0:
-                                self._ticks_missed += 1
-                            slot.tick_pending = True
-                self._kick()
-            if now >= next_slice:
-                next_slice = now + SLICE_S
-                with self._cond:
-                    if not self._in_emu:
-                        continue
-                    waiting = self._slots[self.current_cpu]
-                    turn_over = self._others_runnable()
-                    if not (turn_over or waiting.tick_pending or waiting.vectors):
-                        continue
-                    self._rotate = self._rotate or turn_over
-                self._kick()
-
     # ---- access from other threads -----------------------------------------------------------------------
 
     def run_on_cpu(self, fn: Callable[[Uc], T]) -> T:
         """Run fn(uc) on the CPU thread between two instructions and return its result (or raise its error)."""
-        thread = self._thread
-        if thread is None or threading.current_thread() is thread or not thread.is_alive():
-            return fn(self.uc)
-        request = _Request(fn)
-        with self._cond:
-            self._requests.append(request)
-        self._kick()
-        while not request.done.wait(_KICK_RETRY_S):
-            if not thread.is_alive():
-                raise MachineError("the machine has shut down")
-            self._kick()
-        if request.error is not None:
-            raise request.error
-        return request.result
+        return self._sched.run_on_cpu(fn)
 
-    def read_memory(self, address: int, length: int) -> bytes:
-        """Read guest memory at an instruction boundary. Raises MemoryFault if any byte is unmapped."""
+    # ---- memory, in an address space ----------------------------------------------------------------------
+
+    @property
+    def kernel_space(self) -> AddressSpace:
+        """The kernel's address space (its page tables): the space of every access that names none."""
+        return self.cpu.tables
+
+    def new_space(self) -> AddressSpace:
+        """A new address space, as Linux's pgd_alloc makes a process's: the kernel half shared with the kernel's
+        space (what the kernel maps there later too), the user half empty. Its pages are mapped on the CPU
+        thread with `space.map(virtual, physical, size, flags)` (flags: uc_paging's USER_TEXT, USER_DATA)."""
+        return self.run_on_cpu(lambda uc: self.cpu.memory.new_space())
+
+    def read_memory(self, address: int, length: int, space: AddressSpace | None = None) -> bytes:
+        """Read memory as `space` (None: the kernel's) maps it, at an instruction boundary, through the space's
+        own tables whichever space the CPU has loaded (as gdbserver reads a process that is not running).
+        Raises MemoryFault if any byte's page is not present; the read maps nothing and leaves the CPU as it
+        was."""
         if length == 0:
             return b""
+        space = space or self.kernel_space
 
         def read(uc: Uc) -> bytes:
             try:
-                return bytes(uc.mem_read(address, length))  # through the page tables (paging.PagedUc)
+                return bytes(space.read(address, length))
             except UcError:
                 raise MemoryFault(address, length) from None
 
         return self.run_on_cpu(read)
 
-    def write_memory(self, address: int, data: bytes) -> None:
-        """Write guest memory and drop any translated code over the range, so patched code runs as patched."""
+    def write_memory(self, address: int, data: bytes, space: AddressSpace | None = None) -> None:
+        """Write memory as `space` (None: the kernel's) maps it (read-only text too, as a debugger does) and drop
+        any translated code over the range, so patched code runs as patched. Raises MemoryFault, writing
+        nothing, if any byte's page is not present."""
         if not data:
             return
+        space = space or self.kernel_space
 
         def write(uc: Uc) -> None:
             try:
-                uc.mem_write(address, bytes(data))  # through the page tables; text is written as a debugger does
+                space.write(address, bytes(data))
             except UcError:
                 raise MemoryFault(address, len(data), write=True) from None
-            self.cpu.remove_cache(address, len(data))
+            self.cpu.remove_cache(address, len(data), space)
 
         self.run_on_cpu(write)
 
@@ -472,12 +191,12 @@ class Machine:
         def run(uc: Uc) -> T:
             before = self.current_cpu
             if index is not None:
-                self._load(index)
+                self._sched.load(index)
             try:
                 return fn(uc)
             finally:
                 if not stay:
-                    self._load(before)
+                    self._sched.load(before)
 
         return self.run_on_cpu(run)
 
@@ -506,7 +225,7 @@ class Machine:
         """Where every CPU is (on the CPU thread, between instructions): the loaded one's RIP, the others' saved
         ones. A CPU the kernel has not started yet counts too: its RIP is where it will start."""
         rips = []
-        for slot in self._slots:
+        for slot in self._sched.slots:
             if slot.index == self.current_cpu and slot.start_at is None:
                 rips.append(self.cpu.rip)
             else:
@@ -525,11 +244,11 @@ class Machine:
         """Every CPU as of one instant: running, idle (in hlt) or offline, where it is, the task it runs."""
         def gather(uc: Uc) -> list[smp.CpuState]:
             states, loaded = [], self.current_cpu
-            for slot in self._slots:
-                self._load(slot.index)
+            for slot in self._sched.slots:
+                self._sched.load(slot.index)
                 state = "offline" if not slot.online else "idle" if slot.halted else "running"
                 states.append(smp.CpuState(slot.index, state, self.cpu.rip, smp.current_task(uc)))
-            self._load(loaded)
+            self._sched.load(loaded)
             return states
 
         return self.run_on_cpu(gather)
@@ -554,8 +273,7 @@ class Machine:
         if not 1 <= hz <= 10000:
             raise ValueError(f"hz must be between 1 and 10000, not {hz}")
         self.hz = hz
-        self._period = 1.0 / hz
-        self._ticker_wake.set()
+        self._sched.set_period(1.0 / hz)
 
     def set_pace(self, pace: int) -> None:
         """kgtp_test_function calls per tick by the kernel's workload thread (kernel global kgtp_test_pace)."""
@@ -582,10 +300,10 @@ class Machine:
             end = raw + self._code.size_of(raw)
             data_end = address + data_pages * PAGE_SIZE
             if data_pages:
-                self.cpu.map_stub_pages(address, data_end - address, data=True)
+                self.cpu.memory.map_stub_pages(address, data_end - address, data=True)
                 if raw < address:
-                    self.cpu.map_stub_pages(raw, address - raw)
-            self.cpu.map_stub_pages(data_end, end - data_end)
+                    self.cpu.memory.map_stub_pages(raw, address - raw)
+            self.cpu.memory.map_stub_pages(data_end, end - data_end)
 
         self.run_on_cpu(map_pages)
         self.write_memory(raw, bytes(self._code.size_of(raw)))
@@ -599,7 +317,7 @@ class Machine:
     def alloc_data(self, length: int) -> int:
         """Read-write memory in vmalloc space (trace buffer, agent contexts). Contents start zeroed."""
         address = self._data.alloc(length)
-        self.run_on_cpu(lambda uc: self.cpu.map_stub_pages(address, self._data.size_of(address)))
+        self.run_on_cpu(lambda uc: self.cpu.memory.map_stub_pages(address, self._data.size_of(address)))
         self.write_memory(address, bytes(self._data.size_of(address)))
         return address
 
@@ -711,44 +429,36 @@ class Machine:
             except (MemoryFault, MachineError):
                 return 0
 
-        delivered = self.cpu.delivered
-        if self._crash:
-            state = f"crashed: {self._crash}"
+        delivered, sched = self.cpu.delivered, self._sched
+        if sched.crash:
+            state = f"crashed: {sched.crash}"
         elif not self.started:
             state = "stopped"
         elif self.devices.power_off_code is not None:
             state = "halted"
         else:
-            state = "running" if any(slot.runnable() for slot in self._slots) else "idle"
+            state = "running" if sched.any_runnable() else "idle"
         return MachineStats(
             state=state,
             instructions=self.instructions(),
-            uptime_s=round(time.monotonic() - self._started_at, 3) if self._started_at else 0.0,
-            idle_s=round(self._idle_s, 3),
+            uptime_s=round(time.monotonic() - sched.started_at, 3) if sched.started_at else 0.0,
+            idle_s=round(sched.idle_s, 3),
             hz=self.hz,
             pace=self.pace,
-            ticks=self._ticks,
-            ticks_missed=self._ticks_missed,
+            ticks=sched.ticks,
+            ticks_missed=sched.ticks_missed,
             jiffies=kernel("jiffies"),
             context_switches=kernel("nr_context_switches"),
             syscalls=delivered[0x80],
             page_faults=delivered[14],
             traps=sum(delivered[v] for v in TRAP_VECTORS),
-            demand_pages_mapped=self.cpu.frames_in_use,
+            demand_pages_mapped=self.cpu.memory.frames_in_use,
             breakpoint_hits=self.cpu.breakpoint_hits + self.cpu.jumps.hits,
             fault_fixups=self.cpu.fixup_hits,
             cpus=self.cpu_count,
-            cpus_online=sum(slot.online for slot in self._slots),
-            ticks_per_cpu=tuple(slot.ticks for slot in self._slots),
-            ipis=self._ipis,
-            yields=self._yields,
-            cpu_switches=self._switches,
+            cpus_online=sum(slot.online for slot in sched.slots),
+            ticks_per_cpu=tuple(slot.ticks for slot in sched.slots),
+            ipis=sched.ipis,
+            yields=sched.yields,
+            cpu_switches=sched.switches,
         )
-
-    # ---- devices -----------------------------------------------------------------------------------------
-
-    def _alloc_frame(self) -> int:
-        return self.cpu.alloc_frame()
-
-    def _free_frame(self, frame: int) -> bool:
-        return self.cpu.free_frame(frame)

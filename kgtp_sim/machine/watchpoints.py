@@ -167,7 +167,7 @@ class DebugRegisters:
         watch = Watchpoint(slot, address, size, kind, handler)
         uc = self.uc
         if kind == EXECUTE:
-            if not self.cpu.executable(address):
+            if not self.cpu.memory.executable(address):
                 raise WatchpointError(f"{address:#x} is not mapped executable")
             watch.hook = uc.hook_add(UC_HOOK_CODE, self._on_execute, slot, address, address)
             self.cpu.remove_cache(address, 1)  # translated code gets the hook when translated again

@@ -107,7 +107,7 @@ def test_page_faults_and_traps_go_through_the_idt(running):
 
 
 def test_demand_paging_maps_pages_on_first_touch(running):
-    pages = sorted(running.cpu.demand_pages)
+    pages = sorted(running.cpu.memory.demand_pages)
     assert 1 <= len(pages) <= 256 and len(pages) <= running.stats().page_faults
     time_stamp, index = struct.unpack("<QQ", running.read_memory(pages[1], 16))  # page[0] = jiffies on a write
     assert time_stamp > 0 and index == 1
@@ -335,10 +335,10 @@ def test_a_stop_outside_a_range_ends_at_the_first_block_leaving_it(monkeypatch, 
     from unicorn import UC_ARCH_X86, UC_MODE_64, Uc
     from unicorn.x86_const import UC_X86_REG_RCX, UC_X86_REG_RIP
 
-    from kgtp_sim.machine import cpu as cpu_module
+    from kgtp_sim.machine import stopper as stopper_module
 
     if not native:
-        monkeypatch.setattr(cpu_module, "add_native_hook", lambda *args: None)
+        monkeypatch.setattr(stopper_module, "add_native_hook", lambda *args: None)
     detour, kernel, data = 0x10000, 0x20000, 0x30000
     ks = Ks(KS_ARCH_X86, KS_MODE_64)
     # the "detour": 50 passes through a loop of several blocks, then a jump back into the "kernel"
@@ -350,7 +350,7 @@ def test_a_stop_outside_a_range_ends_at_the_first_block_leaving_it(monkeypatch, 
         "mov ecx, 0x32; again: inc qword ptr [0x30000]; test ecx, 1; jz even; nop; even: dec ecx; jnz again;"
         f" mov rax, {kernel:#x}; jmp rax", detour)[0]))
     uc.mem_write(kernel, bytes(ks.asm("inc qword ptr [0x30008]; jmp 0x20000", kernel)[0]))
-    stopper = cpu_module.BlockStopper(uc)
+    stopper = stopper_module.BlockStopper(uc)
 
     stopper.stop_outside(detour, detour + 0x1000)
     uc.emu_start(detour, 0, 0, 100_000)

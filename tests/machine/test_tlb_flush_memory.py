@@ -87,7 +87,7 @@ def test_a_dropped_page_faults_again_at_the_next_access_through_the_kernel():
     faults = cpu.delivered[14]
     assert machine.call(code, page) == 7 << 8  # 7 before the drop, 0 (a fresh frame) after
     assert cpu.delivered[14] == faults + 2
-    assert cpu.demand_pages == {page} and machine.read_memory(page, 8) == bytes(8)
-    assert cpu.frames_in_use == 1
+    assert cpu.memory.demand_pages == {page} and machine.read_memory(page, 8) == bytes(8)
+    assert cpu.memory.frames_in_use == 1
     machine.call("drop_demand_pages")
-    assert not cpu.demand_pages and cpu.frames_in_use == 0
+    assert not cpu.memory.demand_pages and cpu.memory.frames_in_use == 0

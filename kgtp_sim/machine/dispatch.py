@@ -1,0 +1,198 @@
+"""What the stub claims before the kernel's IDT sees an exception: the int3 jump table and the fault fixups.
+
+- `InterruptDispatch`: the CPU's one UC_HOOK_INTR callback, in machine code; an int3 at an address of its table
+  goes on at that address's target without any Python (the compiled engines' probes), anything else goes to the
+  CPU's Python handler (cpu.py);
+- `FaultFixups`: ranges of stub-generated code whose memory faults the tracer resolves (like Linux's exception
+  tables), never the kernel's #PF handler.
+
+No thread of its own: both tables change on the CPU thread, never while one of its lookups runs, and are read
+on it inside emulation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Callable
+
+from unicorn import UC_HOOK_INTR, Uc
+from unicorn import x86_const as X
+from unicorn.unicorn_py3.unicorn import HOOK_INTR_CFUNC
+
+from ..uc_native import add_native_hook, lib
+from .errors import MachineError
+
+FaultHandler = Callable[[Uc, int], None]
+
+
+class FaultFixups:
+    """Address ranges of stub-generated code -> handler(uc, fault_address) for memory faults raised there.
+
+    The handler must leave RIP (and whatever else) where execution continues, typically the generated code's
+    fault exit, after recording the error. Ranges must not overlap.
+    """
+
+    def __init__(self) -> None:
+        self._ranges: dict[int, tuple[int, FaultHandler]] = {}
+
+    def add(self, start: int, end: int, handler: FaultHandler) -> None:
+        """Cover [start, end)."""
+        if end <= start:
+            raise ValueError(f"empty range {start:#x}..{end:#x}")
+        for lo, (hi, _) in self._ranges.items():
+            if start < hi and lo < end:
+                raise ValueError(f"range {start:#x}..{end:#x} overlaps {lo:#x}..{hi:#x}")
+        self._ranges[start] = (end, handler)
+
+    def remove(self, start: int) -> None:
+        del self._ranges[start]
+
+    def find(self, address: int) -> FaultHandler | None:
+        for lo, (hi, handler) in list(self._ranges.items()):
+            if lo <= address < hi:
+                return handler
+        return None
+
+    def __len__(self) -> int:
+        return len(self._ranges)
+
+    def clear(self) -> None:
+        self._ranges.clear()
+
+
+class _JumpCell(ctypes.Structure):
+    _fields_ = [("python", ctypes.c_uint64), ("reg_read", ctypes.c_uint64), ("reg_write", ctypes.c_uint64),
+                ("hits", ctypes.c_uint64), ("mask", ctypes.c_uint64)]
+
+
+class InterruptDispatch:
+    """The CPU's one UC_HOOK_INTR callback, in machine code: an int3 at an address of the jump table goes on at that
+    address's target without any Python (the compiled engines' int3 probes enter their detours this way, as the
+    jump probes do); anything else is handed to the Python handler, with the same arguments.
+
+    The table is open addressing with linear probing in host memory (address 0: empty slot), indexed by the int3's
+    address modulo its size; entries change only on the CPU thread between runs (`set`, `remove`), when no
+    callback can be reading it. Without W+X host pages the Python handler is the hook and looks the table up
+    itself.
+    """
+
+    SLOTS = 0x2000  # a power of two: ten thousand probes stay well under half full
+    #: AT&T, hex only (see docs/DESIGN.md, the assembler trap); rdi = uc, esi = intno, rdx = the cell
+    SOURCE = """
+        cmp $0x3, %esi
+        jne python
+        push %rbx
+        push %r12
+        push %r13
+        sub $0x10, %rsp
+        mov %rdi, %rbx
+        mov %rdx, %r12
+        mov $RIP, %esi
+        mov %rsp, %rdx
+        call *0x8(%r12)
+        mov (%rsp), %rax
+        dec %rax
+        mov %rax, %rcx
+        and 0x20(%r12), %rcx
+    probe:
+        mov %rcx, %r13
+        shl $0x4, %r13
+        lea 0x28(%r12,%r13), %r13
+        mov (%r13), %rdx
+        test %rdx, %rdx
+        je miss
+        cmp %rax, %rdx
+        je hit
+        inc %rcx
+        and 0x20(%r12), %rcx
+        jmp probe
+    hit:
+        mov 0x8(%r13), %rax
+        mov %rax, (%rsp)
+        incq 0x18(%r12)
+        mov %rbx, %rdi
+        mov $RIP, %esi
+        mov %rsp, %rdx
+        call *0x10(%r12)
+        add $0x10, %rsp
+        pop %r13
+        pop %r12
+        pop %rbx
+        ret
+    miss:
+        mov %rbx, %rdi
+        mov $0x3, %esi
+        mov %r12, %rdx
+        add $0x10, %rsp
+        pop %r13
+        pop %r12
+        pop %rbx
+    python:
+        jmp *(%rdx)
+    """
+
+    def __init__(self, uc: Uc, handler: Callable[[Uc, int, object], None]) -> None:
+        self.table: dict[int, int] = {}
+        memory = (ctypes.c_uint64 * (5 + 2 * self.SLOTS))()
+        self._memory = memory
+        self._cell = _JumpCell.from_buffer(memory)
+        self._slots = ctypes.cast(ctypes.addressof(memory) + ctypes.sizeof(_JumpCell),
+                                  ctypes.POINTER(ctypes.c_uint64))
+        self._python = HOOK_INTR_CFUNC(lambda _uc, intno, _data: handler(uc, intno, None))
+        self._cell.python = ctypes.cast(self._python, ctypes.c_void_p).value
+        self._cell.reg_read = ctypes.cast(lib.uc_reg_read, ctypes.c_void_p).value
+        self._cell.reg_write = ctypes.cast(lib.uc_reg_write, ctypes.c_void_p).value
+        self._cell.mask = self.SLOTS - 1
+        code = _assemble(self.SOURCE.replace("$RIP", f"${X.UC_X86_REG_RIP:#x}"))
+        self.native = add_native_hook(uc, UC_HOOK_INTR, code, ctypes.addressof(memory)) is not None
+        if not self.native:
+            uc.hook_add(UC_HOOK_INTR, handler)
+
+    @property
+    def hits(self) -> int:
+        """int3s sent on natively."""
+        return self._cell.hits
+
+    def target(self, address: int) -> int | None:
+        return self.table.get(address)
+
+    def set(self, address: int, target: int) -> None:
+        if address not in self.table and len(self.table) >= self.SLOTS // 2:
+            raise MachineError(f"more than {self.SLOTS // 2} int3 probes")
+        self.table[address] = target
+        slot = self._find(address)
+        self._slots[2 * slot], self._slots[2 * slot + 1] = address, target
+
+    def remove(self, address: int) -> None:
+        if self.table.pop(address, None) is None:
+            return
+        # backward-shift deletion keeps every other entry reachable from its home slot
+        mask = self.SLOTS - 1
+        hole = self._find(address)
+        index = hole
+        while True:
+            index = (index + 1) & mask
+            key = self._slots[2 * index]
+            if key == 0:
+                break
+            home = key & mask
+            if (index - home) & mask >= (index - hole) & mask:
+                self._slots[2 * hole], self._slots[2 * hole + 1] = key, self._slots[2 * index + 1]
+                hole = index
+        self._slots[2 * hole] = self._slots[2 * hole + 1] = 0
+
+    def _find(self, address: int) -> int:
+        """The slot holding `address`, or the empty slot where it goes."""
+        index = address & (self.SLOTS - 1)
+        while self._slots[2 * index] not in (0, address):
+            index = (index + 1) & (self.SLOTS - 1)
+        return index
+
+
+def _assemble(source: str) -> bytes:
+    from keystone import KS_ARCH_X86, KS_MODE_64, KS_OPT_SYNTAX_ATT, Ks
+
+    ks = Ks(KS_ARCH_X86, KS_MODE_64)
+    ks.syntax = KS_OPT_SYNTAX_ATT
+    encoding, _ = ks.asm(source, 0)
+    return bytes(encoding)
