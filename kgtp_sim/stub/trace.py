@@ -20,7 +20,7 @@ from ..arch import amd64
 from ..tracing.frames import FrameView, TraceFrame
 from ..tracing.tfile import SavePathError, resolve_save_path, write_tfile
 from ..tracing.model import DEFAULT_BUFFER_SIZE, MAX_BUFFER_SIZE, MIN_BUFFER_SIZE, Definitions, VariableSpec
-from .core import ViewHolder
+from .overlay import FrameOverlay
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ MIN_FAST_TRACEPOINT_LENGTH = 5
 @dataclass
 class TraceHandlers:
     tracer: TracerApi
-    views: ViewHolder
+    views: FrameOverlay
     save_dir: Path | None = None
     name_markers_always: bool = False  # diagnostic only: reproduces the GDB client crash (see marker_at)
     _upload: list[bytes] = field(default_factory=list)

@@ -14,9 +14,8 @@ from kgtp_sim.machine import MemoryFault, smp
 from kgtp_sim.rsp.dispatch import Dispatcher
 from kgtp_sim.rsp.packets import connect as c
 from kgtp_sim.rsp.packets import data as d
-from kgtp_sim.stub.core import CoreHandlers, ViewHolder
-from kgtp_sim.stub.live import LiveView
-from kgtp_sim.stub.threads import TaskNames, ThreadHandlers, comm_offset
+from kgtp_sim.stub.core import TargetHandlers
+from kgtp_sim.stub.kernel import KernelTarget, TaskNames, comm_offset
 
 TASKS = 0xFFFFFFFF81200000
 COMM = 4
@@ -65,11 +64,9 @@ class FakeMachine:
 
 def _stub(machine: FakeMachine | None = None, *, allow_writes: bool = False):
     machine = machine or FakeMachine()
-    live = LiveView(machine)  # type: ignore[arg-type]
-    views = ViewHolder(live)
-    threads = ThreadHandlers(machine, live, TaskNames(machine, comm_offset=COMM))  # type: ignore[arg-type]
-    core = CoreHandlers(views, threads, allow_writes, live.write_memory)
-    return Dispatcher((core, threads)), threads, views, machine
+    target = KernelTarget(machine, allow_writes, TaskNames(machine, comm_offset=COMM))  # type: ignore[arg-type]
+    handlers = TargetHandlers(target)
+    return Dispatcher(handlers.families), handlers, target, machine
 
 
 def _extra(dispatcher, thread: int) -> str:
@@ -113,10 +110,10 @@ def test_hg_any_or_all_keeps_the_selected_cpu(any_or_all):
 @pytest.mark.parametrize("packet", [b"Hg3", b"Hc3", b"Hg7fffffff", b"T0", b"T-1", b"T3", b"qThreadExtraInfo,3",
                                     b"qThreadExtraInfo,0", b"qThreadExtraInfo,-1"])
 def test_threads_that_are_no_cpu_are_refused_and_change_nothing(packet):
-    dispatcher, threads, _, _ = _stub()
+    dispatcher, handlers, _, _ = _stub()
     dispatcher.dispatch(b"Hg2")
     assert dispatcher.dispatch(packet).startswith(b"E")
-    assert dispatcher.dispatch(b"qC") == b"QC2" and threads.continue_thread == c.ANY_THREAD
+    assert dispatcher.dispatch(b"qC") == b"QC2" and handlers.selection.continue_thread == c.ANY_THREAD
 
 
 @pytest.mark.parametrize("packet", [b"Hgzz", b"Hg-2", b"H", b"Hx1", b"Tzz", b"qThreadExtraInfo,", b"qThreadExtraInfo,1,2",
@@ -128,18 +125,18 @@ def test_malformed_thread_packets_are_answered_not_crashed_on(packet):
 
 
 def test_hc_is_kept_for_the_continue_thread():
-    dispatcher, threads, _, _ = _stub()
-    assert dispatcher.dispatch(b"Hc-1") == b"OK" and threads.continue_thread == -1
-    assert dispatcher.dispatch(b"Hc2") == b"OK" and threads.continue_thread == 2
+    dispatcher, handlers, _, _ = _stub()
+    assert dispatcher.dispatch(b"Hc-1") == b"OK" and handlers.selection.continue_thread == -1
+    assert dispatcher.dispatch(b"Hc2") == b"OK" and handlers.selection.continue_thread == 2
     assert dispatcher.dispatch(b"qC") == b"QC1"  # Hc does not move the register view
 
 
 def test_stop_replies_name_the_selected_thread_and_a_new_session_starts_on_cpu_0():
-    dispatcher, threads, _, _ = _stub()
+    dispatcher, handlers, _, _ = _stub()
     assert dispatcher.dispatch(b"?") == b"T05thread:1;"
     dispatcher.dispatch(b"Hg2")
-    assert dispatcher.dispatch(b"?") == b"T05thread:2;" == threads.stop_reply()
-    threads.forget_session()
+    assert dispatcher.dispatch(b"?") == b"T05thread:2;" == handlers.stop_reply()
+    handlers.forget_session()
     assert dispatcher.dispatch(b"?") == b"T05thread:1;" and _rax(dispatcher) == 0
 
 
@@ -153,11 +150,11 @@ def test_extra_info_says_what_each_cpu_runs():
 
 def test_extra_info_without_a_readable_task_or_comm_offset():
     machine = FakeMachine(2, ("running", "running"), (0, TASKS + 0x9000))
-    dispatcher, threads, _, _ = _stub(machine)
+    dispatcher, _, target, _ = _stub(machine)
     assert _extra(dispatcher, 1) == "CPU#0 [running]"  # no per-CPU task and no global `current`
     assert _extra(dispatcher, 2) == "CPU#1 [running]"  # the task's memory cannot be read
-    threads.names.comm_offset = None
-    threads.names._looked_up = True
+    target.names.comm_offset = None
+    target.names._looked_up = True
     machine.tasks = (TASKS + 0x100, TASKS + 0x200)
     assert _extra(dispatcher, 2) == "CPU#1 [running]"
 
@@ -189,7 +186,7 @@ def test_register_writes_are_refused_on_every_cpu(allow_writes):
 
 
 def test_a_selected_trace_frame_outranks_the_selected_cpu():
-    dispatcher, _, views, _ = _stub()
+    dispatcher, _, target, _ = _stub()
 
     class Frame:
         def registers(self):
@@ -199,7 +196,7 @@ def test_a_selected_trace_frame_outranks_the_selected_cpu():
             return b"\0" * length
 
     dispatcher.dispatch(b"Hg2")
-    views.current = Frame()
+    target.overlay.current = Frame()
     assert _rax(dispatcher) == 0x77
-    views.current = None
+    target.overlay.current = None
     assert _rax(dispatcher) == 1
