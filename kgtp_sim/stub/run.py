@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..rsp.dispatch import Deferred, Reply, handles
 from ..rsp.packets import connect as c
 from ..rsp.packets import replay as r
-from .target import BreakpointType, Exited, ReplayLog, ResumeAction, Running, Signal, Stop, Target
+from .target import BreakpointType, Exited, ReplayLog, ResumeAction, Running, Stop, Target
 from .threads import ThreadHandlers
 
 

@@ -1,5 +1,6 @@
-"""CPUs as GDB threads against a fake machine: the thread packets, the selection `g` and `p` follow, the stop
-replies, and the refusals (unknown threads, malformed ids, register writes on any CPU)."""
+"""KGTP mode's target (stub/kernel.py) against a fake machine: CPUs as GDB threads, the thread packets, the
+selection `g` and `p` follow, the stop replies, the refusals (unknown threads, malformed ids, register writes on any
+CPU), and run control, which only a replay of recorded frames has."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ import pytest
 from kgtp_sim.arch import amd64
 from kgtp_sim.client import VMLINUX
 from kgtp_sim.machine import MemoryFault, smp
-from kgtp_sim.rsp.dispatch import Dispatcher
+from kgtp_sim.rsp.dispatch import Deferred, Dispatcher
 from kgtp_sim.rsp.packets import connect as c
 from kgtp_sim.rsp.packets import data as d
 from kgtp_sim.stub.core import TargetHandlers
 from kgtp_sim.stub.kernel import KernelTarget, TaskNames, comm_offset
+from kgtp_sim.stub.replay import Replay
+
+from .fake_tracer import register_frame
 
 TASKS = 0xFFFFFFFF81200000
 COMM = 4
@@ -200,3 +204,34 @@ def test_a_selected_trace_frame_outranks_the_selected_cpu():
     assert _rax(dispatcher) == 0x77
     target.overlay.current = None
     assert _rax(dispatcher) == 1
+
+
+# ---- run control: the kernel never stops; a replay of recorded frames does ------------------------------------
+
+
+def test_outside_a_replay_continue_waits_and_nothing_else_moves():
+    dispatcher, *_ = _stub()
+    assert isinstance(dispatcher.dispatch(b"c"), Deferred)
+    for packet in (b"s", b"bs", b"bc"):
+        assert dispatcher.dispatch(packet).startswith(b"E.the kernel never stops")
+    for kind in range(5):
+        assert dispatcher.dispatch(b"Z%d,1000,1" % kind) == b"" and dispatcher.dispatch(b"z%d,1000,1" % kind) == b""
+    assert b"ReverseStep+" in dispatcher.dispatch(b"qSupported").split(b";")
+
+
+def test_a_replay_steps_continues_to_its_breakpoints_and_ends():
+    dispatcher, _, target, _ = _stub()
+    frames = [register_frame(n, 1, 0x2000 + n) for n in range(4)]
+    target.overlay.replay = Replay(frames, 0, SimpleNamespace(segments=[]))
+    dispatcher.dispatch(b"Hg2")
+    assert dispatcher.dispatch(b"Z1,2002,1") == b""  # software breakpoints only
+    assert dispatcher.dispatch(b"Z0,2002,1") == b"OK"
+    assert dispatcher.dispatch(b"c") == b"T05thread:2;"
+    assert amd64.decode_registers(bytes.fromhex(dispatcher.dispatch(b"g").replace(b"x", b"0").decode()))["rip"] \
+        == 0x2002
+    assert dispatcher.dispatch(b"s") == b"T05thread:2;"
+    assert dispatcher.dispatch(b"c") == b"T05replaylog:end;thread:2;"
+    assert dispatcher.dispatch(b"bc") == b"T05thread:2;" and target.overlay.replay.index == 2
+    assert dispatcher.dispatch(b"z0,2002,1") == b"OK"
+    assert dispatcher.dispatch(b"bc") == b"T05replaylog:begin;thread:2;"
+    assert dispatcher.dispatch(b"M1000,1:00") == b"E03"  # no --allow-writes
