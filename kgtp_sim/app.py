@@ -1,4 +1,5 @@
-"""Assembles the stub: machine + handler families + dispatcher + server. The CLI and the tests both use it."""
+"""Assembles the stub: machine + its target + handler families + dispatcher + server. The CLI and the tests both
+use it."""
 
 from __future__ import annotations
 
@@ -11,12 +12,11 @@ from .machine import Machine
 from .rsp.dispatch import Dispatcher
 from .rsp.server import RspServer
 from .rsp.session import Session
-from .stub.core import CoreHandlers, ViewHolder
-from .stub.live import LiveView
+from .stub.core import TargetHandlers
+from .stub.kernel import KernelTarget
 from .stub.machine_monitor import register_machine_commands
 from .stub.monitor import Monitor
 from .stub.replay import register_replay_commands
-from .stub.threads import ThreadHandlers
 from .stub.trace import TraceHandlers, register_trace_commands
 from .tracing import Tracer
 
@@ -40,29 +40,29 @@ class Stub:
     started: float = field(init=False, default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
-        live = LiveView(self.machine)
-        self.views = ViewHolder(live)
+        # KGTP mode's target: the kernel, with the trace frame or replay GDB selects laid over it.
+        self.target = KernelTarget(self.machine, self.config.allow_writes)
+        self.handlers = TargetHandlers(self.target)
         self.monitor = Monitor()
         register_machine_commands(self.monitor, self.machine, self.started)
-        self.threads = ThreadHandlers(self.machine, live)
-        self.core = CoreHandlers(self.views, self.threads, self.config.allow_writes, live.write_memory)
         self.tracer = Tracer(self.machine, self.config.engine)
         register_trace_commands(self.monitor, self.tracer)
-        self.trace = TraceHandlers(self.tracer, self.views, self.config.save_dir, self.config.name_markers_always)
-        register_replay_commands(self.monitor, self.trace, self.views, self.machine.image)
-        self.dispatcher = Dispatcher((self.core, self.threads, self.trace, self.monitor))
+        overlay = self.target.overlay
+        self.trace = TraceHandlers(self.tracer, overlay, self.config.save_dir, self.config.name_markers_always)
+        register_replay_commands(self.monitor, self.trace, overlay, self.machine.image)
+        self.dispatcher = Dispatcher((*self.handlers.families, self.trace, self.monitor))
 
     def make_session(self) -> Session:
-        return Session(self.dispatcher, stop_reply=self.threads.stop_reply)
+        return Session(self.dispatcher, stop_reply=self.handlers.stop_reply)
 
     def on_connect(self) -> None:
         self.trace.forget_session()
-        self.threads.forget_session()
+        self.handlers.forget_session()
 
     def on_disconnect(self) -> None:
         """GDB sends nothing when it leaves: stop tracing unless disconnected tracing was asked for."""
         self.trace.forget_session()
-        self.threads.forget_session()
+        self.handlers.forget_session()
         if self.tracer.running and not self.tracer.definitions.disconnected_tracing:
             from .rsp.packets.trace import StopReason
 

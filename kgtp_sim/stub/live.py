@@ -1,7 +1,7 @@
 """The live view: registers and memory of the running kernel, read coherently through the machine.
 
-Registers are those of one CPU, `cpu` (the thread GDB selected with `Hg`, stub/threads.py); memory is shared by
-every CPU."""
+Registers are those of one CPU (the thread GDB selected with `Hg` names it: stub/kernel.py); memory is shared by
+every CPU. Runs on the server thread; the machine runs each read on the CPU thread."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ _PAGE = 0x1000
 @dataclass
 class LiveView:
     machine: Machine
-    cpu: int = 0  #: the CPU whose registers `registers` reads (GDB's selected thread: stub/threads.py)
 
-    def registers(self) -> dict[str, int | None]:
-        return dict(self.machine.registers(cpu=self.cpu))
+    def registers(self, cpu: int = 0) -> dict[str, int | None]:
+        """The registers of CPU `cpu`."""
+        return dict(self.machine.registers(cpu=cpu))
 
     def read_memory(self, address: int, length: int) -> bytes:
         """Read `length` bytes, or the readable prefix when the range runs into unmapped memory."""

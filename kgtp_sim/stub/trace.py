@@ -12,15 +12,15 @@ import logging
 from pathlib import Path
 from dataclasses import dataclass, field
 
-from ..arch import amd64
 from ..rsp.dispatch import E_TRACE, Binary, Reply, RspError, handles
 from ..rsp.packets import trace as t
 from ..tracing import TraceError
 from ..tracing.api import TracerApi
+from ..arch import amd64
 from ..tracing.core.frames import FrameView, TraceFrame
-from ..tracing.core.model import DEFAULT_BUFFER_SIZE, MAX_BUFFER_SIZE, MIN_BUFFER_SIZE, Definitions, VariableSpec
 from ..tracing.core.tfile import SavePathError, resolve_save_path, write_tfile
-from .core import ViewHolder
+from ..tracing.core.model import DEFAULT_BUFFER_SIZE, MAX_BUFFER_SIZE, MIN_BUFFER_SIZE, Definitions, VariableSpec
+from .overlay import FrameOverlay
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ MIN_FAST_TRACEPOINT_LENGTH = 5
 @dataclass
 class TraceHandlers:
     tracer: TracerApi
-    views: ViewHolder
+    views: FrameOverlay
     save_dir: Path | None = None
     name_markers_always: bool = False  # diagnostic only: reproduces the GDB client crash (see marker_at)
     _upload: list[bytes] = field(default_factory=list)

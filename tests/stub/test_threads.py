@@ -1,5 +1,6 @@
-"""CPUs as GDB threads against a fake machine: the thread packets, the selection `g` and `p` follow, the stop
-replies, and the refusals (unknown threads, malformed ids, register writes on any CPU)."""
+"""KGTP mode's target (stub/kernel.py) against a fake machine: CPUs as GDB threads, the thread packets, the
+selection `g` and `p` follow, the stop replies, the refusals (unknown threads, malformed ids, register writes on any
+CPU), and run control, which only a replay of recorded frames has."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ import pytest
 from kgtp_sim.arch import amd64
 from kgtp_sim.client import VMLINUX
 from kgtp_sim.machine import MemoryFault, smp
-from kgtp_sim.rsp.dispatch import Dispatcher
+from kgtp_sim.rsp.dispatch import Deferred, Dispatcher
 from kgtp_sim.rsp.packets import connect as c
 from kgtp_sim.rsp.packets import data as d
-from kgtp_sim.stub.core import CoreHandlers, ViewHolder
-from kgtp_sim.stub.live import LiveView
-from kgtp_sim.stub.threads import TaskNames, ThreadHandlers, comm_offset
+from kgtp_sim.stub.core import TargetHandlers
+from kgtp_sim.stub.kernel import KernelTarget, TaskNames, comm_offset
+from kgtp_sim.stub.replay import Replay
+
+from .fake_tracer import register_frame
 
 TASKS = 0xFFFFFFFF81200000
 COMM = 4
@@ -65,11 +68,9 @@ class FakeMachine:
 
 def _stub(machine: FakeMachine | None = None, *, allow_writes: bool = False):
     machine = machine or FakeMachine()
-    live = LiveView(machine)  # type: ignore[arg-type]
-    views = ViewHolder(live)
-    threads = ThreadHandlers(machine, live, TaskNames(machine, comm_offset=COMM))  # type: ignore[arg-type]
-    core = CoreHandlers(views, threads, allow_writes, live.write_memory)
-    return Dispatcher((core, threads)), threads, views, machine
+    target = KernelTarget(machine, allow_writes, TaskNames(machine, comm_offset=COMM))  # type: ignore[arg-type]
+    handlers = TargetHandlers(target)
+    return Dispatcher(handlers.families), handlers, target, machine
 
 
 def _extra(dispatcher, thread: int) -> str:
@@ -113,10 +114,10 @@ def test_hg_any_or_all_keeps_the_selected_cpu(any_or_all):
 @pytest.mark.parametrize("packet", [b"Hg3", b"Hc3", b"Hg7fffffff", b"T0", b"T-1", b"T3", b"qThreadExtraInfo,3",
                                     b"qThreadExtraInfo,0", b"qThreadExtraInfo,-1"])
 def test_threads_that_are_no_cpu_are_refused_and_change_nothing(packet):
-    dispatcher, threads, _, _ = _stub()
+    dispatcher, handlers, _, _ = _stub()
     dispatcher.dispatch(b"Hg2")
     assert dispatcher.dispatch(packet).startswith(b"E")
-    assert dispatcher.dispatch(b"qC") == b"QC2" and threads.continue_thread == c.ANY_THREAD
+    assert dispatcher.dispatch(b"qC") == b"QC2" and handlers.selection.continue_thread == c.ANY_THREAD
 
 
 @pytest.mark.parametrize("packet", [b"Hgzz", b"Hg-2", b"H", b"Hx1", b"Tzz", b"qThreadExtraInfo,", b"qThreadExtraInfo,1,2",
@@ -128,18 +129,18 @@ def test_malformed_thread_packets_are_answered_not_crashed_on(packet):
 
 
 def test_hc_is_kept_for_the_continue_thread():
-    dispatcher, threads, _, _ = _stub()
-    assert dispatcher.dispatch(b"Hc-1") == b"OK" and threads.continue_thread == -1
-    assert dispatcher.dispatch(b"Hc2") == b"OK" and threads.continue_thread == 2
+    dispatcher, handlers, _, _ = _stub()
+    assert dispatcher.dispatch(b"Hc-1") == b"OK" and handlers.selection.continue_thread == -1
+    assert dispatcher.dispatch(b"Hc2") == b"OK" and handlers.selection.continue_thread == 2
     assert dispatcher.dispatch(b"qC") == b"QC1"  # Hc does not move the register view
 
 
 def test_stop_replies_name_the_selected_thread_and_a_new_session_starts_on_cpu_0():
-    dispatcher, threads, _, _ = _stub()
+    dispatcher, handlers, _, _ = _stub()
     assert dispatcher.dispatch(b"?") == b"T05thread:1;"
     dispatcher.dispatch(b"Hg2")
-    assert dispatcher.dispatch(b"?") == b"T05thread:2;" == threads.stop_reply()
-    threads.forget_session()
+    assert dispatcher.dispatch(b"?") == b"T05thread:2;" == handlers.stop_reply()
+    handlers.forget_session()
     assert dispatcher.dispatch(b"?") == b"T05thread:1;" and _rax(dispatcher) == 0
 
 
@@ -153,11 +154,11 @@ def test_extra_info_says_what_each_cpu_runs():
 
 def test_extra_info_without_a_readable_task_or_comm_offset():
     machine = FakeMachine(2, ("running", "running"), (0, TASKS + 0x9000))
-    dispatcher, threads, _, _ = _stub(machine)
+    dispatcher, _, target, _ = _stub(machine)
     assert _extra(dispatcher, 1) == "CPU#0 [running]"  # no per-CPU task and no global `current`
     assert _extra(dispatcher, 2) == "CPU#1 [running]"  # the task's memory cannot be read
-    threads.names.comm_offset = None
-    threads.names._looked_up = True
+    target.names.comm_offset = None
+    target.names._looked_up = True
     machine.tasks = (TASKS + 0x100, TASKS + 0x200)
     assert _extra(dispatcher, 2) == "CPU#1 [running]"
 
@@ -189,7 +190,7 @@ def test_register_writes_are_refused_on_every_cpu(allow_writes):
 
 
 def test_a_selected_trace_frame_outranks_the_selected_cpu():
-    dispatcher, _, views, _ = _stub()
+    dispatcher, _, target, _ = _stub()
 
     class Frame:
         def registers(self):
@@ -199,7 +200,38 @@ def test_a_selected_trace_frame_outranks_the_selected_cpu():
             return b"\0" * length
 
     dispatcher.dispatch(b"Hg2")
-    views.current = Frame()
+    target.overlay.current = Frame()
     assert _rax(dispatcher) == 0x77
-    views.current = None
+    target.overlay.current = None
     assert _rax(dispatcher) == 1
+
+
+# ---- run control: the kernel never stops; a replay of recorded frames does ------------------------------------
+
+
+def test_outside_a_replay_continue_waits_and_nothing_else_moves():
+    dispatcher, *_ = _stub()
+    assert isinstance(dispatcher.dispatch(b"c"), Deferred)
+    for packet in (b"s", b"bs", b"bc"):
+        assert dispatcher.dispatch(packet).startswith(b"E.the kernel never stops")
+    for kind in range(5):
+        assert dispatcher.dispatch(b"Z%d,1000,1" % kind) == b"" and dispatcher.dispatch(b"z%d,1000,1" % kind) == b""
+    assert b"ReverseStep+" in dispatcher.dispatch(b"qSupported").split(b";")
+
+
+def test_a_replay_steps_continues_to_its_breakpoints_and_ends():
+    dispatcher, _, target, _ = _stub()
+    frames = [register_frame(n, 1, 0x2000 + n) for n in range(4)]
+    target.overlay.replay = Replay(frames, 0, SimpleNamespace(segments=[]))
+    dispatcher.dispatch(b"Hg2")
+    assert dispatcher.dispatch(b"Z1,2002,1") == b""  # software breakpoints only
+    assert dispatcher.dispatch(b"Z0,2002,1") == b"OK"
+    assert dispatcher.dispatch(b"c") == b"T05thread:2;"
+    assert amd64.decode_registers(bytes.fromhex(dispatcher.dispatch(b"g").replace(b"x", b"0").decode()))["rip"] \
+        == 0x2002
+    assert dispatcher.dispatch(b"s") == b"T05thread:2;"
+    assert dispatcher.dispatch(b"c") == b"T05replaylog:end;thread:2;"
+    assert dispatcher.dispatch(b"bc") == b"T05thread:2;" and target.overlay.replay.index == 2
+    assert dispatcher.dispatch(b"z0,2002,1") == b"OK"
+    assert dispatcher.dispatch(b"bc") == b"T05replaylog:begin;thread:2;"
+    assert dispatcher.dispatch(b"M1000,1:00") == b"E03"  # no --allow-writes

@@ -1,0 +1,244 @@
+"""The target: what GDB looks at, as one interface the packet handlers speak to, whatever the stub debugs.
+
+Modelled on gdbstub's `Target` trait (base operations every target has, plus optional extensions a target hands
+out through `support_*()`, None when it has none) and on gdbserver's process_stratum_target (gdbserver/target.h:
+one interface, one implementation per kind of target). The handlers of stub/core.py, stub/run.py and
+stub/threads.py know only this module; what they are given decides what GDB sees. KGTP mode's implementation is
+stub/kernel.py: the running kernel, its CPUs as threads, with a selected trace frame or a replay laid over it.
+
+Base (every target): its threads, their registers, memory, why it is stopped (`?`), its target description, and
+what detaching or killing does. Optional extensions:
+
+| extension                  | packets              | without it                                          |
+|----------------------------|----------------------|-----------------------------------------------------|
+| `support_register_writes`  | G, P                 | E03: the registers are read-only                    |
+| `support_memory_writes`    | M, X                 | E03: the memory is read-only                        |
+| `support_resume`           | c, s, Ctrl-C         | empty reply (the packet is not supported)           |
+| `support_reverse`          | bs, bc               | not in the dispatch table, so not in qSupported     |
+| `support_breakpoints`      | Z, z                 | empty reply, as gdbserver for a type it lacks       |
+
+An extension is asked for at each packet (a target may lend one only in some states: KGTP's breakpoints exist only
+in a replay, `supports` says which types); what qSupported announces follows the extensions the target has when
+the handlers are assembled (core.TargetHandlers), as the dispatch table is built once.
+
+Conventions the handlers rely on:
+  - thread ids are GDB's, positive; 0 (any) and -1 (all) reach a target only in a `ResumeAction`;
+  - a refusal is an `RspError` (its code is the `E..` GDB gets); memory the target cannot supply is `ViewError`;
+  - registers are a dict by amd64 register name (arch/amd64.py), None or absent for an unavailable one;
+  - outcomes of run control are typed (`Signal`, `ReplayLog`, `Exited`, or `Running` when the stop comes later);
+    the handlers turn them into stop replies (stub/run.py).
+
+Every method is called from a packet handler, on the server thread.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+
+from ..arch import amd64
+from ..tracing.core.frames import ViewError
+
+__all__ = [
+    "SIGTRAP", "Signal", "ReplayLog", "Exited", "Stop", "Running", "ResumeAction", "BreakpointType", "ViewError",
+    "Target", "RegisterWrites", "MemoryWrites", "Resume", "Reverse", "Breakpoints",
+]
+
+SIGTRAP = 5
+
+_TARGET_XML = amd64.target_xml().encode()
+
+
+# ---- outcomes of run control (gdbstub: MultiThreadStopReason) --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Signal:
+    """Stopped by `signal` (`T<signal>thread:<id>;`). `thread` None: the thread GDB selected (`Hg`), which is
+    what a target that never really stops reports (KGTP: the thread GDB looks at stays the one it looks at)."""
+
+    signal: int = SIGTRAP
+    thread: int | None = None
+
+
+@dataclass(frozen=True)
+class ReplayLog:
+    """A replay ran out of recorded history, at its `begin` (going backwards) or its end: GDB's `replaylog` stop
+    reason (remote.c: remote_target::process_stop_reply reads it), which makes GDB say "No more reverse-execution
+    history"."""
+
+    begin: bool
+    thread: int | None = None
+    signal: int = SIGTRAP
+
+
+@dataclass(frozen=True)
+class Exited:
+    """The process exited with `code` (`W<code>`)."""
+
+    code: int = 0
+
+
+Stop = Signal | ReplayLog | Exited
+
+
+@dataclass(frozen=True)
+class Running:
+    """Resumed, no stop yet: the stop reply comes later (today, only after the user's Ctrl-C)."""
+
+
+@dataclass(frozen=True)
+class ResumeAction:
+    """What one thread does when GDB resumes the target (gdbserver's struct thread_resume; one action of `vCont`).
+    `thread` is the thread `Hc` selected for `c` and `s`: 0 (any) or -1 (all) mean every thread."""
+
+    thread: int
+    step: bool = False
+
+
+class BreakpointType(IntEnum):
+    """The type digit of `Z<type>`/`z<type>` (gdbserver's Z_PACKET_* numbers)."""
+
+    SOFTWARE = 0
+    HARDWARE = 1
+    WRITE_WATCHPOINT = 2
+    READ_WATCHPOINT = 3
+    ACCESS_WATCHPOINT = 4
+
+
+# ---- the base interface -------------------------------------------------------------------------------------
+
+
+class Target(ABC):
+    """What every target answers; the extensions below are lent through `support_*()`."""
+
+    # -- threads (gdbstub: MultiThreadBase::list_active_threads, is_thread_alive; ThreadExtraInfo) --
+
+    @abstractmethod
+    def threads(self) -> Sequence[int]:
+        """Every thread, in the order `qfThreadInfo` lists them; the first is the one a new debugger looks at."""
+
+    def thread_alive(self, thread: int) -> bool:
+        """`T<id>`; also what the thread packets check before acting on an id (E05 otherwise)."""
+        return thread in self.threads()
+
+    def thread_extra_info(self, thread: int) -> str | None:
+        """The text `info threads` shows after a thread (`qThreadExtraInfo`); None: nothing to say."""
+        return None
+
+    # -- registers and memory (gdbserver: fetch_registers, read_memory) --
+
+    @abstractmethod
+    def read_registers(self, thread: int) -> dict[str, int | None]:
+        """The registers of `thread` by amd64 name; None (or absent) when one is unavailable."""
+
+    @abstractmethod
+    def read_memory(self, address: int, length: int, thread: int, space: object | None = None) -> bytes:
+        """`length` bytes at `address`, or the readable prefix of them; ViewError when not even the first byte is.
+
+        `space` is the address space to read; None: that of `thread`, the thread GDB selected (gdbserver reads
+        the memory of the general thread's process). Nothing passes one yet: it is the place for the machine's
+        address spaces."""
+
+    # -- stops --
+
+    @abstractmethod
+    def stop_reason(self) -> Stop:
+        """Why the target is stopped: the answer to `?` (gdbserver: the last status its `wait` gave)."""
+
+    # -- description and session --
+
+    def feature_document(self, annex: str) -> bytes | None:
+        """The target description document `annex` (`qXfer:features:read`); None when there is none by that
+        name. The default: the amd64 description every register packet follows."""
+        return _TARGET_XML if annex == "target.xml" else None
+
+    def attached(self) -> bool:
+        """`qAttached`: True when GDB attached to something that existed before it (quitting GDB then detaches
+        instead of killing)."""
+        return True
+
+    def detach(self) -> None:
+        """`D`: GDB leaves; the target goes on without it."""
+
+    def kill(self) -> None:
+        """`k`: GDB asks the target to end (its session ends with it)."""
+
+    # -- optional extensions --
+
+    def support_register_writes(self) -> RegisterWrites | None:
+        return None
+
+    def support_memory_writes(self) -> MemoryWrites | None:
+        return None
+
+    def support_resume(self) -> Resume | None:
+        return None
+
+    def support_reverse(self) -> Reverse | None:
+        return None
+
+    def support_breakpoints(self) -> Breakpoints | None:
+        return None
+
+
+# ---- extensions ---------------------------------------------------------------------------------------------
+
+
+class RegisterWrites(ABC):
+    """`G` and `P` (gdbserver: store_registers)."""
+
+    @abstractmethod
+    def write_registers(self, thread: int, values: dict[str, int]) -> None:
+        """Set the registers `values` names (all of them for `G`, one for `P`) in `thread`."""
+
+
+class MemoryWrites(ABC):
+    """`M` and `X` (gdbserver: write_memory)."""
+
+    @abstractmethod
+    def write_memory(self, address: int, data: bytes, thread: int, space: object | None = None) -> None:
+        """Write `data` at `address` (`space` as in `Target.read_memory`); ViewError when it cannot be written,
+        RspError when the target refuses."""
+
+
+class Resume(ABC):
+    """Run control: `c`, `s` and the user's Ctrl-C (gdbserver: resume, request_interrupt; gdbstub:
+    MultiThreadResume)."""
+
+    @abstractmethod
+    def resume(self, actions: Sequence[ResumeAction]) -> Stop | Running:
+        """Resume as `actions` say: the stop, when it is known at once, or Running. RspError refuses (KGTP: a
+        step outside a replay)."""
+
+    @abstractmethod
+    def interrupt(self) -> Stop:
+        """The user pressed Ctrl-C while the target was Running: the stop to report."""
+
+
+class Reverse(ABC):
+    """Reverse execution: `bs` and `bc` (gdbstub: ReverseStep, ReverseCont), over a recorded history."""
+
+    @abstractmethod
+    def reverse(self, *, step: bool) -> Stop:
+        """One step back (`step`) or back to a breakpoint or the history's start; RspError refuses."""
+
+
+class Breakpoints(ABC):
+    """`Z` and `z` (gdbserver: supports_z_point_type, insert_point, remove_point; gdbstub: Breakpoints)."""
+
+    @abstractmethod
+    def supports(self, type: BreakpointType) -> bool:
+        """Whether breakpoints of `type` can be set now; the handlers answer the empty reply for those that
+        cannot (GDB then falls back on its own, e.g. an int3 written with M/X)."""
+
+    @abstractmethod
+    def insert_breakpoint(self, type: BreakpointType, address: int, kind: int) -> None:
+        """Set one; RspError refuses (GDB says it cannot insert the breakpoint)."""
+
+    @abstractmethod
+    def remove_breakpoint(self, type: BreakpointType, address: int, kind: int) -> None:
+        """Remove one; removing one that is not set is no error."""
+
