@@ -218,3 +218,17 @@ def test_the_checker_sees_lazy_and_type_checking_imports(tmp_path):
 def test_each_tracing_layer_says_what_it_owns(package):
     path = PACKAGE.parent / Path(*package.split(".")) / "__init__.py"
     assert ast.get_docstring(ast.parse(path.read_text())), f"{package} says nothing of what it owns"
+
+
+def test_every_module_is_tracked_by_git():
+    """A module .gitignore hides is missing from every clone (a pattern for core dumps once hid tracing's `core`
+    layer): none may be ignored."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    modules = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")]
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *modules], cwd=ROOT, capture_output=True,
+                             text=True).stdout.split()
+    assert not ignored, f"ignored by .gitignore: {ignored}"

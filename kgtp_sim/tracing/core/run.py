@@ -1,0 +1,69 @@
+"""The run as the layers above the vocabulary see it: what a hit path, the installer and KGTP's features may use
+of the trace run they serve.
+
+`tracer.Tracer` is the one implementation; it composes the layers that speak to this protocol, so none of them
+imports it (tracing/ is layered: core, patching, engines, kgtp, then the tracer; docs/DESIGN.md). The parts of
+the run that belong to a higher layer (the compiled engine's state, the return probes, the watches, the
+stepper) and KGTP's variable state, whose module is built on this protocol, are typed `Any` here with their
+owner named: a lower layer may hand them on but never relies on their
+type. Everything is used on the CPU thread, inside a hit or a run change (`Tracer._between_hits`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from ...agent.errors import EvalError
+from ...agent.verify import Program
+from ...machine import Machine
+from .clock import Tsc
+from .model import Definitions, StopReason, Tracepoint
+from .percpu import PerCpuVariables
+from .ring import Rings
+
+
+class Run(Protocol):
+    """One trace run: its definitions, buffer, clock and variables, and the few decisions only the run makes."""
+
+    machine: Machine
+    definitions: Definitions
+    #: True between tstart and the stop; a hit of a stopped run records nothing
+    running: bool
+    ring: Rings | None
+    tsc: Tsc
+    #: bytes of blocks one frame may hold in this run (fixed at tstart)
+    room: int
+    #: what direct output printed on the kernel's console (kgtp.printk)
+    printed: list[str]
+    kgtp: Any  # core.builtins.KgtpState: what KGTP's special variables keep across hits
+    per_cpu: PerCpuVariables
+    native: Any  # engines.native.CompiledRun, or None under the interpreting engine
+    retired: Any  # patching.retire.RetiredCode: code freed once no CPU can be in it
+    registers: Any  # engines.fastregs.RegisterReader: the registers of a hit
+    stepper: Any  # engines.hits.Stepper: while-stepping
+    kret: Any  # kgtp.kret.KretRun: return probes
+    watches: Any  # kgtp.watch.Watches: watch tracepoints
+
+    def stop(self, reason: StopReason, note: str | None = None, tracepoint: int = 0) -> None: ...
+
+    def check(self, error: EvalError | None, tp: Tracepoint) -> bool:
+        """True when there is no error; else the run stops with `terror` and the hit ends."""
+        ...
+
+    def lost_block(self, error: EvalError | None, program: Program) -> bool: ...
+
+    def variable_value(self, number: int, hit: Any = None) -> int | None: ...
+
+    def set_variable(self, number: int, value: int, hit: Any = None) -> None: ...
+
+    def frame_room(self) -> int: ...
+
+    def is_armed(self, key: tuple[int, int]) -> bool: ...
+
+    def arm(self, tp: Tracepoint) -> None: ...
+
+    def disarm(self, key: tuple[int, int]) -> None: ...
+
+    def dump_stack(self, ctx: Any) -> None:
+        """`$dump_stack`: print the hit's backtrace on the kernel's console (`ctx`: a builtins.BuiltinContext)."""
+        ...
