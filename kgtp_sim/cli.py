@@ -1,4 +1,8 @@
-"""Command line: `kgtp-sim serve` starts the kernel and the stub; GDB attaches with `target remote`."""
+"""Command line: `kgtp-sim serve` starts the kernel and the stub; GDB attaches with `target remote`.
+
+The other commands read what the stub traced (follow, export, plot), sample it (hotcode) or measure it (bench);
+each subcommand's --help ends with examples. Runs in the main thread.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
+from .optional import MissingDependency
 from .rsp.server import is_loopback
 
 #: CPUs of `kgtp-sim serve` unless --cpus says otherwise.
@@ -19,18 +24,35 @@ DEFAULT_CPUS = 2
 MAX_CPUS = 8
 
 
+#: `kgtp-sim --help`: what it is, then a first session from start to end (help text is kept to 80 columns).
+_DESCRIPTION = "A GDB remote stub emulating KGTP's tracepoints over a simulated x86_64 kernel."
+_FIRST_STEPS = """\
+a first session:
+  kgtp-sim serve                    # or scripts/serve (sets up .venv first)
+  gdb fixtures/vmlinux -ex 'target remote :1234'  # trace, tstart, tsave run.tf
+  kgtp-sim follow                   # meanwhile: each frame as it is committed
+  kgtp-sim plot run.tf -o pics      # afterwards: timeline, values, flame graph
+"""
+
+_SERVE_EXAMPLES = f"""\
+examples:
+  kgtp-sim serve                    # GDB on :1234, followers on :1235, {DEFAULT_CPUS} CPUs
+  gdb fixtures/vmlinux -ex 'target remote :1234'
+  kgtp-sim serve --cpus 4 --save-dir /tmp/traces
+  gdb fixtures/vmlinux -ex 'target remote | kgtp-sim serve --stdio'
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kgtp-sim", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    from .bench import cli as bench_cli
-
-    bench_cli.add_parser(commands)
-    from .view import cli as view_cli
-
-    view_cli.add_parsers(commands)
+    parser = argparse.ArgumentParser(prog="kgtp-sim", description=_DESCRIPTION, epilog=_FIRST_STEPS,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     from .client import paths  # here, as the subcommands' modules are: importing kgtp_sim.cli stays light
 
-    serve = commands.add_parser("serve", help="start the simulated kernel and the GDB stub")
+    serve = commands.add_parser("serve", help="start the simulated kernel and the GDB stub",
+                                description="Start the simulated kernel; serve one GDB at a time on the RSP port\n"
+                                "and any number of followers on the follow channel beside it.",
+                                epilog=_SERVE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     serve.add_argument("--kernel", type=Path, default=paths.VMLINUX, help="static x86_64 kernel ELF (default: bundled)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=1234, help="TCP port (default: 1234; 0 picks a free one)")
@@ -55,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="serve one debugger on stdin/stdout instead of TCP: gdb -ex 'target remote | kgtp-sim "
                             "serve --stdio' (messages go to stderr; the follow channel only with --follow-port)")
     serve.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeat for packet traces)")
+    from .view import cli as view_cli
+
+    view_cli.add_parsers(commands)
+    from .bench import cli as bench_cli
+
+    bench_cli.add_parser(commands)
     return parser
 
 
@@ -64,6 +92,14 @@ def main(argv: list[str] | None = None) -> int:
         level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(getattr(args, "verbose", 0), 2)],
         format="kgtp-sim: %(levelname)s %(name)s: %(message)s",
     )
+    try:
+        return _run(args)
+    except MissingDependency as error:  # an optional package: one line saying what to install, no traceback
+        print(f"kgtp-sim: {error}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "serve":
         return serve(args)
     if args.command == "bench":

@@ -11,8 +11,19 @@ FULL = (10_000, 5)
 QUICK = (1_000, 5)
 
 
+#: The end of `kgtp-sim bench --help` (80 columns, printed as written).
+EXAMPLES = """\
+examples:
+  kgtp-sim bench --quick            # about 30 s: each probe kind, case, engine
+  kgtp-sim bench --json rows.json --chart chart.png --no-peer
+"""
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    bench = subparsers.add_parser("bench", help="thesis benchmark: cost per hit of dynamic and static tracepoints")
+    bench = subparsers.add_parser("bench", help="the thesis benchmark: cost per hit of tracepoints",
+                                  description="The thesis benchmark (scripts/bench): kgtp_bench_loop under every\n"
+                                  "probe kind, case and engine, then under gdbserver.",
+                                  epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     configure(bench)
     return bench
 
@@ -34,6 +45,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.chart:
+        from ..optional import pyplot
+
+        pyplot("bench --chart")  # said before the run, not after it
     from .report import chart, markdown, write_json
     from .runner import Bench, expected_frames
 
@@ -84,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kgtp-sim bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="kgtp-sim bench", description=__doc__, epilog=EXAMPLES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     configure(parser)
     return run(parser.parse_args(argv))
 

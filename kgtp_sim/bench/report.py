@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..optional import pyplot
 from .runner import FIELDS, thesis_of
 
 
@@ -56,11 +57,7 @@ def write_json(rows: list[dict], path: Path) -> None:
 
 
 def chart(rows: list[dict], path: Path, title: str = "kgtp-sim: cost per hit (thesis workload)") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     traced = [r for r in rows if r["probe"] not in ("none", "disabled-marker") and r["insns_per_hit"] is not None]
     labels = [f"{r['probe']}\n{r['case']}\n{r['engine']}" for r in traced]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(10, len(traced) * 0.55), 9), sharex=True)

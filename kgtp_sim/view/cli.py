@@ -11,57 +11,120 @@ from .channel import DEFAULT_FOLLOW_PORT
 
 COMMANDS = ("follow", "export", "plot", "hotcode")
 
+# Each command's --help ends with examples (kept to 80 columns, printed as written).
+_FOLLOW_EXAMPLES = f"""\
+examples (beside a stub that `kgtp-sim serve` or scripts/serve started):
+  kgtp-sim follow                   # frames from now on, while GDB traces
+  kgtp-sim follow --port {DEFAULT_FOLLOW_PORT} --from-start --count 100
+The follow channel is the RSP port + 1 unless serve was given --follow-port;
+serve prints its port when it starts.
+"""
+_EXPORT_EXAMPLES = """\
+examples:
+  kgtp-sim export run.tf --format ctf -o run-ctf     # then: babeltrace2 run-ctf
+  kgtp-sim export run.tf --format jsonl -o run.jsonl
+  kgtp-sim export --format chrome -o run.json        # the running stub's buffer
+run.tf is a file GDB's `tsave run.tf` wrote; without one, the frames come from
+the running stub's follow channel (--host, --port).
+"""
+_PLOT_EXAMPLES = """\
+examples:
+  kgtp-sim plot run.tf -o pics                       # a file GDB's tsave wrote
+  kgtp-sim plot -o pics --value '$_sdata.runtime'    # the running stub's buffer
+"""
+_HOTCODE_EXAMPLES = """\
+examples (detach GDB first: hotcode traces through the RSP port itself):
+  kgtp-sim hotcode                  # 5 s of samples, the hottest code per CPU
+  kgtp-sim hotcode --samples 2000 --png hot.png
+"""
+
+
+def _add(commands, name: str, summary: str, description: str, epilog: str) -> argparse.ArgumentParser:
+    """A subcommand: its line in `kgtp-sim --help`, and its own --help, ending with examples."""
+    return commands.add_parser(name, help=summary, description=description, epilog=epilog,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+
 
 def _source(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("trace", nargs="?", type=Path, default=None, metavar="TRACE.tf",
+                        help="a file GDB's `tsave` wrote (default: read the running stub's buffer; a file has no "
+                             "$_sdata)")
+    parser.add_argument("--file", type=Path, default=None, metavar="TRACE.tf",
+                        help="the same as the TRACE.tf argument")
     parser.add_argument("--host", default="127.0.0.1", help="the stub's host (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=DEFAULT_FOLLOW_PORT,
                         help=f"the stub's follow channel port (default: {DEFAULT_FOLLOW_PORT}, the RSP port + 1)")
-    parser.add_argument("--file", type=Path, default=None, metavar="TRACE.tf",
-                        help="read a file `tsave` wrote instead of a running stub ($_sdata is not in such files)")
-    parser.add_argument("--kernel", type=Path, default=paths.VMLINUX, help="the kernel ELF with DWARF")
+    parser.add_argument("--kernel", type=Path, default=paths.VMLINUX,
+                        help="the kernel ELF with DWARF (default: the bundled one)")
 
 
 def add_parsers(commands) -> None:
-    follow = commands.add_parser("follow", help="print trace frames as they are committed (read-only, beside GDB)")
-    follow.add_argument("--host", default="127.0.0.1")
+    follow = _add(commands, "follow", "print trace frames live, beside GDB (read-only)",
+                  "Print one line per trace frame as the stub commits it, read from its\n"
+                  "read-only follow channel while GDB traces.",
+                  _FOLLOW_EXAMPLES)
+    follow.add_argument("--host", default="127.0.0.1", help="the stub's host (default: 127.0.0.1)")
     follow.add_argument("--port", type=int, default=DEFAULT_FOLLOW_PORT,
-                        help=f"the follow channel port (default: {DEFAULT_FOLLOW_PORT})")
-    follow.add_argument("--kernel", type=Path, default=paths.VMLINUX)
+                        help=f"the follow channel port (default: {DEFAULT_FOLLOW_PORT}, the RSP port + 1)")
+    follow.add_argument("--kernel", type=Path, default=paths.VMLINUX,
+                        help="the kernel ELF with DWARF (default: the bundled one)")
     follow.add_argument("--from-start", action="store_true", help="first print the frames already in the buffer")
     follow.add_argument("--count", type=int, default=None, help="exit after this many frames")
     follow.add_argument("--quiet", action="store_true", help="print only missed counts and the summary")
     follow.add_argument("--consume", action="store_true",
                         help="a consuming read: frames shown leave the trace buffer (GDB no longer finds them)")
 
-    export = commands.add_parser("export", help="write a run as CTF, Chrome trace-event JSON or JSON lines")
+    export = _add(commands, "export", "write a trace as CTF, Chrome JSON or JSON lines",
+                  "Write every frame of a trace, its values named with the kernel's DWARF,\n"
+                  "as CTF 1.8, Chrome trace-event JSON or JSON lines.", _EXPORT_EXAMPLES)
     _source(export)
-    export.add_argument("--format", choices=("ctf", "chrome", "jsonl"), required=True)
+    export.add_argument("--format", choices=("ctf", "chrome", "jsonl"), required=True,
+                        help="CTF 1.8 (babeltrace2, Trace Compass), Chrome trace-event JSON (Perfetto) or JSON lines")
     export.add_argument("-o", "--output", type=Path, required=True,
                         help="a directory for ctf, a file for chrome and jsonl")
 
-    plot = commands.add_parser("plot", help="PNG pictures of a run: timeline, value distribution, flame graph")
+    plot = _add(commands, "plot", "draw a trace as PNGs: timeline, values, flame graph",
+                "Draw timeline.png, distribution.png and flamegraph.png of a trace\n"
+                "(needs matplotlib).",
+                _PLOT_EXAMPLES)
     _source(plot)
     plot.add_argument("-o", "--output", type=Path, required=True, help="directory for the PNG files")
     plot.add_argument("--value", default=None,
                       help="collected expression whose distribution to draw (default: the first numeric one)")
 
-    hotcode = commands.add_parser("hotcode", help="sample each CPU's PC at every timer tick: the hottest code")
-    hotcode.add_argument("--host", default="127.0.0.1")
+    hotcode = _add(commands, "hotcode", "sample every CPU's PC at each tick: the hottest code",
+                   "Sample the PC each timer tick interrupts (a tracepoint on timer_interrupt)\n"
+                   "and print the hottest functions and source lines per CPU, after KGTP's\n"
+                   "hotcode add-on.", _HOTCODE_EXAMPLES)
+    hotcode.add_argument("--host", default="127.0.0.1", help="the stub's host (default: 127.0.0.1)")
     hotcode.add_argument("--port", type=int, default=1234, help="the stub's RSP port (default: 1234)")
     hotcode.add_argument("--follow-port", type=int, default=None, help="its follow channel (default: --port + 1)")
-    hotcode.add_argument("--kernel", type=Path, default=paths.VMLINUX)
+    hotcode.add_argument("--kernel", type=Path, default=paths.VMLINUX,
+                         help="the kernel ELF with DWARF (default: the bundled one)")
     hotcode.add_argument("--seconds", type=float, default=5.0, help="how long to sample (default: 5)")
     hotcode.add_argument("--samples", type=int, default=None, help="stop after this many samples instead")
     hotcode.add_argument("--top", type=int, default=15, help="rows to print (default: 15)")
-    hotcode.add_argument("--png", type=Path, default=None, help="also draw the hottest functions and lines")
+    hotcode.add_argument("--png", type=Path, default=None,
+                         help="also draw the hottest functions and lines (needs matplotlib)")
 
 
-def _load(args):
+class UsageError(ValueError):
+    """The arguments contradict each other (reported with exit status 2, as argparse reports its own)."""
+
+
+def trace_file(args: argparse.Namespace) -> Path | None:
+    """The tsave'd file export and plot read, given as TRACE.tf or --file (never both); None: the live stub."""
+    if args.trace is not None and args.file is not None:
+        raise UsageError(f"give the trace file once: {args.trace} as TRACE.tf or --file {args.file}, not both")
+    return args.trace if args.trace is not None else args.file
+
+
+def _load(args, path: Path | None):
     from .channel import snapshot
     from .model import load_tfile
 
-    if args.file is not None:
-        return load_tfile(args.file)
+    if path is not None:
+        return load_tfile(path)
     return snapshot(args.host, args.port)
 
 
@@ -70,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     from .model import TraceFormatError
 
     try:
+        path = trace_file(args) if args.command in ("export", "plot") else None
         if args.command == "follow":
             from .follow import follow
 
@@ -79,16 +143,18 @@ def run(args: argparse.Namespace) -> int:
             from .export import FORMATS
             from .fields import FrameReader
 
-            trace = _load(args)
+            trace = _load(args, path)
             reader = FrameReader.open(trace, args.kernel)
             summary = FORMATS[args.format](trace, reader, args.output)
             print(f"kgtp-sim: wrote {summary['events']} frames as {args.format} to {args.output}")
             return 0
         if args.command == "plot":
+            from ..optional import pyplot
             from .fields import FrameReader
             from .plot import plot_all
 
-            trace = _load(args)
+            pyplot("plot")  # before reading the trace: a missing package is said first
+            trace = _load(args, path)
             reader = FrameReader.open(trace, args.kernel)
             for path in plot_all(trace, reader, args.output, value=args.value):
                 print(f"kgtp-sim: wrote {path}")
@@ -96,9 +162,16 @@ def run(args: argparse.Namespace) -> int:
         if args.command == "hotcode":
             from .hotcode import hotcode
 
+            if args.png is not None:
+                from ..optional import pyplot
+
+                pyplot("hotcode --png")  # before sampling
             follow_port = args.follow_port if args.follow_port is not None else args.port + 1
             return hotcode(args.host, args.port, follow_port, args.kernel, seconds=args.seconds,
                            samples=args.samples, top=args.top, png=args.png)
+    except UsageError as error:
+        print(f"kgtp-sim {args.command}: {error}", file=sys.stderr)
+        return 2
     except (ChannelError, TraceFormatError, OSError) as error:
         print(f"kgtp-sim: {error}", file=sys.stderr)
         return 1

@@ -54,9 +54,11 @@ def follow(host: str, port: int, kernel: Path, from_start: bool = False, out: Te
     reader = FrameReader.open(run, kernel)
     shown = missed = 0
     started = time.monotonic()
+    answered = False  # no summary when the port was not the follow channel: its error is the whole story
     try:
         request = {"op": "follow", "from": "start" if from_start else "now", "consume": consume}
         for message in messages(host, port, request):
+            answered = True
             kind = message["t"]
             if kind == "run":
                 run.apply_run_message(message)
@@ -83,5 +85,7 @@ def follow(host: str, port: int, kernel: Path, from_start: bool = False, out: Te
         pass
     finally:
         elapsed = max(time.monotonic() - started, 1e-9)
-        print(f"-- followed {shown} frames ({shown / elapsed:.0f}/s), missed {missed} --", file=sys.stderr, flush=True)
+        if answered:
+            print(f"-- followed {shown} frames ({shown / elapsed:.0f}/s), missed {missed} --", file=sys.stderr,
+                  flush=True)
     return 0

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..client.rsp import RspClient
 from ..machine.dwarf import KernelDwarf
+from ..optional import pyplot
 from .channel import ChannelError, messages
 from .fields import FrameReader
 from .model import Run
@@ -137,9 +138,7 @@ def tally(run: Run, reader: FrameReader, frames) -> tuple[Counter, Counter, Coun
 
 
 def plot_hotcode(functions: Counter, lines: Counter, total: int, path: Path, top: int) -> Path:
-    from .plot import _pyplot
-
-    plt = _pyplot()
+    plt = pyplot()
     figure, axes = plt.subplots(1, 2, figsize=(13, 0.9 + 0.32 * top))
     for axis, counter, title in ((axes[0], functions, "functions"), (axes[1], lines, "source lines")):
         rows = counter.most_common(top)[::-1]

@@ -14,21 +14,13 @@ import zlib
 from collections import Counter
 from pathlib import Path
 
+from ..optional import pyplot
 from .fields import FrameReader, flatten
 from .model import Run
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_timeline(run: Run, reader: FrameReader, path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     rows: dict[tuple[int, int | None], list[float]] = {}
     for frame in run.frames:
         rows.setdefault((frame.tracepoint, frame.cpu), []).append((frame.ns or 0) / 1e9)
@@ -91,7 +83,7 @@ def plot_distribution(run: Run, reader: FrameReader, path: Path, name: str | Non
     name, values = numeric_values(run, reader, name)
     if not values:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     figure, axis = plt.subplots(figsize=(9, 4.5))
     distinct = len(set(values))
     axis.hist(values, bins=min(60, max(distinct, 1)), color="#4c72b0", edgecolor="white", linewidth=0.4)
@@ -127,7 +119,7 @@ def plot_flamegraph(run: Run, reader: FrameReader, path: Path) -> Path | None:
     folded = stacks(run, reader)
     if not folded:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     total = sum(folded.values())
     depth = max(len(s) for s in folded)
     figure, axis = plt.subplots(figsize=(12, 1.2 + 0.42 * depth))

@@ -36,6 +36,18 @@ _installed_covers() {
     return 1
 }
 
+# The extras an earlier install of the same pyproject.toml had, with EXTRAS added: comma-separated, sorted.
+# pip adds packages and never removes them, so after `ensure_venv view` a venv that had `test,bench` still has
+# them, and its stamp says so: the scripts asking for different extras do not take turns reinstalling.
+_extras_with() {
+    local want="$1" extras="$2" stamp all=""
+    for stamp in .venv/.kgtp-installed-*; do
+        [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] || continue
+        all="$all,${stamp#.venv/.kgtp-installed-}"
+    done
+    echo "$all,$extras" | tr ',' '\n' | sed '/^$/d' | sort -u | paste -sd, -
+}
+
 ensure_venv() {
     local extras="${1:-}"
     local python="${PYTHON:-python3}"
@@ -45,7 +57,8 @@ ensure_venv() {
     local want
     want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
     if ! _installed_covers "$want" "$extras"; then
-        echo "setting up .venv (first run, or pyproject.toml changed)..." >&2
+        extras="$(_extras_with "$want" "$extras")"
+        echo "setting up .venv (first run, pyproject.toml changed, or new extras): .${extras:+[$extras]}..." >&2
         _quietly .venv/bin/python -m pip install --upgrade pip
         _quietly .venv/bin/python -m pip install -e ".${extras:+[$extras]}"
         rm -f .venv/.kgtp-installed*
