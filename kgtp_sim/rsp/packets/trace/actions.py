@@ -1,13 +1,13 @@
 """The wire form of tracepoint actions (the `action...` part of `QTDP:-` and of the `A`/`S` upload pieces) and
 of an agent expression `X<len>,<bytecode>` (also a QTDP condition).
 
-# The actions themselves (CollectRegisters, CollectMemory, EvalExpression, CollectStaticData) are the tracer's
-# words (kgtp_sim/tracing/model.py); this section reads and writes their wire form. `R` masks arrive most
-# significant byte first, two digits a byte, leading zero bytes dropped; `M` offsets are printed with phex_nz,
-# so a negative frame offset arrives as its 64-bit two's complement.
+The actions themselves (CollectRegisters, CollectMemory, EvalExpression, CollectStaticData) are the tracer's
+words (kgtp_sim/tracing/model.py); this module reads and writes their wire form as collection_list::stringify
+prints it. `R` masks arrive most significant byte first, two digits a byte, leading zero bytes dropped; `M`
+offsets are printed with phex_nz, so a negative frame offset arrives as its 64-bit two's complement.
 
-Thread: the server thread (`RspServer`), where the dispatcher parses these packets and the trace handlers
-(kgtp_sim/stub/trace.py) encode their replies.
+Thread: the server thread (`RspServer`), where the dispatcher parses the action packets and the upload handlers
+(kgtp_sim/stub/trace.py) encode their pieces.
 """
 
 from __future__ import annotations
