@@ -7,9 +7,19 @@ meant for people.
 
 Commands are sent and their result records awaited on the caller's thread; one daemon thread per GDB reads its
 output into a queue. Records are matched to commands by token, so a command's answer is never confused with
-output that came before it. (pygdbmi does not serve here: its parser drops the names of results inside lists,
-`body=[bkpt={...}]`, fails on the tuple of bare strings GDB gives a tracepoint's actions, `script={"...",...}`,
-and its controller gathers output for a time window instead of waiting for the command's own result record.)
+output that came before it.
+
+Why not pygdbmi (0.11.0.0, measured against GDB 18.1's output; the soak needs both things it gets wrong):
+- its parser (`gdbmiparser.parse_response`) never returned (still spinning after 10 s) on the `-break-list`
+  record of a tracepoint with actions, `body=[bkpt={...,script={"collect $regs","collect jiffies"},...}]`; the
+  tuple of bare strings GDB gives a breakpoint's commands also raises TypeError as a record's last result and
+  yields a key `'"a","b"},thread-groups'` elsewhere. It also drops the names of results inside lists
+  (`body=[bkpt={...},bkpt={...}]` comes back as bare dicts). tests/e2e/test_soak_script.py checks this parser on
+  that record.
+- `GdbController.write` returns once GDB's output has paused for 0.2 s, not on the command's result record: 205 ms
+  a `-data-evaluate-expression` against 0.1 ms here (the final walk sends two to five commands a frame, for up to
+  5000 frames), and a command that printed and then worked for 0.5 s came back with its console output only, its
+  `^done` left for a later read.
 """
 
 from __future__ import annotations

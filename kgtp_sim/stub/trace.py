@@ -1,6 +1,6 @@
 """Tracepoint packets: definitions, run control, status, frame selection and the trace buffer upload.
 
-Translation between the wire (`kgtp_sim/rsp/packets/trace.py`) and the tracer (`kgtp_sim/tracing`): each handler
+Translation between the wire (`kgtp_sim/rsp/packets/trace/`) and the tracer (`kgtp_sim/tracing`): each handler
 turns a packet into calls on `TracerApi` and the answer into a reply. The frame cursor (`tfind`), the gating of
 `qTSTMat` and the upload sequences (`qTfP`/`qTsP`, `qTfV`/`qTsV`, `qTfSTM`/`qTsSTM`) are this module's own
 state, one debugger's worth. Runs on the server thread.

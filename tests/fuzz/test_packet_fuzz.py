@@ -1,7 +1,7 @@
 """Fuzzing every packet parser and handler of a real stub (kgtp_sim.app.Stub: its dispatcher, the tracer and
 the kernel), QTDP and QTFrame above all, through a Session as the TCP server feeds it.
 
-Inputs: structured packets for each packet class the dispatcher reaches (kgtp_sim/tools/fuzz.py has the
+Inputs: structured packets for each packet class the dispatcher reaches (kgtp_sim/tools/fuzz_inputs.py has the
 grammars), mutations of the requests real GDB sent (fixtures/transcripts), random bodies after valid prefixes,
 and whole tracing sessions (define, start, let the kernel hit the probes, select frames, read the buffer).
 Property, after every packet: it was answered (E.., empty or a reply), no handler failed (the dispatcher's

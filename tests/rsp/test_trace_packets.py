@@ -29,11 +29,13 @@ U64 = (1 << 64) - 1
 
 
 def _packet_classes(*modules):
+    """The packet classes a family defines (the trace family's live in the modules of its package)."""
     return [
         obj
         for module in modules
         for obj in vars(module).values()
-        if isinstance(obj, type) and issubclass(obj, Packet) and obj.__module__ == module.__name__
+        if isinstance(obj, type) and issubclass(obj, Packet)
+        and (obj.__module__ == module.__name__ or obj.__module__.startswith(module.__name__ + "."))
     ]
 
 

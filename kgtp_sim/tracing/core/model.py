@@ -1,7 +1,7 @@
 """The tracer's vocabulary: what GDB can define (tracepoints, their actions and sources, trace state variables,
 settings), why a run stops and what its status says.
 
-Everything else speaks these words: the packet parsers in `kgtp_sim/rsp/packets/trace.py` build them (a packet
+Everything else speaks these words: the packet parsers in `kgtp_sim/rsp/packets/trace/` build them (a packet
 *is* one of these specs plus its wire details), the stub turns them back into upload replies, the tracer runs
 them. Pure state, no code runs here; any thread may read it, the server thread writes it (definitions change
 only between runs or under `Tracer.arm`/`disarm`).

@@ -1,0 +1,224 @@
+"""The fuzzer's harness: a real `kgtp_sim.app.Stub` in-process (its dispatcher, handlers, tracer and kernel, with
+the machine running) driven through a `Session`, exactly the object the TCP server feeds, and the checks after
+every fuzzed input.
+
+After every packet it checks that the packet got an answer (`E..`, empty, or a reply; a `c` is answered once
+Ctrl-C follows, as GDB does it), that no handler failed (the dispatcher's last-resort guard answers `E0f` and logs
+a traceback: that is a crash), and that the session still serves (`QTFrame:ffffffff` answers `OK` and
+`m<jiffies>,8` answers 8 bytes of hex); `kernel_alive` checks at the end that jiffies advanced and the machine
+neither crashed nor halted. A broken rule raises `FuzzFailure`; `Figures` counts what was sent and answered.
+
+Thread: the caller's (the campaign's or a test's) feeds the session in place of the server thread, while the
+machine's CPU and tick threads run the kernel.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..client import VMLINUX
+from ..rsp.codec import Decoder, EventKind, encode_packet
+
+class FuzzFailure(AssertionError):
+    """The stub did something it must never do; the message holds a reproducer."""
+
+
+class _ErrorLog(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def is_error_reply(reply: bytes) -> bool:
+    return re.fullmatch(rb"E[0-9a-fA-F]{2}", reply) is not None or reply.startswith(b"E.")
+
+
+@dataclass
+class Figures:
+    packets: int = 0
+    answered_ok: int = 0
+    answered_error: int = 0
+    answered_empty: int = 0
+    frames_damaged: int = 0
+    health_checks: int = 0
+    reconnects: int = 0
+    crashes: int = 0
+    by_source: Counter = field(default_factory=Counter)
+    errors_by_code: Counter = field(default_factory=Counter)
+
+
+class Harness:
+    """A stub with its kernel, one session at a time, and the checks after each packet."""
+
+    #: definitions above this many are cleared (QTinit) so a long campaign does not slow every tstart down
+    MAX_TRACEPOINTS = 16
+
+    def __init__(self, stub, *, started: bool = True) -> None:
+        self.stub = stub
+        self.machine = stub.machine
+        self.jiffies = self.machine.image.address_of("jiffies")
+        self.started = started
+        if started and not self.machine.started:
+            self.machine.start()
+        self.hz, self.pace = self.machine.hz, self.machine.pace
+        self.figures = Figures()
+        self.errors = _ErrorLog()
+        self._logger = logging.getLogger("kgtp_sim")
+        self._level = self._logger.level
+        if self._logger.getEffectiveLevel() > logging.ERROR:
+            self._logger.setLevel(logging.ERROR)  # handler failures are logged at ERROR: they must reach us
+        self._logger.addHandler(self.errors)
+        self._connect()
+        self.first_jiffies = self.read_jiffies()
+
+    def close(self) -> None:
+        self._logger.removeHandler(self.errors)
+        self._logger.setLevel(self._level)
+
+    def _connect(self) -> None:
+        self.session = self.stub.make_session()
+        self.stub.on_connect()
+
+    def reconnect(self) -> None:
+        """What the server does when GDB goes and another comes."""
+        self.stub.on_disconnect()
+        self._connect()
+        self.figures.reconnects += 1
+
+    # -- wire --
+
+    def _feed(self, data: bytes) -> list[bytes]:
+        before = len(self.errors.records)
+        try:
+            out = self.session.receive(data)
+        except Exception as error:  # noqa: BLE001 - exactly what must never happen
+            raise FuzzFailure(f"exception escaped the session: {type(error).__name__}: {error}") from error
+        if len(self.errors.records) > before:
+            record = self.errors.records[-1]
+            where = ""
+            if record.exc_info and record.exc_info[2] is not None:
+                frame = traceback.extract_tb(record.exc_info[2])[-1]
+                where = f" at {Path(frame.filename).name}:{frame.lineno} ({frame.line})"
+            raise FuzzFailure(f"the stub logged an error: {record.name}: {record.getMessage()}"
+                              + (f" ({record.exc_info[1]!r}{where})" if record.exc_info else ""))
+        return [e.payload for e in Decoder().feed(out) if e.kind is EventKind.PACKET]
+
+    def request(self, payload: bytes) -> list[bytes]:
+        """Send one well-framed packet; return every packet the stub sent back for it."""
+        replies = self._feed(encode_packet(payload, binary=True))
+        if self.session.waiting_for_interrupt:  # `c`: the user presses Ctrl-C
+            replies += self._feed(b"\x03")
+            if not replies or not re.fullmatch(rb"T05thread:[0-9a-f]+;", replies[-1]):  # the thread Hg selected
+                raise FuzzFailure(f"Ctrl-C after {payload[:40]!r} was answered {replies!r}")
+        return replies
+
+    # -- checks --
+
+    def read_jiffies(self) -> int:
+        replies = self.request(b"m%x,8" % self.jiffies)
+        if len(replies) != 1 or not re.fullmatch(rb"[0-9a-f]{16}", replies[0]):
+            raise FuzzFailure(f"m of jiffies answered {replies!r}")
+        return int.from_bytes(bytes.fromhex(replies[0].decode()), "little")
+
+    def health_check(self) -> int:
+        """The next packets are served: leave any frame, read jiffies (a GDB retransmits once if it must)."""
+        self.figures.health_checks += 1
+        replies = self.request(b"QTFrame:ffffffff")
+        if not replies:  # a damaged frame left the decoder mid-checksum: GDB retransmits after a NACK
+            replies = self.request(b"QTFrame:ffffffff")
+        if replies[-1:] != [b"OK"]:
+            raise FuzzFailure(f"QTFrame:ffffffff answered {replies!r}")
+        return self.read_jiffies()
+
+    def recover(self, stub=None) -> None:
+        """After a failure, which may be sticky: a new session, on a new stub (and kernel) when given one."""
+        if stub is None:
+            self.reconnect()
+            return
+        self.machine.shutdown()
+        self.stub, self.machine = stub, stub.machine
+        if self.started:
+            self.machine.start()
+        self._connect()
+        self.first_jiffies = self.read_jiffies()
+
+    def _tidy(self) -> None:
+        """Keep a long run fast: undo settings that only slow the kernel down, forget piles of tracepoints."""
+        if self.session.closing:
+            self.reconnect()
+        if (self.machine.hz, self.machine.pace) != (self.hz, self.pace):
+            self.machine.set_hz(self.hz)
+            self.machine.set_pace(self.pace)
+        if len(self.stub.tracer.definitions.tracepoints) > self.MAX_TRACEPOINTS:
+            self.request(b"QTinit")
+
+    # -- one input --
+
+    def packet(self, payload: bytes, source: str = "") -> list[bytes]:
+        """A fuzzed packet: it must be answered, and the session must go on serving."""
+        self.figures.packets += 1
+        self.figures.by_source[source] += 1
+        replies = self.request(payload)
+        if not replies:
+            raise FuzzFailure(f"no answer to {payload[:200]!r}")
+        final = replies[-1]
+        if is_error_reply(final):
+            self.figures.answered_error += 1
+            self.figures.errors_by_code[final[:3].decode("latin-1")] += 1
+            if final == b"E0f":
+                raise FuzzFailure(f"internal error answering {payload[:200]!r}")
+        elif final == b"":
+            self.figures.answered_empty += 1
+        else:
+            self.figures.answered_ok += 1
+        self._tidy()
+        self.health_check()
+        return replies
+
+    def raw(self, data: bytes) -> None:
+        """Bytes on the wire with any framing; the session must survive them and serve the next packet."""
+        self.figures.frames_damaged += 1
+        self._feed(data)
+        if self.session.waiting_for_interrupt:
+            self._feed(b"\x03")
+        self._tidy()
+        self.health_check()
+
+    def kernel_alive(self, wait: float = 0.3) -> int:
+        """jiffies advanced since the harness started (machine running) and the machine is neither crashed
+        nor halted. Returns jiffies."""
+        self._tidy()
+        if self.stub.tracer.running:
+            self.request(b"QTStop")
+        state = self.machine.stats(count=False).state
+        if state.startswith(("crashed", "halted")):
+            raise FuzzFailure(f"the kernel stopped: {state}; console:\n{self.machine.console_text()[-600:]}")
+        deadline = time.monotonic() + max(wait, 2.0)
+        jiffies = self.health_check()
+        while self.started and jiffies <= self.first_jiffies:
+            if time.monotonic() > deadline:
+                raise FuzzFailure(f"jiffies stuck at {jiffies} (was {self.first_jiffies} at the start)")
+            time.sleep(0.02)
+            jiffies = self.health_check()
+        return jiffies
+
+
+#: CPUs of the fuzzed machine, as `serve` has by default
+FUZZ_CPUS = 2
+
+
+def build_stub(engine: str = "opt", cpus: int = FUZZ_CPUS):
+    from ..app import Stub, StubConfig
+    from ..machine import KernelImage, Machine
+
+    machine = Machine(KernelImage.load(VMLINUX), cpus=cpus)
+    return Stub(machine, StubConfig(engine=engine))
