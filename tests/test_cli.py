@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from kgtp_sim.arch import amd64
-from kgtp_sim.tracing.tfile import write_tfile
+from kgtp_sim.tracing.core.tfile import write_tfile
 from kgtp_sim.machine.dwarf import KernelDwarf
 
 from .conftest import ROOT, VMLINUX
@@ -131,3 +131,13 @@ def test_a_missing_optional_package_is_one_line_saying_what_to_install(command, 
     assert "matplotlib" in lines[0] and f"{sys.executable} -m pip install matplotlib" in lines[0], lines[0]
     assert result.stdout == ""  # said before any work: no trace read, no sample taken, no benchmark row
     assert not any(tmp_path.iterdir())
+
+
+def test_a_trace_file_without_cpus_and_times_says_so(saved_trace, tmp_path):
+    """A file whose frames carry neither $cpu_id nor $clock (a target that did not save them): export and plot say
+    what is unknown instead of passing it off as measured."""
+    result = kgtp("export", str(saved_trace), "--format", "jsonl", "-o", str(tmp_path / "run.jsonl"))
+    assert result.returncode == 0, result.stderr
+    assert "its frames carry no CPU ($cpu_id)" in result.stderr and "no time ($clock)" in result.stderr
+    records = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    assert len(records) == 30 and all(record["cpu"] is None for record in records)

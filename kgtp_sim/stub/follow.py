@@ -98,23 +98,11 @@ def frame_message(tracer, frame, tsc_origin: int) -> dict:
     return message
 
 
-_origins: dict[tuple[int, int], int] = {}
-_origins_lock = threading.Lock()
-
-
 def tsc_at_start(tracer) -> int:
-    """The TSC at tstart, from tstart's wall-clock time: frames carry TSC stamps, tstart a time of day. Worked
-    out once per run, so every reader of a run gives its frames the same times."""
-    if tracer.start_time is None:
-        return 0
-    key = (id(tracer), tracer.start_time)
-    with _origins_lock:
-        if key not in _origins:
-            elapsed_ns = time.time_ns() - tracer.start_time * 1000
-            _origins[key] = tracer.tsc.now() - int(elapsed_ns * tracer.tsc.ticks_per_ns)
-            while len(_origins) > 64:
-                _origins.pop(next(iter(_origins)))
-        return _origins[key]
+    """The TSC at tstart (`Tracer.start_tsc`, read on the CPU thread before the run's first hit): where frame
+    times count from, the same for every reader of a run."""
+    start = getattr(tracer, "start_tsc", None)
+    return 0 if start is None or tracer.start_time is None else start
 
 
 def _created_per_cpu(tracer) -> dict[int, int]:

@@ -24,9 +24,10 @@ from ..agent.errors import ErrorCode, EvalError
 from ..agent.verify import Program
 from ..machine import MODULE_BASE, MODULE_SIZE, Machine, Marker, smp
 from ..machine.dwarf import KernelDwarf
-from .core.builtins import BUILTIN_VARIABLES, EINVAL, IGNORE_ERROR, LAST_ERRNO, BuiltinContext, KgtpState, gdb_value, setting
+from .core.builtins import (BUILTIN_VARIABLES, CLOCK, CPU_ID, EINVAL, IGNORE_ERROR, LAST_ERRNO, BuiltinContext, KgtpState,
+                            gdb_value, setting, tsc_to_clock)
 from .core.clock import Tsc
-from .core.frames import StaticBlock, TraceFrame, encode_frame
+from .core.frames import CompactRegisters, StaticBlock, TraceFrame, TsvBlock, encode_frame
 from .core.model import Definitions, ProbeRow, StopReason, TraceError, Tracepoint, TraceStatus
 from .core.percpu import PerCpuVariables
 from .core.ring import BLOCKS_AT, Rings
@@ -87,6 +88,8 @@ class Tracer:
         self.stop_note: str | None = None
         self.stopping_tracepoint = 0
         self.start_time: int | None = None
+        #: the TSC at tstart: where a run's frame times count from (the follow channel, exports)
+        self.start_tsc: int | None = None
         self.stop_time: int | None = None
         self.values: dict[int, int] = {}
         self.probes = ProbeSet(self)
@@ -242,6 +245,7 @@ class Tracer:
         self.stop_note = None
         self.stopping_tracepoint = 0
         self.start_time = _now_us()
+        self.start_tsc = self.tsc.anchor()  # on the CPU thread, before the first hit of the run
         self.stop_time = None
         log.info("tracing started with %d probes", len(self.probes.installed))
 
@@ -437,16 +441,25 @@ class Tracer:
         return dropped[0]
 
     def saved_frame(self, frame: TraceFrame) -> bytes:
-        """The frame as `tsave` gets it (qTBuffer, tsave -r): without its static-data block.
+        """The frame as `tsave` gets it (qTBuffer, tsave -r): in GDB's blocks, with when and where it was committed,
+        without its static-data block.
+
+        GDB's trace-file format has no field for a frame's time or CPU, so a saved frame carries them as the values
+        of KGTP's `$clock` (nanoseconds: the TSC at commit, as `$clock` converts it) and `$cpu_id`: `V` blocks GDB's
+        trace-file reader takes like any collected variable (after `target tfile`, `print $cpu_id` is that frame's
+        CPU), and which `kgtp-sim export` and `plot` read back. A frame that collected either keeps its own value.
 
         GDB's trace-file reader knows no `S` block (traceframe_walk_blocks errors on it, in 13.1 and 18.1 alike),
         and one such block makes every register and memory read of that frame fail after `target tfile`. So
         saved files carry the frame's registers, memory and variables; `$_sdata` is read live (qXfer) or through
         `monitor sdata`, rendered the same way.
         """
-        if frame.static_data() is None:
-            return frame.to_gdb()
-        return encode_frame(frame.tracepoint, tuple(b for b in frame.blocks if not isinstance(b, StaticBlock)))
+        blocks = tuple(b.expanded() if isinstance(b, CompactRegisters) else b
+                       for b in frame.blocks if not isinstance(b, StaticBlock))
+        collected = {b.number for b in blocks if isinstance(b, TsvBlock)}
+        stamps = ((CPU_ID, frame.cpu), (CLOCK, tsc_to_clock(self.tsc, frame.timestamp)))
+        return encode_frame(frame.tracepoint, blocks + tuple(TsvBlock(number, value) for number, value in stamps
+                                                             if number not in collected))
 
     def markers(self) -> list[Marker]:
         return list(self.machine.image.markers)

@@ -124,7 +124,15 @@ def _load(args, path: Path | None):
     from .model import load_tfile
 
     if path is not None:
-        return load_tfile(path)
+        trace = load_tfile(path)
+        notes = []  # a file from a target that did not save them (GDB's format has no field for either): say so
+        if trace.cpu_source == "unknown":
+            notes.append("no CPU ($cpu_id): CPUs are unknown")
+        if trace.time_source == "frame-order":
+            notes.append("no time ($clock): frames are placed 1 us apart, in their order")
+        if trace.frames and notes:
+            print(f"kgtp-sim {args.command}: {path}: its frames carry {'; '.join(notes)}", file=sys.stderr)
+        return trace
     return snapshot(args.host, args.port)
 
 

@@ -214,13 +214,17 @@ def test_export_matches_tdump_for_every_frame(gdb, view_stub, tmp_path):
             assert int(values["modules_0_taints"]) == as_int(dump["values"]["modules[0].taints"])
             assert values["name_"] == f'"{fields["name"]}"'  # `name` is a TSDL keyword
 
-    # the same run from the file tsave wrote: same values, without $_sdata, CPU and times unknown
+    # the same run from the file tsave wrote: same values, CPUs and times (saved as $cpu_id and $clock), without
+    # $_sdata; times count from the file's first frame instead of tstart
     result = kgtp("export", "--file", str(tmp_path / "run.tf"), "--format", "jsonl", "-o", str(tmp_path / "tf.jsonl"))
     assert result.returncode == 0, result.stderr
+    assert "carry no" not in result.stderr, result.stderr
     saved = [json.loads(line) for line in (tmp_path / "tf.jsonl").read_text().splitlines()]
     assert len(saved) == total
     for record, live in zip(saved, records, strict=True):
-        assert record["cpu"] is None and record["tracepoint"] == live["tracepoint"]
+        assert record["cpu"] == live["cpu"] and record["tracepoint"] == live["tracepoint"]
+        elapsed, live_elapsed = record["time_ns"] - saved[0]["time_ns"], live["time_ns"] - records[0]["time_ns"]
+        assert abs(elapsed - live_elapsed) <= 2 + live_elapsed // 1_000_000, (record["frame"], elapsed, live_elapsed)
         for name, value in live["fields"].items():
             if name == "$_sdata":
                 assert record["fields"][name] is None and "tsave" in record["unavailable"][name]

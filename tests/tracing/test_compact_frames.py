@@ -16,7 +16,8 @@ from kgtp_sim.arch import amd64
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.tracing import Tracer
-from kgtp_sim.tracing.core.frames import CompactRegisters, RegisterBlock, parse_blocks
+from kgtp_sim.tracing.core.builtins import CLOCK, CPU_ID, tsc_to_clock
+from kgtp_sim.tracing.core.frames import CompactRegisters, RegisterBlock, TsvBlock, parse_blocks
 from kgtp_sim.tracing.core.ring import CTL_LIMIT, CTL_PHYS, short_path_fields
 
 from ..conftest import VMLINUX
@@ -138,8 +139,10 @@ def test_gdb_reads_a_full_register_block_with_what_was_not_collected_unavailable
     frame = tracer.frames()[0]
     tracer.stop(t.StopReason.STOP_COMMAND)
     saved = tracer.saved_frame(frame)  # what qTBuffer and tsave hand GDB
-    (block,) = parse_blocks(saved[6:])
+    block, *stamps = parse_blocks(saved[6:])
     assert isinstance(block, RegisterBlock) and len(block.data) == amd64.G_PACKET_SIZE
+    # when and where the frame was committed, as the values of $cpu_id and $clock (GDB's format has no field)
+    assert stamps == [TsvBlock(CPU_ID, frame.cpu), TsvBlock(CLOCK, tsc_to_clock(tracer.tsc, frame.timestamp))]
     regs = amd64.decode_registers(block.data)
     assert (regs["rdi"], regs["rsi"], regs["rip"]) == (frame.registers["rdi"], frame.registers["rsi"], SITE)
     assert regs["rax"] == regs["rsp"] == 0  # the tfile format has no "unavailable": zero

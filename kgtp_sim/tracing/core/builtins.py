@@ -375,6 +375,8 @@ IGNORE_ERROR = BUILTIN_VARIABLES.by_name("ignore_error").number
 LAST_ERRNO = BUILTIN_VARIABLES.by_name("last_errno").number
 STEP_ID = BUILTIN_VARIABLES.by_name("step_id").number
 STEP_COUNT = BUILTIN_VARIABLES.by_name("step_count").number
+CPU_ID = BUILTIN_VARIABLES.by_name("cpu_id").number
+CLOCK = BUILTIN_VARIABLES.by_name("clock").number
 COOKED = {BUILTIN_VARIABLES.by_name(n).number for n in ("cooked_clock", "cooked_rdtsc")}
 
 

@@ -50,6 +50,13 @@ class Tsc:
     def _origin(self) -> tuple[int, int]:
         return time.perf_counter_ns(), self.read()
 
+    def anchor(self) -> int:
+        """Read the TSC and make it `now()`'s starting point: `now()` is exact at this instant and never below
+        this reading afterwards (the tracer anchors at tstart, so no frame of a run predates its start)."""
+        reading = time.perf_counter_ns(), self.read()
+        self.__dict__["_origin"] = reading
+        return reading[1]
+
     def now(self) -> int:
         """The TSC now, from the host clock and the measured rate: a few hundred ns instead of an emulation."""
         ns0, tsc0 = self._origin
