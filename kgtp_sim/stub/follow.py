@@ -10,13 +10,16 @@ channel cannot change the target. It speaks newline-delimited JSON, not RSP, and
                                                   with "consume": true the frames sent leave the buffer
     {"op": "snapshot"}                            every frame in the buffer now, then {"t": "end", ...}
 
+A request's other keys are ignored. Clients send GDB's `vMustReplyEmpty` packet as the value of their first key,
+`rsp_probe`: an RSP server given the request by mistake drops the JSON around it as noise and answers the packet
+(`+`), so a client pointed at the RSP port knows it from the first byte back, without waiting (view/channel.py).
 Anything else (an RSP packet included) is answered `{"t": "error", ...}` and the connection is closed. Replies:
 
     {"t": "run", ...}        the run's definitions: tracepoints with their source text (QTDPsrc), variables,
                              markers of static tracepoints, tstart's wall-clock time; sent at every tstart and
                              whenever GDB changes the tracepoints during a run
     {"t": "frame", ...}      seq (creation order on its CPU since tstart), frame number, tracepoint, cpu, ns since
-                             tstart, the frame's blocks in GDB's format (base64), $_sdata rendered by TP_printk
+                             tstart (from the TSC read at tstart, `Tracer.start_tsc`), the frame's blocks in GDB's format (base64), $_sdata rendered by TP_printk
     {"t": "missed", "count": N}   frames a circular buffer overwrote before the channel read them
     {"t": "stopped", ...}    the run ended (tstop, pass count, full buffer, error, disconnect)
 
