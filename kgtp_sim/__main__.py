@@ -1,3 +1,5 @@
+"""`python -m kgtp_sim`: the `kgtp-sim` command (cli.py), which runs on the main thread."""
+
 from .cli import main
 
 raise SystemExit(main())

@@ -1,5 +1,11 @@
 """Assembles the stub: machine + its target + handler families + dispatcher + server. The CLI and the tests both
-use it."""
+use it.
+
+Thread: a `Stub` is assembled on the thread that starts it (the main thread of `kgtp-sim serve`, a tool's or a
+test's); `make_session`, `on_connect` and `on_disconnect` run on the server thread (`RspServer`), and the stop
+`on_disconnect` may ask for runs on the CPU thread (`Tracer._between_hits`). The follow server it builds runs
+threads of its own (stub/follow.py).
+"""
 
 from __future__ import annotations
 

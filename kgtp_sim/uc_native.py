@@ -11,6 +11,11 @@ the agent sandbox (which may not import the machine layer, hence a module of its
 - `context_field_offset`: the offset of a QEMU CPU field that the API does not reach, found by experiment in a
   context blob (`uc_context_save`), and `read_context_int`/`write_context_int` to use it; with them
   `clear_exception_in_flight`, which a hook that takes an exception from QEMU must call.
+
+No thread of its own: each object works on the unicorn instance it is given, on the thread that owns that instance:
+the machine's CPU thread (machine/cpu.py, dispatch.py, stopper.py, watchpoints.py; the tracer's register batch at a
+hit), or the caller's for an agent `Sandbox`. The executable code pages and the context offset are found once and
+cached for the process.
 """
 
 from __future__ import annotations

@@ -232,3 +232,76 @@ def test_every_module_is_tracked_by_git():
     ignored = subprocess.run(["git", "check-ignore", "--no-index", *modules], cwd=ROOT, capture_output=True,
                              text=True).stdout.split()
     assert not ignored, f"ignored by .gitignore: {ignored}"
+
+
+# ---- what each module says at its top ----------------------------------------------------------------------------
+
+#: A module longer than this says at its top why it is long.
+LONG_MODULE = 650
+WHY_LONG = "Why this module is long"
+
+
+def module_sources(package: Path = PACKAGE) -> dict[str, str]:
+    """Module -> its source, for every module of the package but the packages' `__init__` files."""
+    return {module_name(p, package): p.read_text() for p in sorted(package.rglob("*.py")) if p.name != "__init__.py"}
+
+
+def silent_about_threads(sources: dict[str, str]) -> list[str]:
+    """Modules whose docstring does not say which thread runs them (the guard of the convention: the word "thread"
+    or "threads" in it)."""
+    bad = []
+    for name, text in sorted(sources.items()):
+        doc = ast.get_docstring(ast.parse(text, name)) or ""
+        if not re.search(r"\bthreads?\b", doc, re.I):
+            bad.append(f"{name}: its docstring does not say which thread runs it" if doc else f"{name}: no docstring")
+    return bad
+
+
+def long_without_a_reason(sources: dict[str, str], limit: int = LONG_MODULE) -> list[str]:
+    """Modules over `limit` lines whose docstring has no sentence beginning "Why this module is long"."""
+    bad = []
+    for name, text in sorted(sources.items()):
+        lines = len(text.splitlines())
+        if lines <= limit:
+            continue
+        doc = ast.get_docstring(ast.parse(text, name)) or ""
+        if not re.search(rf"(?:\A|[.!?:]\s+|\n\s*){WHY_LONG}\b", doc):
+            bad.append(f"{name}: {lines} lines, and its docstring does not say why ({WHY_LONG!r}...)")
+    return bad
+
+
+def test_every_module_says_which_thread_runs_it():
+    bad = silent_about_threads(module_sources())
+    assert not bad, "\n".join(bad)
+
+
+def test_every_long_module_says_why_it_is_long():
+    bad = long_without_a_reason(module_sources())
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checker_finds_a_module_silent_about_its_thread():
+    sources = {
+        "p.quiet": '"""Owns the table."""\n',
+        "p.bare": "X = 1\n",
+        "p.told": '"""Owns the table.\n\nRuns on the server thread."""\n',
+        "p.plural": '"""Owns the queue.\n\nThreads: the CPU thread writes it, the follow threads read it."""\n',
+        "p.threaded": '"""Multithreaded, say, is not the word."""\n',
+    }
+    assert silent_about_threads(sources) == [
+        "p.bare: no docstring",
+        "p.quiet: its docstring does not say which thread runs it",
+        "p.threaded: its docstring does not say which thread runs it",
+    ]
+
+
+def test_the_checker_finds_a_long_module_that_does_not_say_why():
+    body = "x = 1\n" * LONG_MODULE
+    quiet = '"""Owns the table. Runs on the server thread."""\n' + body
+    told = ('"""Owns the table. Runs on the server thread.\n\nWhy this module is long: one state machine, whose '
+            'states read best side by side."""\n' + body)
+    mentioned = '"""Owns the table; nobody asked why this module is long."""\n' + body
+    short = '"""Owns the table. Runs on the server thread."""\n' + "x = 1\n" * (LONG_MODULE - 1)
+    bad = long_without_a_reason({"p.quiet": quiet, "p.told": told, "p.mentioned": mentioned, "p.short": short})
+    assert bad == [f"p.mentioned: {LONG_MODULE + 1} lines, and its docstring does not say why ('{WHY_LONG}'...)",
+                   f"p.quiet: {LONG_MODULE + 1} lines, and its docstring does not say why ('{WHY_LONG}'...)"]

@@ -16,6 +16,11 @@ Errors are stored in `ctx.error`/`ctx.error_pc` and the function returns; the ca
 `terror`. Trace blocks are written at `ctx.trace_ptr`, which is advanced after each complete block, and never past
 `ctx.trace_limit` (a block that does not fit is TRACE_BUFFER_FULL); so after any error the bytes in
 [start, trace_ptr) are exactly the blocks recorded before the failing op.
+
+Pure layout and packing: the tracer packs an `AgentCtx` when a compiled run starts (on the CPU thread,
+kgtp_sim/tracing/engines/native.py) and reads one back on the CPU thread after a detour's hypercall
+(tracing/engines/installer.py); compiled code uses the context inside emulation, on the CPU thread; a `Sandbox`
+packs one on its test's thread.
 """
 
 from __future__ import annotations

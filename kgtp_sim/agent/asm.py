@@ -11,6 +11,10 @@ in hex: this keystone reads `$11` as 0x11.
 
 Jumps and calls between snippets (bytecode jump targets, error stubs, helpers) are not assembled: `CodeBuffer`
 writes them as rel32 instructions and patches them when the layout is final (the thesis' two address tables).
+
+Thread: any; the one keystone instance is used under a lock, and templates are cached for the process. In the stub
+the compilers and the detours (kgtp_sim/tracing/patching/detour.py) assemble where a location is installed
+(compile_naive.py says where); tests and `agent.measure` assemble on their own thread.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ value for a trace state variable. (`R` register blocks and `S` static-data block
 encoded in `kgtp_sim/tracing/core/frames.py` with these headers.) A memory block holds at most 65535 bytes (the
 length is 16 bits), so bigger `trace` requests are split into several blocks, as gdbserver does. The compiled
 code writes the same bytes straight into emulated memory.
+
+Pure: the interpreter encodes blocks at a hit, on the CPU thread; kgtp_sim/tracing/core/frames.py encodes and parses
+them wherever frames are read (the server and follow threads).
 """
 
 from __future__ import annotations

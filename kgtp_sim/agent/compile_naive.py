@@ -14,6 +14,11 @@ trap in `ctx.printf_fn`. The five steps of the thesis:
 
 An empty stack is represented the way gdbserver does it: the first push stores the initial %rax (0) below the
 first entry, so popping the last entry leaves %rax = 0, which is what `end` on an empty stack returns.
+
+Thread: where the tracer installs a location with the naive engine (kgtp_sim/tracing/engines/native.py): on the CPU
+thread at tstart (inside `Tracer._between_hits`), on the server thread for a location GDB downloads or enables
+during a run (InstallInTrace, QTEnable), on the CPU thread for a hit's `$enable`; tests and `agent.measure` call it
+on their own thread. The code it makes runs inside emulation, on the CPU thread.
 """
 
 from __future__ import annotations

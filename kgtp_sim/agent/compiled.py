@@ -5,6 +5,10 @@ error at the faulting instruction. `fault_fixup` is the entry of the machine's f
 like a kernel exception-table entry: it finds the bytecode op that faulted, records MEMORY_FAULT in the
 `agent_ctx`, and redirects RIP to the code's fault exit, which restores %rsp from the context and returns 0.
 The caller then resumes emulation at the new RIP.
+
+Thread: a `CompiledExpr` is immutable, built where a location is compiled (compile_naive.py says where);
+`fault_fixup` runs on the CPU thread inside emulation, from the machine's fault-fixup table (in a `Sandbox`, on the
+test's thread).
 """
 
 from __future__ import annotations

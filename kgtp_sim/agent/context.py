@@ -2,6 +2,9 @@
 
 Tests use it directly; the tracing layer can use it as a model of what one hit sees (it mirrors what compiled
 code gets through `agent_ctx`, so both can be compared byte for byte).
+
+Thread: the caller's (tests and `agent.measure`); the tracer's hits bring their own context
+(kgtp_sim/tracing/engines/hits.py).
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Used by `monitor` output and by every error message (verifier and evaluation errors name the op). It never
 raises: a bad byte is shown as `<unknown 0xNN>` and a truncated operand as `<truncated NAME>`, so it can describe
 exactly the bytecode the verifier refused.
+
+Pure: runs on the thread that describes an error (errors.py: the one verifying or evaluating the bytecode) and in
+tests.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ The two never mix. `BytecodeError` is raised by the verifier when a tracepoint i
 GDB hears about bad bytecode from `QTDP`/`QTStart`. At hit time nothing raises: every engine (interpreter,
 naive and optimized native code) reports the same `EvalError` (code + bytecode offset + message), which the
 tracing layer turns into `terror` on the tracepoint.
+
+Pure values and exceptions, made on the thread that verifies bytecode (verify.py says where) or evaluates it (the
+CPU thread, at a hit); the message reaches GDB on the server thread, in an error reply (QTStart, or a tracepoint
+armed during a run) or as the run's stop note (qTStatus).
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ It is the specification the two compilers are tested against (same value, same t
 same error code and offset), and the engine used when native code is not wanted. It never raises on bad input:
 the verifier already refused malformed bytecode, and run-time failures (division by zero, unreadable memory, a
 full trace buffer, an exhausted loop budget) come back as an `EvalError` in the result.
+
+Pure: all it changes is the context it is given. The tracer runs it at a hit, on the CPU thread
+(kgtp_sim/tracing/engines/hits.py, kgtp/printk.py); kgtp/watch.py runs it to find a variable's constant value
+where a location is prepared (verify.py says where); tests and `agent.measure` run it on their own thread.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ For the two compilers the unit is emulated x86_64 instructions, from the functio
 `ret` inclusive (helpers and the printf trap's `ret` included), counted in a `Sandbox` by a native unicorn code
 hook. For the interpreter there are no machine instructions to count: the unit is bytecode operations executed,
 and `Cost.unit` says so.
+
+Thread: the caller's (the compiler tests in tests/agent); the compiled engines are measured in a `Sandbox` (the
+caller's, or one made for the call).
 """
 
 from __future__ import annotations

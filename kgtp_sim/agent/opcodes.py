@@ -13,6 +13,9 @@ The real effect differs from ax.def's CONSUMED/PRODUCED columns in three places,
 
 `swap`/`rot`/`dup` are declared as they behave (2 -> 2, 3 -> 3, 1 -> 2). ax.def's numbers are kept in
 `OpInfo.declared` for reference only.
+
+Pure: the table is constant; decoding runs wherever bytecode is verified or disassembled (verify.py says where),
+`assemble` on the thread of the tool or test that writes bytecode (tools/fuzz_inputs.py, bench/record.py).
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ and instruction selection with immediates and memory operands.
 
 Invariant that keeps %cl available for run-time shift counts: a tree that shifts by a run-time count is always
 materialized before anything is pinned (`prepare`), so %rcx is never pinned while such a tree is evaluated.
+
+Pure code generation with no state beyond one compilation: runs on the thread that calls `compile_opt` (where the
+tracer installs a location: compile_naive.py says where; tests and `agent.measure` on their own).
 """
 
 from __future__ import annotations

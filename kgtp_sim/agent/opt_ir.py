@@ -3,6 +3,9 @@
 A tree node knows what it can about its value (sign- or zero-extended from how many bits), which is what lets
 the optimizer drop redundant `ext`/`zero_ext` and compare in 32 bits. Trees are pure: everything with an effect
 is emitted eagerly by the compiler and enters a tree only as a `V` leaf (a computed value).
+
+Pure values of one compilation, on the thread that calls `compile_opt` (compile_naive.py says where the tracer
+compiles).
 """
 
 from __future__ import annotations

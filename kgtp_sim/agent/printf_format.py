@@ -4,6 +4,9 @@ Only integer and string directives exist in agent printf (GDB compiles `dprintf`
 verifier refuses anything else, and checks that the argument count in the bytecode matches the format, so a bad
 format is a define-time error, never a hit-time surprise. Formatting is done in one place for every engine, so the
 interpreter and the compiled code's printf trap print the same text.
+
+Pure: formats are parsed where bytecode is verified (verify.py says where), and text is formatted at a hit, on the
+CPU thread (interp.py), or in a test's `Sandbox` on the test's thread.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ The trace helpers copy memory into the trace area without calling Python:
 Each block is written at `ctx.trace_ptr` after a room check and committed (trace_ptr advanced) only once
 complete, so a fault in the middle leaves no partial block. They clobber rax rcx rdx r8 r9 r11 and keep r10
 (`fault_fixup` reads the bytecode offset from it when a fault hits inside a helper).
+
+Pure code generation, called by both compilers on their thread (compile_naive.py says which); the code itself runs
+inside emulation, on the CPU thread.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ probe's detour does (SysV, %rdi/%rsi), handles memory faults with `fault_fixup` 
 fault-fixup table), serves the printf trap, and counts the instructions executed with a native code hook
 (`inc qword [rcx]; ret` in an executable host page: no Python per instruction). Like the machine, it runs on page
 tables (kgtp_sim/uc_paging.py): a read of an unmapped address is a #PF raised by the MMU.
+
+Thread: the caller's (tests and `agent.measure`); each `Sandbox` owns its own unicorn instance, apart from the
+machine's.
 """
 
 from __future__ import annotations

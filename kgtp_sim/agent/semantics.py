@@ -14,6 +14,9 @@ compiler are fixed here, and the native code of both compilers implements exactl
   `zero_ext 0` give 0 (zero significant bits). `zero_ext n` keeps the low n bits.
 - `ref8..ref64` push the value zero-extended (unlike gdbserver's amd64 ref8/ref16 native snippets).
 - Comparisons push 1 or 0; `log_not` pushes 1 for 0, else 0.
+
+Pure functions: the interpreter calls them at a hit, on the CPU thread; the optimizing compiler folds constants with
+them where a location is compiled (compile_naive.py says where); tests call them on their own thread.
 """
 
 from __future__ import annotations

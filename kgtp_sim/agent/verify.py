@@ -11,6 +11,11 @@ Depths come from abstract interpretation over every path: each reachable instruc
 (a join reached with two depths is refused, as GDB's own `ax_reqs` does), so underflow is exact, and the
 maximum over all paths is checked against `max_depth`. GDB refuses to send anything deeper than 20; the hard
 limit here is 64 (`HARD_MAX_DEPTH`), which bounds the native stack a compiled expression may use.
+
+Pure: a `Program` is immutable once built. It runs where the tracer prepares a location: on the CPU thread at tstart
+(inside `Tracer._between_hits`), and on the thread that arms one during a run: the server thread for a tracepoint
+GDB downloads or enables then (InstallInTrace, QTEnable), the CPU thread for a hit's `$enable`. Tests call it on
+their own thread.
 """
 
 from __future__ import annotations

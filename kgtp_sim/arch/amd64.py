@@ -2,6 +2,10 @@
 
 GDB's amd64 core feature numbers the registers in this order; the target description we serve describes
 exactly these, so the `g` reply, a trace frame's register block and GDB's regnums all agree by construction.
+
+Pure (constants and conversions): used on the server thread (`g`, `p`, `G`, target.xml), on the CPU thread (a hit's
+register block), and wherever a frame's register block is read (the server thread for the frame `tfind` selects; the
+view commands, in their own process).
 """
 
 from __future__ import annotations

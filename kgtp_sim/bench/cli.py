@@ -1,4 +1,8 @@
-"""`kgtp-sim bench`: the thesis benchmark (issue 6). Wire with `add_parser(subparsers)` and `run(args)`."""
+"""`kgtp-sim bench`: the thesis benchmark (issue 6). Wire with `add_parser(subparsers)` and `run(args)`.
+
+Runs on the main thread of `kgtp-sim bench` (scripts/bench); the workloads it calls say what else runs (runner.py,
+peer.py, scaling.py, smp.py).
+"""
 
 from __future__ import annotations
 

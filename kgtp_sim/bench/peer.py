@@ -30,6 +30,10 @@ itself, the condition first increments a trace state variable, `($kgtp_peer_hits
 
 This module is also the driver GDB runs (`gdb -batch -nx -x peer.py`, the plan in $KGTP_PEER_PLAN), so its
 top level imports only the standard library.
+
+Threads: none of its own. On the host side it runs on the benchmark's thread (`kgtp-sim bench`, or
+`python -m kgtp_sim.bench.peer`), with gcc, gdbserver and GDB as child processes, each waited for; inside GDB,
+`driver` runs on the thread of GDB's Python.
 """
 
 from __future__ import annotations

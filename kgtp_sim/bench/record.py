@@ -6,6 +6,9 @@ GDB's `maint agent-eval -at LOC, EXPR` prints the bytecode of a condition, `main
 bytecode of `collect EXPR` (its trace ops) and the register mask GDB merges into the action's register block:
 a register-only expression such as `(2*counter1+3*counter2)` is downloaded as `R30` (rdi, rsi) plus `X...`.
 The listing is reassembled with `kgtp_sim.agent.opcodes.assemble`.
+
+Runs on the main thread of this command; GDB is a child process, waited for. `load` reads the fixture on the
+benchmark's thread (runner.py) or a test's.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Markdown table, JSON rows and chart of the thesis benchmark."""
+"""Markdown table, JSON rows and chart of the thesis benchmark.
+
+Pure formatting, on the thread of `kgtp-sim bench` (bench/cli.py) or of the test that calls it; the chart is drawn
+there with matplotlib (Agg backend).
+"""
 
 from __future__ import annotations
 

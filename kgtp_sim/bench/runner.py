@@ -9,6 +9,10 @@ Per row: `insns_per_hit`, emulated instructions per call minus the untraced run'
 the machine), and host nanoseconds per call minus the untraced median (median/min/max over the repetitions, all
 in one process). The `none` row is absolute (the untraced loop per call); `disabled-marker` is the cost of the
 marker site itself, its one 5-byte NOP (no separate host time: it is part of the untraced run).
+
+Runs on the caller's thread (the main thread of `kgtp-sim bench`, or a test's): the machines it builds are never
+started, so their CPU runs there too (`Machine.run_on_cpu` runs directly before `start`) and no CPU or tick thread
+exists.
 """
 
 from __future__ import annotations

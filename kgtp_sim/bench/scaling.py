@@ -3,6 +3,9 @@
 Extra tracepoints go on instructions of kernel functions off the bench path (kgtp_test_function and
 kgtp_bench_loop excluded); `Machine.call` injects no interrupt, so they are armed but never fire. The hot
 tracepoint is the thesis' cond+expr (or false-cond) on kgtp_test_function with the optimizing engine.
+
+Runs on the caller's thread (the main thread of `kgtp-sim bench --scaling`), on runner.Bench's machines, which are
+never started (runner.py).
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Two ways to pass commands: a command file (`run_gdb`: multi-line commands such as `actions` ... `end` and GDB
 Python work; the first failing command ends the file) or one `-ex` per command (`gdb_each`: every command runs,
 even after an earlier one failed). GDB runs with TERM=dumb so its output has no terminal escapes.
+
+Runs on the caller's thread (tests, tools, the benchmark); GDB is a child process, waited for with no thread of its
+own.
 """
 
 from __future__ import annotations

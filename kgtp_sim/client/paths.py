@@ -1,5 +1,9 @@
 """Where the repository keeps what the stub, the tests, the tools and the benchmark use: the one place these paths
-are spelled."""
+are spelled.
+
+Constants only: read on any thread, by the stub (`kgtp-sim serve`'s default kernel), the tools, the benchmark and
+the tests.
+"""
 
 from __future__ import annotations
 

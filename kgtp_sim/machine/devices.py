@@ -12,6 +12,10 @@
 | 0xf4  | outl       | power: the kernel stopped for good (panic); the value is kept as `Devices.power_off_code` |
 
 Reads of any other port return all ones, like an empty ISA bus; writes to them are ignored.
+
+Owns the console ring, the page-frame command's status and the clock's latched high half. Thread: the CPU thread,
+where unicorn's IN/OUT hooks reach the ports and the host's console writes arrive (`Machine.console_write`, through
+`run_on_cpu`); `console_text` returns a copy of the ring to the server thread (`monitor console`).
 """
 
 from __future__ import annotations

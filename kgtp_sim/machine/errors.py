@@ -1,4 +1,8 @@
-"""Errors the machine layer raises; each message is one line a user can act on."""
+"""Errors the machine layer raises; each message is one line a user can act on.
+
+No thread of its own: each error is raised on the thread that meets it; one raised inside a request to the CPU
+thread is raised again on the requester's (`Machine.run_on_cpu`).
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,10 @@
 Everything is read from the file (program headers, the symbol table, section `kgtp_markers`); nothing about the
 bundled kernel is hard-coded, so any x86_64 ELF linked the same way loads. The file is read once into memory:
 `read_code` serves the original bytes even after the stub patched the live kernel.
+
+Thread: loaded on the thread that builds the machine (the main thread of `kgtp-sim serve`; a tool's, the benchmark's
+or a test's); nothing changes it afterwards, so any thread reads it: the server thread (symbols, the marker list)
+and whichever thread the tracer plans and patches a location on.
 """
 
 from __future__ import annotations

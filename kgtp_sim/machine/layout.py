@@ -3,6 +3,10 @@
 The stub generates code (probe detours, compiled agent expressions) and data (trace buffer, agent contexts)
 inside the machine, like a kernel module would: code goes to "module space", data to "vmalloc space". A page of
 either is mapped in the page tables the first time an allocation covers it, and stays mapped.
+
+Thread: the constants are read anywhere; the allocators take a lock, so any thread may allocate: the tracer
+allocates where it starts a run or installs a location (on the CPU thread at tstart, on the server thread for a
+location GDB arms during a run), `Machine.call` and the tests on the caller's thread.
 """
 
 from __future__ import annotations

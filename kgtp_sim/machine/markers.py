@@ -4,6 +4,9 @@ The binary layout is defined, with the reasons behind it, in `fixtures/kernel/in
 is its only reader. A marker tells the tracer where the 5-byte NOP is, which register holds each TP_ARG at that
 site, and how to build the event's entry from those arguments, so an enabled static tracepoint never runs kernel
 code to collect its data.
+
+Pure: the table is parsed once while the kernel image loads (image.py, on the loading thread); the frozen markers
+are then read by any thread.
 """
 
 from __future__ import annotations

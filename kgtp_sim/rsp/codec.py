@@ -3,6 +3,10 @@
 Bytes go in, events come out; packets go in, bytes come out. Nothing here touches a socket, so every framing
 rule (checksums, `}` escapes, run-length encoding, acks, the Ctrl-C byte) is testable on plain byte strings and
 the same code serves the TCP server, the transcript replayer and the fuzzers.
+
+Thread: nothing is shared between threads; a `Decoder` holds one stream's partial packet and belongs to the thread
+that reads that stream: the server thread (`RspServer` and its `Session`), the caller's in the raw client
+(kgtp_sim/client/rsp.py), each pump thread of the transcript proxy (tools/transcript.py), the fuzzers'.
 """
 
 from __future__ import annotations

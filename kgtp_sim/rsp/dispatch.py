@@ -3,6 +3,10 @@
 Handlers are methods marked with `@handles(PacketClass)` on any number of handler objects (one per family).
 The table, and therefore qSupported, is derived from those marks: nothing is advertised that has no handler,
 and no handler exists that the table does not reach.
+
+Thread: the table is built once, where the stub is assembled (app.py: the main thread of `kgtp-sim serve`, or a
+tool's or test's); `dispatch`, and through it every handler, runs on the server thread (`RspServer`, inside
+`Session.receive`), or on the thread of the fuzz harness or test that feeds a session in its place.
 """
 
 from __future__ import annotations

@@ -2,6 +2,12 @@
 
 The kernel is root on the machine it debugs, so the defaults are the safe ones: bind to 127.0.0.1, and refuse a
 second debugger with a clear error instead of letting two clients interleave tracepoint downloads.
+
+Threads: `serve_forever` accepts on the thread that calls it (the main thread of `kgtp-sim serve`); each debugger is
+served by a daemon thread of its own, `rsp-<peer port>`, the server thread of docs/DESIGN.md (one at a time: a
+second debugger's thread only refuses it). `serve_pipe` serves on the calling thread (the main thread of
+`kgtp-sim serve --stdio`). `on_connect` and `on_disconnect` run on the serving thread; `shutdown` is called from
+the main thread's signal handlers.
 """
 
 from __future__ import annotations

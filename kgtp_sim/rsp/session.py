@@ -2,6 +2,10 @@
 
 It owns the acknowledgement protocol (acks, `-` retransmission, QStartNoAckMode), console output for
 `monitor`, and the one asynchronous case: a `c` that is answered only when the user presses Ctrl-C.
+
+Thread: the server thread: `RspServer` makes one session per debugger and feeds it that connection's bytes on the
+connection's own thread (on the calling thread, serving a pipe); the fuzz harness and the handler tests feed one on
+their own thread. The dispatcher and every handler run inside `receive`, on that thread.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 A kernel debug stub runs with the power of the kernel; `monitor` must not become a way to run host code or
 read host files, so commands are looked up by exact name in this table and take only numbers or words.
+
+Thread: commands are registered while the stub is assembled (app.py), before any debugger connects; they run on the
+server thread, where the dispatcher calls `monitor_command` (qRcmd).
 """
 
 from __future__ import annotations

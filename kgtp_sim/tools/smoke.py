@@ -2,6 +2,9 @@
 
 Each check is a GDB command and a predicate over what GDB printed; the first failure is reported with the
 whole GDB output so a broken CI run says what went wrong without a rerun.
+
+Runs on the main thread of `scripts/smoke`; the stub and GDB are child processes (a daemon thread of kgtp_sim.client
+drains the stub's output).
 """
 
 from __future__ import annotations

@@ -14,12 +14,15 @@ the run still going, stops it, walks the whole buffer with `tfind` and checks ev
 Every invariant is printed PASS or FAIL with what broke it; the exit status is non-zero if any failed. The
 figures (memory over time, frames per second, wraps, emulated instructions per second) are printed as a table
 and, with `--json`, written to a file.
+
+The soak runs on this command's main thread; the stub and GDB are child processes (the stub's output, and that of
+the GDB the final walk drives through MI, are read by daemon threads of kgtp_sim.client).
 """
 
 # The pieces (kept out of the docstring, which is the tool's --help): soak_checks.py (the tracepoints, the samples
 # and every verdict over them), soak_walk.py (the final walk through GDB/MI), this module (starting the stub,
-# setting up the run with GDB, sampling it, the figures, the report and the command line). Runs on the main thread
-# of `scripts/soak`; every name of the other two is offered here too.
+# setting up the run with GDB, sampling it, the figures, the report and the command line; its thread is in the
+# docstring). Every name of the other two is offered here too.
 
 from __future__ import annotations
 

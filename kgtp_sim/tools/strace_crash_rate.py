@@ -7,6 +7,8 @@ tracepoints and starting and stopping a run, against a stub serving qTSTMat our 
 `--name-markers-at-strace`) the naive way, and counts the sessions in which GDB died.
 
     python -m kgtp_sim.tools.strace_crash_rate [--sessions 50] [--gdb PATH ...]
+
+Runs on the main thread of this command; the stub and each GDB are child processes.
 """
 
 from __future__ import annotations

@@ -7,6 +7,11 @@ A transcript is what real GDB sent and what the stub answered, one packet per li
 
 Payloads are decoded (no framing, no escapes); bytes outside printable ASCII and the backslash are written as
 `\\xNN`. Acks are left out. Lines starting with `#` are comments (the recording's provenance).
+
+Threads: a `RecordingProxy` serves its one connection on threads of its own (one accepts it, then one pump per
+direction appends to `lines` under a lock); `wait` and `write` run on the caller's thread (the main thread of
+record_transcript.py). The file format's functions are pure (run on the thread of the replay test or the fuzzer that
+loads a transcript).
 """
 
 from __future__ import annotations

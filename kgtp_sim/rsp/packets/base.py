@@ -1,4 +1,8 @@
-"""Shared pieces of every packet parser: the base class and strict number/hex readers."""
+"""Shared pieces of every packet parser: the base class and strict number/hex readers.
+
+Pure: used wherever a packet is parsed: on the server thread (`RspServer`) for GDB's packets, and on the caller's
+thread for the trace family's readers of the stub's replies (`decode_*`) in tests and tools.
+"""
 
 from __future__ import annotations
 

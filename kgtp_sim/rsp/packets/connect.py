@@ -1,4 +1,8 @@
-"""Packets GDB sends while attaching and for basic session control."""
+"""Packets GDB sends while attaching and for basic session control.
+
+Thread: the server thread (`RspServer`), where the dispatcher parses these packets for the handlers of
+kgtp_sim/stub/core.py, threads.py, run.py and monitor.py (qSupported: the dispatcher's own).
+"""
 
 from __future__ import annotations
 

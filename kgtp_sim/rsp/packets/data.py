@@ -1,4 +1,8 @@
-"""Register and memory access packets."""
+"""Register and memory access packets.
+
+Thread: the server thread (`RspServer`), where the dispatcher parses these packets for the handlers of
+kgtp_sim/stub/core.py.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,9 @@
 
 The kernel never stops, so these act only on a replay of recorded while-stepping frames (`monitor replay`, see
 kgtp_sim/stub/replay.py). `c` is in connect.py (outside a replay it waits for the user's Ctrl-C).
+
+Thread: the server thread (`RspServer`), where the dispatcher parses these packets for the run-control handlers
+(kgtp_sim/stub/run.py).
 """
 
 from __future__ import annotations
