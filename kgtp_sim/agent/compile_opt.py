@@ -29,7 +29,8 @@ blocks, the canonical stack at their boundaries, branches, the walk over the ins
 entry point, which links the code, its error exits, helpers and formats).
 
 Runs on whichever thread calls `compile_opt`: the CPU thread when the tracer builds a detour
-(tracing/native.py), the caller's in tests and `agent.measure`.
+(tracing/engines/native.py, at tstart and when a location is armed during a run), the caller's in tests and
+`agent.measure`.
 """
 
 from __future__ import annotations

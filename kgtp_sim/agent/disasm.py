@@ -1,6 +1,6 @@
 """Disassembler: bytecode -> text in the style of GDB's `maint agent` (`const8 2`, `if_goto 14`).
 
-Used by `monitor` output and by every error message (verifier and evaluation errors name the op). It never
+Used by every error message (verifier and evaluation errors name the op) and by tests and tools that list bytecode. It never
 raises: a bad byte is shown as `<unknown 0xNN>` and a truncated operand as `<truncated NAME>`, so it can describe
 exactly the bytecode the verifier refused.
 

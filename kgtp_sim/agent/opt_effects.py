@@ -8,7 +8,8 @@ trace blocks and the TSVs are the interpreter's (agent/interp.py). Errors leave 
 blocks, branches and the virtual stack's canonical place are compile_opt.py's.
 
 Runs on whichever thread calls `compile_opt`: the CPU thread when the tracer builds a detour
-(tracing/native.py), the caller's in tests and `agent.measure`.
+(tracing/engines/native.py, at tstart and when a location is armed during a run), the caller's in tests and
+`agent.measure`.
 """
 
 from __future__ import annotations

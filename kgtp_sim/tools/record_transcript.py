@@ -5,6 +5,9 @@
 Starts `kgtp-sim serve` on a free port, puts the recording proxy in front of it, runs GDB in batch mode with
 the bundled kernel's symbols and the given GDB arguments, and writes what went over the wire. The stub has one
 CPU, as the machine tests/e2e/test_transcripts.py replays against (the thread packets' replies depend on it).
+
+It runs in its own process: the recording proxy relays on threads of its own (transcript.py) while GDB runs in
+the foreground on the main thread.
 """
 
 from __future__ import annotations

@@ -340,7 +340,12 @@ class Tracer:
         self.ring.initialize(base, size, self.definitions.circular)
 
     def arm(self, tp: Tracepoint) -> None:
-        """Install one location during a run (InstallInTrace, QTEnable)."""
+        """Install one location during a run (InstallInTrace, QTEnable): verified, placed, compiled and patched on
+        the CPU thread with no hit in flight, as every change to the run's probes (`_between_hits`); hits read the
+        probe set and the machine's int3 table there."""
+        self._between_hits(lambda: self._arm_now(tp))
+
+    def _arm_now(self, tp: Tracepoint) -> None:
         if self.running and tp.enabled and tp.key not in self.probes.installed:
             self.kgtp.admit(tp)
             if self.watches.arm(tp, self._tsv_slots()):

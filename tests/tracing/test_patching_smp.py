@@ -8,6 +8,8 @@ crashed the machine, panicked the kernel, or lost or doubled an increment.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from kgtp_sim.agent.opcodes import assemble
@@ -85,3 +87,30 @@ def test_probes_toggled_thousands_of_times_under_full_load_change_nothing(engine
         assert "panic" not in machine.console_text().lower()
     # compiled engines patch a jump (an int3 only while a CPU sat inside the window), the interpreter an int3
     assert kinds == {"int3"} if engine == "interp" else "jump" in kinds, kinds
+
+
+@pytest.mark.parametrize("engine", ["opt", "interp"])
+def test_a_location_armed_during_a_run_is_placed_on_the_cpu_thread(engine):
+    """InstallInTrace and QTEnable arm a location from the server thread while CPUs run it: verifying, compiling
+    and patching happen on the CPU thread with no hit in flight (`Tracer._between_hits`), where hits read the
+    probe set and the int3 table, never beside them."""
+    with Machine(IMAGE, cpus=2, pace=300) as machine:
+        machine.start()
+        wait_until(lambda: all(calls(machine, cpu) > 100 for cpu in range(2)), "every CPU's workload running")
+        tracer = Tracer(machine, engine)
+        tracer.definitions.define(t.DefineTracepoint.parse(b"1:%x:E:0:0-" % SITE))
+        tracer.definitions.add_actions(t.TracepointActions.parse(
+            b"1:%x:R30X%x,%s" % (SITE, len(EXPR), EXPR.hex().encode())))
+        tracer.start()
+        (tp,) = tracer.definitions.tracepoints.values()
+        tracer.disarm(tp.key)
+        threads = []
+        prepare = tracer._prepare
+        tracer._prepare = lambda tp: threads.append(threading.current_thread().name) or prepare(tp)
+        tracer.probes.removed.clear()  # placed and compiled afresh, not resumed from the detour it had
+        tracer.arm(tp)
+        assert threads == ["kgtp-cpu"], threads
+        assert tracer.is_armed(tp.key)
+        before = len(tracer.frames())
+        wait_until(lambda: len(tracer.frames()) > before, "hits of the re-armed location")
+        tracer.stop(t.StopReason.STOP_COMMAND)

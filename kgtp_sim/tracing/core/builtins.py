@@ -20,6 +20,9 @@ used by `detour.py`); the few only Python can compute run their tracepoint on th
 Why this module is long: it is KGTP's table of 48 variables, each with its access rules, its Python computation
 and, for the computed ones, the native code that refreshes it in a detour; one variable's three faces are kept
 together so that no engine can disagree with another about it.
+
+Threads: the table is immutable; computations and native refreshes run on the CPU thread at hits (or when a
+location is placed), GDB's reads (`gdb_value`) on the server thread.
 """
 
 from __future__ import annotations

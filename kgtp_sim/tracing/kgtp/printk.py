@@ -47,6 +47,9 @@ registers (`task_pt_regs`): this machine's tasks are kernel threads with none, s
 
 Tracepoints using any of these run on the Python hit path (`hits.interpreted_hit` with a `DirectHit`) under
 every engine; the others keep their native paths.
+
+Threads: `attach` runs on the CPU thread when a location is placed (tstart, or armed during a run); the hit
+context and `switch` run on the CPU thread inside hits; `dump_stack` at a hit too.
 """
 
 from __future__ import annotations
