@@ -57,8 +57,10 @@ from unicorn.unicorn_const import UC_CTL_IO_WRITE, UC_CTL_TLB_FLUSH
 from unicorn.unicorn_py3.unicorn import HOOK_INTR_CFUNC
 
 from .. import uc_paging as paging
+from . import process
 from .errors import MachineError
 from .image import KernelImage
+from .syscall_entry import SyscallEntry
 from .layout import (
     BOOT_BASE,
     BOOT_SIZE,
@@ -409,6 +411,7 @@ class Cpu:
         self.tables = paging.PageTables(uc, PHYS_TABLES, PHYS_TABLES_SIZE)
         self._map_image(image)
         self.tables.prepare(DEMAND_BASE, DEMAND_SIZE)  # entries absent: the kernel's #PF handler fills them
+        process.prepare_memory(uc, self.tables)  # RAM for processes, before the hooks on what no memory backs
         #: module and vmalloc pages mapped so far, with their rights (`map_stub_pages`)
         self._stub_pages: dict[int, int] = {}
         #: frames of the demand pool not handed to the kernel (it asks through port 0x80)
@@ -443,6 +446,8 @@ class Cpu:
         self.counter = InstructionCounter(uc)
         self.stopper = BlockStopper(uc)
         self.regs = Registers(uc)
+        #: `syscall` made architectural, and the privilege change of interrupts from user mode
+        self.syscall_entry = SyscallEntry(uc)
         # Runs end at hlt, a stop or an exit address. Unicorn invalidates the translation at each exit when a run
         # ends, and an `until` of "none" (all ones) is an address that is never mapped: invalidating there walks
         # the tables, fails, and leaves CR2 and a #PF "in flight" behind (the next real #PF became a #DF).
@@ -582,17 +587,20 @@ class Cpu:
         if vector * 16 + 15 > limit:
             raise MachineError(f"vector {vector} at rip {rip:#x}: outside the IDT (limit {limit:#x}); is it loaded?")
         try:
-            low, _selector, _ist, attr, middle, high, _ = struct.unpack("<HHBBHII", uc.mem_read(base + vector * 16, 16))
+            low, selector, _ist, attr, middle, high, _ = struct.unpack("<HHBBHII", uc.mem_read(base + vector * 16, 16))
         except UcError:
             raise MachineError(f"vector {vector} at rip {rip:#x}: IDT at {base:#x} is not mapped") from None
         if not attr & 0x80:
             raise MachineError(f"vector {vector} at rip {rip:#x}: no handler (IDT gate not present)")
         rsp = regs.read(X.UC_X86_REG_RSP)
         rflags = regs.read(X.UC_X86_REG_EFLAGS)
-        frame = struct.pack("<5Q", rip, regs.read(X.UC_X86_REG_CS), rflags, rsp, regs.read(X.UC_X86_REG_SS))
+        cs = regs.read(X.UC_X86_REG_CS)
+        frame = struct.pack("<5Q", rip, cs, rflags, rsp, regs.read(X.UC_X86_REG_SS))
         if error_code is not None:
             frame = struct.pack("<Q", error_code) + frame
-        new_rsp = (rsp & ~0xF) - len(frame)  # 64-bit mode aligns the frame to 16 bytes
+        from_user = bool(cs & 3)  # to ring 0 on the stack in the TSS's rsp0 (syscall_entry.py)
+        stack = self.syscall_entry.ring0_stack() if from_user else rsp
+        new_rsp = (stack & ~0xF) - len(frame)  # 64-bit mode aligns the frame to 16 bytes
         try:
             uc.mem_write(new_rsp, frame)
         except UcError:
@@ -600,6 +608,8 @@ class Cpu:
         rflags &= ~(EFLAGS_TF | EFLAGS_NT | EFLAGS_RF)
         if attr & 0xF == 0xE:  # interrupt gate, as opposed to a trap gate
             rflags &= ~EFLAGS_IF
+        if from_user:
+            self.syscall_entry.enter_ring0(selector, 0)
         regs.write(X.UC_X86_REG_RSP, new_rsp)
         regs.write(X.UC_X86_REG_EFLAGS, rflags)
         regs.write(X.UC_X86_REG_RIP, low | middle << 16 | high << 32)

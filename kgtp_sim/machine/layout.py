@@ -30,6 +30,9 @@ PHYS_DEMAND = 0x0200_0000  #: page frames handed to the kernel's #PF handler (po
 PHYS_DEMAND_SIZE = DEMAND_SIZE
 PHYS_MODULE = 0x0400_0000  #: module space's frames, at the same offsets as its virtual pages
 PHYS_VMALLOC = 0x1000_0000  #: vmalloc space's frames, likewise
+PHYS_RAM = 0x0800_0000  #: RAM for processes and the initramfs (process.py; the kernel's RAM_PHYS)
+RAM_SIZE = 64 << 20
+PAGE_OFFSET = 0xFFFF_8880_0000_0000  #: the kernel sees RAM at PAGE_OFFSET + physical (Linux's direct map)
 
 
 def page_floor(address: int) -> int:

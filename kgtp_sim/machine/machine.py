@@ -41,7 +41,9 @@ from unicorn import x86_const as X
 
 from . import smp
 from .cpu import ARGUMENT_REGISTERS, EFLAGS_TF, REGISTER_IDS, Cpu, Stop
+from . import process
 from .devices import Devices
+from .process import Processes
 from .errors import MachineError, MemoryFault
 from .image import KernelImage
 from .layout import (
@@ -137,6 +139,8 @@ class Machine:
         self.image = image
         self.devices = Devices(self._alloc_frame, self._free_frame)
         self.cpu = Cpu(image, self._port_out, self._port_in)
+        #: programs on the kernel: the initramfs, starting them, their streams and ends (process.py)
+        self.processes = Processes(self)
         self.cpu_count = cpus
         #: the CPU whose registers are in the unicorn instance: the one that runs, whose hooks run
         self.current_cpu = 0
@@ -242,7 +246,9 @@ class Machine:
             slot.start_at = None
 
     def _port_out(self, port: int, size: int, value: int, rdi: int) -> None:
-        if port not in smp.SMP_PORTS:
+        if port in process.PORTS:
+            self.processes.port_out(port, value, rdi)
+        elif port not in smp.SMP_PORTS:
             self.devices.port_out(port, size, value, rdi)
         elif port == smp.PORT_SMP_START:
             if 0 < value < self.cpu_count and not self._slots[value].online:
