@@ -76,7 +76,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--stdio", action="store_true",
                        help="serve one debugger on stdin/stdout instead of TCP: gdb -ex 'target remote | kgtp-sim "
                             "serve --stdio' (messages go to stderr; the follow channel only with --follow-port)")
+    serve.add_argument("--run", action="append", default=[], metavar="'PROG ARGS'",
+                       help="run a static x86_64 Linux program as a process once the kernel runs (split as a shell "
+                            "would; repeatable); its output goes to stdout (stderr with --stdio)")
     serve.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeat for packet traces)")
+    from . import programs
+
+    programs.add_run_parser(commands, paths.VMLINUX, DEFAULT_CPUS)
     from .view import cli as view_cli
 
     view_cli.add_parsers(commands)
@@ -102,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.command == "serve":
         return serve(args)
+    if args.command == "run":
+        from . import programs
+
+        return programs.run(args)
     if args.command == "bench":
         from .bench import cli as bench_cli
 
@@ -127,6 +137,16 @@ def _machine(args: argparse.Namespace, image):
     from .machine import Machine
 
     return Machine(image, hz=args.hz, cpus=args.cpus, **({"pace": args.pace} if args.pace is not None else {}))
+
+
+def _programs(args: argparse.Namespace, machine, stdout_fd: int):
+    """`--run`: the programs packed into the machine's initramfs before boot; start() runs them once it runs."""
+    from . import programs
+
+    wanted = [programs.Program.parse(command) for command in args.run]
+    inside = programs.load_programs(machine, wanted) if wanted else {}
+    programs.relay_output(machine, stdout_fd, 2)
+    return lambda: programs.start_programs(machine, wanted, inside)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -158,6 +178,11 @@ def serve(args: argparse.Namespace) -> int:
         print("kgtp-sim: --hz must be between 1 and 10000", file=sys.stderr)
         return 2
     machine = _machine(args, image)
+    try:
+        start_programs = _programs(args, machine, 1)
+    except (OSError, ValueError) as error:
+        print(f"kgtp-sim: --run: {error}", file=sys.stderr)
+        return 1
     stub = Stub(machine, StubConfig(allow_writes=args.allow_writes, engine=args.engine, save_dir=args.save_dir,
                                            name_markers_always=args.name_markers_at_strace))
     server = stub.server(args.host, args.port)
@@ -183,6 +208,7 @@ def serve(args: argparse.Namespace) -> int:
             print(f"kgtp-sim: follow channel (read-only) on {host}:{follow.port}: "
                   f"kgtp-sim follow --port {follow.port}", flush=True)
     machine.start()
+    start_programs()
     print(f"kgtp-sim: kernel {args.kernel} running; listening on {host}:{port}", flush=True)
     print(f"kgtp-sim: attach with: gdb {args.kernel} -ex 'target remote {host}:{port}'", flush=True)
 
@@ -216,6 +242,11 @@ def _serve_stdio(args: argparse.Namespace, pipe: int) -> int:
         print(f"kgtp-sim: {error}", file=sys.stderr)
         return 1
     machine = _machine(args, image)
+    try:
+        start_programs = _programs(args, machine, 2)  # stdout is GDB's pipe
+    except (OSError, ValueError) as error:
+        print(f"kgtp-sim: --run: {error}", file=sys.stderr)
+        return 1
     stub = Stub(machine, StubConfig(allow_writes=args.allow_writes, engine=args.engine, save_dir=args.save_dir,
                                     name_markers_always=args.name_markers_at_strace))
     server = stub.server(args.host, 0)
@@ -226,6 +257,7 @@ def _serve_stdio(args: argparse.Namespace, pipe: int) -> int:
         follow.start()
         print(f"kgtp-sim: follow channel (read-only) on {args.host}:{follow.port}", file=sys.stderr, flush=True)
     machine.start()
+    start_programs()
     print(f"kgtp-sim: kernel {args.kernel} running; serving the debugger on stdin/stdout", file=sys.stderr,
           flush=True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # GDB sends Ctrl-C in the packet stream; the terminal's is not ours

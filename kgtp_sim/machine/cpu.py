@@ -61,11 +61,13 @@ from .. import uc_paging as paging
 from ..uc_native import InstructionCounter, Registers, old_exception_offset
 from ..uc_paging import AddressSpace, memory_operand_address, page_fault_error_offset
 from .dispatch import FaultFixups, FaultHandler, InterruptDispatch  # noqa: F401 - FaultHandler: cpu.py's name too
+from . import process
 from .errors import MachineError
 from .image import KernelImage
 from .memory import BOOT_GDT, Memory, _gaps
 from .layout import BOOT_BASE
 from .stopper import BlockStopper
+from .syscall_entry import SyscallEntry
 
 TRANSLATION_CACHE = 32 << 20  #: bytes of host code the emulator keeps translated (see Cpu.__init__)
 NO_EXIT = 0xFFFF_FFFF_FFFF_FFFF  #: `until` for emu_start when only a stop request should end it
@@ -123,6 +125,7 @@ class Cpu:
         self.memory = Memory(uc, image)
         #: the kernel's address space (its page tables): the default space of every access
         self.tables = self.memory.kernel
+        process.prepare_memory(uc, self.tables)  # RAM for processes, before the hooks on what no memory backs
 
         self.breakpoints: dict[int, BreakpointHandler] = {}
         #: the single-step trap (#DB after an instruction run with EFLAGS.TF): the stub's while-stepping, never the
@@ -152,6 +155,8 @@ class Cpu:
         self.counter = InstructionCounter(uc)
         self.stopper = BlockStopper(uc)
         self.regs = Registers(uc)
+        #: `syscall` made architectural, and the privilege change of interrupts from user mode
+        self.syscall_entry = SyscallEntry(uc)
         # Runs end at hlt, a stop or an exit address. Unicorn invalidates the translation at each exit when a run
         # ends, and an `until` of "none" (all ones) is an address that is never mapped: invalidating there walks
         # the tables, fails, and leaves CR2 and a #PF "in flight" behind (the next real #PF became a #DF).
@@ -203,17 +208,20 @@ class Cpu:
         if vector * 16 + 15 > limit:
             raise MachineError(f"vector {vector} at rip {rip:#x}: outside the IDT (limit {limit:#x}); is it loaded?")
         try:
-            low, _selector, _ist, attr, middle, high, _ = struct.unpack("<HHBBHII", uc.mem_read(base + vector * 16, 16))
+            low, selector, _ist, attr, middle, high, _ = struct.unpack("<HHBBHII", uc.mem_read(base + vector * 16, 16))
         except UcError:
             raise MachineError(f"vector {vector} at rip {rip:#x}: IDT at {base:#x} is not mapped") from None
         if not attr & 0x80:
             raise MachineError(f"vector {vector} at rip {rip:#x}: no handler (IDT gate not present)")
         rsp = regs.read(X.UC_X86_REG_RSP)
         rflags = regs.read(X.UC_X86_REG_EFLAGS)
-        frame = struct.pack("<5Q", rip, regs.read(X.UC_X86_REG_CS), rflags, rsp, regs.read(X.UC_X86_REG_SS))
+        cs = regs.read(X.UC_X86_REG_CS)
+        frame = struct.pack("<5Q", rip, cs, rflags, rsp, regs.read(X.UC_X86_REG_SS))
         if error_code is not None:
             frame = struct.pack("<Q", error_code) + frame
-        new_rsp = (rsp & ~0xF) - len(frame)  # 64-bit mode aligns the frame to 16 bytes
+        from_user = bool(cs & 3)  # to ring 0 on the stack in the TSS's rsp0 (syscall_entry.py)
+        stack = self.syscall_entry.ring0_stack() if from_user else rsp
+        new_rsp = (stack & ~0xF) - len(frame)  # 64-bit mode aligns the frame to 16 bytes
         try:
             uc.mem_write(new_rsp, frame)
         except UcError:
@@ -221,6 +229,8 @@ class Cpu:
         rflags &= ~(EFLAGS_TF | EFLAGS_NT | EFLAGS_RF)
         if attr & 0xF == 0xE:  # interrupt gate, as opposed to a trap gate
             rflags &= ~EFLAGS_IF
+        if from_user:
+            self.syscall_entry.enter_ring0(selector, 0)
         regs.write(X.UC_X86_REG_RSP, new_rsp)
         regs.write(X.UC_X86_REG_EFLAGS, rflags)
         regs.write(X.UC_X86_REG_RIP, low | middle << 16 | high << 32)

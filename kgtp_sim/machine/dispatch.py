@@ -143,7 +143,7 @@ class InterruptDispatch:
         self._cell.reg_read = ctypes.cast(lib.uc_reg_read, ctypes.c_void_p).value
         self._cell.reg_write = ctypes.cast(lib.uc_reg_write, ctypes.c_void_p).value
         self._cell.mask = self.SLOTS - 1
-        code = _assemble(self.SOURCE.replace("$RIP", f"${X.UC_X86_REG_RIP:#x}"))
+        code = assemble(self.SOURCE.replace("$RIP", f"${X.UC_X86_REG_RIP:#x}"))
         self.native = add_native_hook(uc, UC_HOOK_INTR, code, ctypes.addressof(memory)) is not None
         if not self.native:
             uc.hook_add(UC_HOOK_INTR, handler)
@@ -189,7 +189,8 @@ class InterruptDispatch:
         return index
 
 
-def _assemble(source: str) -> bytes:
+def assemble(source: str) -> bytes:
+    """AT&T text to x86_64 code at address 0, for the machine's own native hooks (dispatch, syscall entry)."""
     from keystone import KS_ARCH_X86, KS_MODE_64, KS_OPT_SYNTAX_ATT, Ks
 
     ks = Ks(KS_ARCH_X86, KS_MODE_64)

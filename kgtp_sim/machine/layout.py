@@ -5,8 +5,8 @@ inside the machine, like a kernel module would: code goes to "module space", dat
 either is mapped in the page tables the first time an allocation covers it, and stays mapped.
 
 Thread: the constants are read anywhere; the allocators take a lock, so any thread may allocate: the tracer
-allocates where it starts a run or installs a location (on the CPU thread at tstart, on the server thread for a
-location GDB arms during a run), `Machine.call` and the tests on the caller's thread.
+allocates where it starts a run or installs a location (on the CPU thread, at tstart or when GDB arms a location
+during a run), `Machine.call` and the tests on the caller's thread.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ PHYS_DEMAND = 0x0200_0000  #: page frames handed to the kernel's #PF handler (po
 PHYS_DEMAND_SIZE = DEMAND_SIZE
 PHYS_MODULE = 0x0400_0000  #: module space's frames, at the same offsets as its virtual pages
 PHYS_VMALLOC = 0x1000_0000  #: vmalloc space's frames, likewise
+PHYS_RAM = 0x0800_0000  #: RAM for processes and the initramfs (process.py; the kernel's RAM_PHYS)
+RAM_SIZE = 64 << 20
+PAGE_OFFSET = 0xFFFF_8880_0000_0000  #: the kernel sees RAM at PAGE_OFFSET + physical (Linux's direct map)
 
 
 def page_floor(address: int) -> int:

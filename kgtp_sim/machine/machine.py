@@ -18,12 +18,13 @@ from unicorn import Uc, UcError
 from unicorn import x86_const as X
 
 from ..uc_paging import AddressSpace
-from . import smp
+from . import process, smp
 from .cpu import ARGUMENT_REGISTERS, REGISTER_IDS, Cpu, Stop
 from .devices import Devices
 from .errors import MachineError, MemoryFault
 from .image import KernelImage
 from .layout import MODULE_BASE, MODULE_SIZE, PAGE_SIZE, VMALLOC_BASE, VMALLOC_SIZE, RegionAllocator, page_ceil
+from .process import Processes
 from .scheduler import Scheduler
 
 T = TypeVar("T")
@@ -72,6 +73,8 @@ class Machine:
         self.image = image
         self.cpu = Cpu(image, self._port_out, self._port_in)
         self.devices = Devices(self.cpu.memory.alloc_frame, self.cpu.memory.free_frame)
+        #: programs on the kernel: the initramfs, starting them, their streams and ends (process.py)
+        self.processes = Processes(self)
         self.cpu_count = cpus
         self._sched = Scheduler(self.cpu, image, cpus)
         #: int3 address -> handler(uc), consulted before the kernel's #BP (see cpu.py)
@@ -119,7 +122,9 @@ class Machine:
         return self._sched.current_cpu
 
     def _port_out(self, port: int, size: int, value: int, rdi: int) -> None:
-        if port in smp.SMP_PORTS:
+        if port in process.PORTS:
+            self.processes.port_out(port, value, rdi)
+        elif port in smp.SMP_PORTS:
             self._sched.port_out(port, value, rdi)
         else:
             self.devices.port_out(port, size, value, rdi)

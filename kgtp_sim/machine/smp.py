@@ -32,6 +32,8 @@ PER_CPU_SYMBOL = "cpu_data"  #: the kernel's array of per-CPU areas, MAX_CPUS of
 PERCPU_CURRENT_TASK = 0x0  #: struct task_struct *current_task
 PERCPU_CPU_NUMBER = 0x8  #: unsigned int cpu_number
 
+MSR_KERNEL_GS_BASE = 0xC000_0102
+
 PORT_SMP_CPUS = 0xE0
 PORT_SMP_START = 0xE1
 PORT_SMP_IPI = 0xE2
@@ -59,6 +61,8 @@ def per_cpu_area(image, cpu: int) -> int:
 
 def _read(uc: Uc, offset: int, size: int) -> int:
     base = uc.reg_read(X.UC_X86_REG_GS_BASE)
+    if uc.reg_read(X.UC_X86_REG_CS) & 3:  # in user mode the per-CPU area's base waits in KERNEL_GS_BASE (swapgs)
+        base = uc.msr_read(MSR_KERNEL_GS_BASE)
     if not base:
         return 0
     try:

@@ -57,9 +57,9 @@ def test_segments_symbols_and_text(image):
     name, start, end = image.function_bounds(image.address_of("kgtp_test_function") + 7)
     assert (name, start) == ("kgtp_test_function", image.address_of("kgtp_test_function")) and end > start
     assert image.function_bounds(0x1234) is None
-    # tasks[1].comm (offset 4: after int pid) is in the image's initialised data; the kernel has 41 tasks (6 of
-    # CPU 0, 5 of each other CPU: include/kernel.h)
-    task_size = tasks.size // 41
+    # tasks[1].comm (offset 4: after int pid) is in the image's initialised data; the kernel has 41 threads (6 of
+    # CPU 0, 5 of each other CPU) and 24 process slots: NR_TASKS = 65 (include/kernel.h)
+    task_size = tasks.size // 65
     assert image.read(tasks.address + task_size + 4, 11) == b"kgtp_bench\0"
 
 

@@ -60,7 +60,7 @@ def assemble(source: str, address: int) -> bytes:
 
 def comm(machine: Machine, image: KernelImage, index: int) -> str:
     tasks = image.symbols["tasks"]
-    size = tasks.size // 41  # NR_TASKS (include/kernel.h)
+    size = tasks.size // 65  # NR_TASKS: 41 kernel threads, 24 process slots (include/kernel.h)
     raw = machine.read_memory(tasks.address + index * size + 4, 16)
     return raw.split(b"\0")[0].decode()
 

@@ -403,7 +403,7 @@ def test_do_syscall_returns_across_task_switches_with_the_kernels_results(engine
         return numbers.count(NANOSLEEP) >= 3 and numbers.count(GETPID) >= 3
 
     frames = _live(tracer, enough)
-    syscall_test = IMAGE.address_of("tasks") + 3 * (IMAGE.symbols["tasks"].size // 41)  # NR_TASKS
+    syscall_test = IMAGE.address_of("tasks") + 3 * (IMAGE.symbols["tasks"].size // 65)  # NR_TASKS
     clobbered = 0
     for frame in frames:
         nr, regs = _orig_ax(frame), frame.registers

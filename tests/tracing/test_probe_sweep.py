@@ -101,7 +101,7 @@ def kernel_state(machine: Machine) -> dict[str, object]:
     for cpu in range(machine.cpu_count):
         state[f"cpu_data{cpu}"] = cpu_area(machine, cpu)
     tasks = machine.read_memory(IMAGE.address_of("tasks"), IMAGE.symbols["tasks"].size)
-    size = len(tasks) // 41  # NR_TASKS (include/kernel.h): CPU 0 has tasks 0..5, each other CPU 5 more
+    size = len(tasks) // 65  # NR_TASKS (include/kernel.h): CPU 0 has tasks 0..5, each other CPU 5 more, 24 process slots
     for i in range(5 + 5 * (machine.cpu_count - 1)):
         task = tasks[i * size : (i + 1) * size]
         # pid, comm, prio, state, wakeup | nvcsw, nivcsw, entry, thread.sp (exec_start/runtime come from the clock)

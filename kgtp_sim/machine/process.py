@@ -1,0 +1,197 @@
+"""The machine's side of processes: RAM and its direct map, the initramfs, starting programs, their streams and
+their ends.
+
+The kernel does everything a Linux kernel does for a process in its own C code (fixtures/kernel/process.c, mm.c,
+initramfs.c, entry_64.S). The machine provides what hardware and a bootloader would:
+
+- RAM: physical [PHYS_RAM, PHYS_RAM + RAM_SIZE), mapped for the kernel at PAGE_OFFSET + physical (Linux's
+  direct map), before boot, like the rest of the machine's tables (`prepare_memory`, called by the Cpu);
+- the initramfs: a cpio archive (initramfs.py) placed at the top of RAM before boot, its physical address and
+  size written to the kernel's `initrd_start`/`initrd_size` (a bootloader's boot_params);
+- a request to start a program: the kernel's `spawn_request` (process.c) filled in and its `seq` bumped; CPU 0's
+  next tick makes the process and writes its pid back (`Processes.spawn`);
+- the console of processes: PORT_TTY_WRITE carries a process's write() on fd 1 or 2 to `Processes.output`
+  (the host's own streams for `kgtp-sim run`), apart from the kernel's printk console (port 0xe9);
+- PORT_PROC_EXIT: a process ended, with Linux's wait status (`Processes.wait`).
+
+| port | access | meaning |
+|------|--------|---------|
+| 0xe6 | outl | fd (1 or 2) in %eax, %rdi = the bytes (kernel address), %rsi = count: a process's output |
+| 0xe7 | outl | pid in %eax, %rdi = its wait status (exit code << 8, or the signal that ended it) |
+
+Threads: port handlers run on the CPU thread inside emulation; `spawn` and `wait` on any other thread.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+from unicorn import UC_PROT_ALL, Uc
+from unicorn import x86_const as X
+
+from .. import uc_paging as paging
+from .errors import MachineError
+from .layout import PAGE_OFFSET, PAGE_SIZE, PHYS_RAM, RAM_SIZE, VMALLOC_BASE, page_ceil
+
+
+PORT_TTY_WRITE = 0xE6
+PORT_PROC_EXIT = 0xE7
+PORTS = (PORT_TTY_WRITE, PORT_PROC_EXIT)
+
+#: struct spawn_request (fixtures/kernel/process.c): seq, done, result, cpu, then struct spawn_args
+SPAWN_SEQ, SPAWN_DONE, SPAWN_RESULT, SPAWN_CPU, SPAWN_ARGC = 0, 8, 16, 24, 28
+SPAWN_STRINGS = 40
+SPAWN_ARGS_SIZE = 4096
+SPAWN_TIMEOUT = 10.0  #: seconds for CPU 0's tick to take a request (many ticks)
+
+OutputSink = Callable[[int, bytes], None]
+
+
+def prepare_memory(uc: Uc, tables: paging.PageTables) -> None:
+    """RAM and its direct map, before the CPU's first instruction (and before the machine hooks the physical
+    addresses no memory backs). Also the kernel half's top-level entry of vmalloc space, which the stub maps
+    pages under only later: each process's table copies the kernel half's top level when it is made."""
+    uc.mem_map(PHYS_RAM, RAM_SIZE, UC_PROT_ALL)
+    tables.map(PAGE_OFFSET + PHYS_RAM, PHYS_RAM, RAM_SIZE, paging.DATA)
+    tables.table_for(VMALLOC_BASE)
+
+
+@dataclass(frozen=True)
+class ProcessExit:
+    """How a process ended: Linux's wait status."""
+
+    pid: int
+    status: int
+
+    @property
+    def signal(self) -> int:
+        """The signal that ended it, 0 if it exited."""
+        return self.status & 0x7F
+
+    @property
+    def code(self) -> int:
+        """exit()'s code, when it exited."""
+        return self.status >> 8 & 0xFF
+
+    @property
+    def shell_status(self) -> int:
+        """What a shell reports: the exit code, or 128 + the signal."""
+        return 128 + self.signal if self.signal else self.code
+
+
+class _Machine(Protocol):
+    """What processes use of the machine (machine.Machine, which owns a `Processes`)."""
+
+    started: bool
+    cpu: Any  # cpu.Cpu: its unicorn instance
+    image: Any  # image.KernelImage: where the kernel keeps the spawn request
+
+    def read_memory(self, address: int, length: int) -> bytes: ...
+
+    def write_memory(self, address: int, data: bytes) -> None: ...
+
+
+class SpawnError(MachineError):
+    """The kernel refused to start a program (no free slot, arguments too long) or never answered."""
+
+
+class Processes:
+    """Programs on the machine's kernel: the initramfs, starting them, their output and their ends."""
+
+    def __init__(self, machine: _Machine) -> None:
+        self._machine = machine
+        self._lock = threading.Condition()
+        self._exits: dict[int, int] = {}
+        self._spawn_lock = threading.Lock()
+        self.archive_size = 0
+        #: where a process's output goes: fn(fd, data), on the CPU thread; by default kept in `output`
+        self.sink: OutputSink | None = None
+        self.output: dict[int, bytearray] = {1: bytearray(), 2: bytearray()}
+
+    # ---- before boot ---------------------------------------------------------------------------------------
+
+    def load_archive(self, archive: bytes) -> None:
+        """Place the initramfs at the top of RAM and tell the kernel where (before Machine.start)."""
+        if self._machine.started:
+            raise MachineError("the initramfs is loaded before the machine starts")
+        size = page_ceil(len(archive))
+        if size > RAM_SIZE // 2:
+            raise MachineError(f"initramfs of {len(archive)} bytes: more than half of the machine's RAM")
+        start = PHYS_RAM + RAM_SIZE - size
+        uc = self._machine.cpu.uc
+        uc.phys_write(start, archive)
+        image = self._machine.image
+        uc.mem_write(image.address_of("initrd_start"), struct.pack("<Q", start))
+        uc.mem_write(image.address_of("initrd_size"), struct.pack("<Q", len(archive)))
+        self.archive_size = len(archive)
+
+    # ---- ports (CPU thread) --------------------------------------------------------------------------------
+
+    def port_out(self, port: int, value: int, rdi: int) -> None:
+        uc = self._machine.cpu.uc
+        if port == PORT_TTY_WRITE:
+            count = uc.reg_read(X.UC_X86_REG_RSI)
+            data = bytes(uc.mem_read(rdi, count)) if count else b""
+            fd = value & 0xFFFF_FFFF
+            if self.sink is not None:
+                self.sink(fd, data)
+            else:
+                kept = self.output.setdefault(fd, bytearray())
+                kept += data
+                del kept[: max(0, len(kept) - (1 << 20))]
+        elif port == PORT_PROC_EXIT:
+            with self._lock:
+                self._exits[value & 0xFFFF_FFFF] = rdi & 0xFFFF
+                self._lock.notify_all()
+
+    # ---- any thread ----------------------------------------------------------------------------------------
+
+    def spawn(self, path: str, argv: Sequence[str], envp: Sequence[str] = (), cpu: int = -1,
+              timeout: float = SPAWN_TIMEOUT) -> int:
+        """Ask the kernel to run the program at `path` (a file of the initramfs) with argv and envp, on `cpu` (-1:
+        the kernel chooses); returns its pid once the kernel has made the process (the program is loaded by
+        the process itself: a program it cannot run ends at once, with status 126 or 127 and a message on its
+        stderr)."""
+        strings = b"".join(s.encode() + b"\0" for s in (path, *argv, *envp))
+        if any("\0" in s for s in (path, *argv, *envp)):
+            raise SpawnError("an argument holds a NUL byte")
+        if len(strings) > SPAWN_ARGS_SIZE:
+            raise SpawnError(f"arguments and environment of {len(strings)} bytes: the kernel takes "
+                             f"{SPAWN_ARGS_SIZE}")
+        symbol = self._machine.image.address_of("spawn_request")
+        read = self._machine.read_memory
+        with self._spawn_lock:
+            seq, done = struct.unpack("<QQ", read(symbol, 16))
+            if seq != done:
+                raise SpawnError("the kernel has not taken the previous request")
+            request = struct.pack("<iIII", cpu, len(argv), len(envp), len(strings)) + strings
+            self._machine.write_memory(symbol + SPAWN_CPU, request)
+            self._machine.write_memory(symbol + SPAWN_SEQ, struct.pack("<Q", seq + 1))
+            deadline = time.monotonic() + timeout
+            while True:
+                done, result = struct.unpack("<Qq", read(symbol + SPAWN_DONE, 16))
+                if done == seq + 1:
+                    break
+                if time.monotonic() > deadline:
+                    raise SpawnError(f"the kernel did not take the request in {timeout:g} s")
+                time.sleep(0.002)
+        if result < 0:
+            raise SpawnError(f"the kernel refused to start {path}: errno {-result}")
+        return result
+
+    def wait(self, pid: int, timeout: float | None = None) -> ProcessExit | None:
+        """How process `pid` ended, waiting for it up to `timeout` seconds (None: as long as it takes); None if it
+        has not ended by then."""
+        with self._lock:
+            if not self._lock.wait_for(lambda: pid in self._exits, timeout):
+                return None
+            return ProcessExit(pid, self._exits[pid])
+
+    def exited(self) -> dict[int, int]:
+        """Every process that ended so far: pid -> wait status."""
+        with self._lock:
+            return dict(self._exits)

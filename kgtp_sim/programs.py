@@ -1,0 +1,162 @@
+"""Programs on the simulated kernel, from the command line: `kgtp-sim run PROG [ARGS...]` and `serve --run`.
+
+Wiring, like app.py: the programs named on the command line go into the machine's initramfs before it boots
+(nothing else of the host is reachable from inside), each is started as a process once the machine runs
+(`Processes.spawn`), and what the processes write to fds 1 and 2 comes out on the host's own streams. `run`
+exits with the program's status as a shell reports it (128 + the signal when a signal ended it).
+
+Threads: the main thread starts the machine, the programs, and waits; process output is written from the CPU
+thread (the port handler) straight to the host's file descriptors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+#: how often `run` looks at the machine while its program runs (a kernel that panicked ends the wait)
+POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class Program:
+    """A program to run: its host file, and argv as the user typed it (argv[0] included)."""
+
+    path: Path
+    argv: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, command: str) -> Program:
+        """`serve --run 'PROG ARGS'`: one argument split as a shell would."""
+        words = shlex.split(command)
+        if not words:
+            raise ValueError("--run needs a program")
+        return cls(Path(words[0]), tuple(words))
+
+
+_RUN_EXAMPLES = """\
+examples:
+  gcc -static -O2 -o hello hello.c
+  kgtp-sim run ./hello              # its output, then its exit status
+  kgtp-sim run --cpus 1 ./args one two
+  kgtp-sim serve --run './loop forever'   # trace it from GDB meanwhile
+"""
+
+
+def add_run_parser(commands, vmlinux: Path, default_cpus: int) -> None:
+    run = commands.add_parser(
+        "run", help="run a static x86_64 Linux program as a process on the kernel",
+        description="Boot the simulated machine, run PROG with ARGS as a process (its stdout and\n"
+                    "stderr are this command's), and exit with its status (128 + the signal if one\n"
+                    "ended it). Static programs only for now (gcc -static, -static-pie, musl-gcc).",
+        epilog=_RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--kernel", type=Path, default=vmlinux, help="static x86_64 kernel ELF (default: bundled)")
+    run.add_argument("--cpus", type=int, default=default_cpus, help=f"CPUs of the machine (default: {default_cpus})")
+    run.add_argument("--hz", type=int, default=100, help="timer tick rate of the kernel (default: 100)")
+    run.add_argument("program", type=Path, help="the program (a host file, copied into the machine's initramfs)")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+
+
+def load_programs(machine, programs: list[Program]) -> dict[Path, str]:
+    """Pack the programs' files into the machine's initramfs (before boot); host path -> path inside."""
+    from .machine.initramfs import Archive
+
+    archive = Archive()
+    inside = {program.path: archive.add_host_file(program.path) for program in programs}
+    machine.processes.load_archive(archive.pack())
+    return inside
+
+
+def relay_output(machine, stdout_fd: int = 1, stderr_fd: int = 2) -> None:
+    """Processes' fds 1 and 2 go to these host file descriptors."""
+    targets = {1: stdout_fd, 2: stderr_fd}
+
+    def sink(fd: int, data: bytes) -> None:
+        target = targets.get(fd)
+        while target is not None and data:
+            try:
+                data = data[os.write(target, data):]
+            except OSError:
+                return
+
+    machine.processes.sink = sink
+
+
+def environment() -> list[str]:
+    return [f"{key}={value}" for key, value in os.environ.items()]
+
+
+def describe_exit(name: str, ended) -> str | None:
+    """A shell's kind of message for a program a signal ended (None if it exited)."""
+    if not ended.signal:
+        return None
+    try:
+        signame = signal.Signals(ended.signal).name
+    except ValueError:
+        signame = f"signal {ended.signal}"
+    return f"kgtp-sim: {name}: killed by {signame}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from .machine import KernelImage, KernelImageError, Machine
+    from .machine.process import SpawnError
+
+    if not 1 <= args.cpus <= 8:
+        print("kgtp-sim: --cpus must be between 1 and 8", file=sys.stderr)
+        return 2
+    program = Program(args.program, (str(args.program), *args.args))
+    try:
+        image = KernelImage.load(args.kernel)
+    except KernelImageError as error:
+        print(f"kgtp-sim: {error}", file=sys.stderr)
+        return 1
+    machine = Machine(image, hz=args.hz, cpus=args.cpus)
+    try:
+        inside = load_programs(machine, [program])
+    except (OSError, ValueError) as error:
+        print(f"kgtp-sim: {program.path}: {getattr(error, 'strerror', None) or error}", file=sys.stderr)
+        return 127
+    relay_output(machine)
+    interrupted = []
+    signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
+    signal.signal(signal.SIGTERM, lambda signum, frame: interrupted.append(signum))
+    machine.start()
+    try:
+        pid = machine.processes.spawn(inside[program.path], program.argv, environment())
+        while not interrupted:
+            ended = machine.processes.wait(pid, POLL_S)
+            if ended is not None:
+                message = describe_exit(str(program.path), ended)
+                if message:
+                    print(message, file=sys.stderr, flush=True)
+                return ended.shell_status
+            if machine.devices.power_off_code is not None or machine.stats(count=False).state.startswith("crashed"):
+                print(f"kgtp-sim: the kernel stopped while {program.path} ran:\n{machine.console_text()[-2000:]}",
+                      file=sys.stderr)
+                return 1
+        return 128 + interrupted[0]
+    except SpawnError as error:
+        print(f"kgtp-sim: {error}", file=sys.stderr)
+        return 1
+    finally:
+        machine.shutdown()
+
+
+def start_programs(machine, programs: list[Program], inside: dict[Path, str]) -> None:
+    """`serve --run`: start each program once the machine runs; a thread reports each one's end on stderr."""
+    import threading
+
+    def watch(pid: int, name: str) -> None:
+        ended = machine.processes.wait(pid)
+        print(describe_exit(name, ended) or f"kgtp-sim: {name} (pid {pid}) exited with status {ended.code}",
+              file=sys.stderr, flush=True)
+
+    for program in programs:
+        pid = machine.processes.spawn(inside[program.path], program.argv, environment())
+        print(f"kgtp-sim: started {' '.join(program.argv)} as pid {pid}", file=sys.stderr, flush=True)
+        threading.Thread(target=watch, args=(pid, str(program.path)), name=f"kgtp-wait-{pid}", daemon=True).start()

@@ -1,0 +1,86 @@
+"""Unmodified static Linux programs as processes on the simulated kernel (`kgtp-sim run`), each compared with
+the same program run natively: same output, same exit status; and what the kernel does with one it cannot run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from kgtp_sim.client.paths import ROOT
+from kgtp_sim.client.stub import kgtp_command
+
+from ..programs import MODES, compile_program
+
+ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "KGTP_TEST": "from the host", "LC_ALL": "C"}
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("programs")
+    return lambda name, mode: compile_program(name, mode, out_dir)
+
+
+def _native(program, *args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([str(program), *args], capture_output=True, env=ENV, timeout=30)
+    if done.returncode < 0:  # a signal, as a shell reports it
+        done.returncode = 128 - done.returncode
+    return done
+
+
+def _simulated(program, *args: str, cpus: int = 1) -> subprocess.CompletedProcess:
+    return subprocess.run(kgtp_command("run", "--cpus", str(cpus), str(program), *args), capture_output=True,
+                          env={**os.environ, **ENV}, timeout=120, cwd=ROOT)
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_hello_world_as_natively(build, mode):
+    program = build("hello", mode)
+    native, simulated = _native(program), _simulated(program)
+    assert simulated.stdout == native.stdout == b"hello, world\n", simulated
+    assert simulated.returncode == native.returncode == 3, simulated
+    assert simulated.stderr == b"", simulated
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_arguments_environment_heap_and_doubles(build, mode):
+    program = build("args", mode)
+    native = _native(program, "one", "two words", "", "7")
+    simulated = _simulated(program, "one", "two words", "", "7", cpus=2)
+    # argv[0] is the path as given to each: the same here
+    assert simulated.stdout == native.stdout, (simulated, native)
+    assert b'argv[2] = "two words"' in simulated.stdout and b"KGTP_TEST=from the host" in simulated.stdout
+    assert simulated.stderr == native.stderr == b"to stderr\n", simulated
+    assert simulated.returncode == native.returncode == 7
+
+
+@pytest.mark.parametrize("name, signal_name, status", [("segv", "SIGSEGV", 139), ("trap", "SIGILL", 132)])
+@pytest.mark.parametrize("mode", ["musl-static", "glibc-static"])
+def test_a_fault_ends_the_process_with_its_signal(build, mode, name, signal_name, status):
+    program = build(name, mode)
+    native, simulated = _native(program), _simulated(program)
+    assert simulated.returncode == native.returncode == status, simulated
+    assert simulated.stdout == native.stdout, simulated
+    assert simulated.stderr.decode().strip() == f"kgtp-sim: {program}: killed by {signal_name}", simulated
+
+
+def test_a_file_that_is_no_program_is_refused_with_a_message(tmp_path):
+    data = tmp_path / "notes.txt"
+    data.write_text("not a program\n")
+    simulated = _simulated(data)
+    assert simulated.returncode == 126, simulated
+    assert simulated.stderr.decode() == f"{data}: cannot execute: not an ELF file\n", simulated
+
+
+def test_a_dynamically_linked_program_is_refused_for_now(tmp_path):
+    if not os.path.exists("/usr/bin/true"):
+        pytest.skip("no /usr/bin/true")
+    simulated = _simulated("/usr/bin/true")
+    assert simulated.returncode == 126, simulated
+    assert b"dynamically linked" in simulated.stderr, simulated
+
+
+def test_a_missing_program(tmp_path):
+    simulated = _simulated(tmp_path / "absent")
+    assert simulated.returncode == 127 and b"absent" in simulated.stderr, simulated

@@ -1,0 +1,47 @@
+"""The machine's side of processes (kgtp_sim/machine/process.py) against the kernel it talks to."""
+
+from __future__ import annotations
+
+import pytest
+
+from kgtp_sim.client import VMLINUX
+from kgtp_sim.machine import KernelImage, Machine
+from kgtp_sim.machine import process
+from kgtp_sim.machine.process import SpawnError
+from kgtp_sim.machine.dwarf import KernelDwarf
+
+
+def test_spawn_request_layout_is_the_kernels():
+    dwarf = KernelDwarf(VMLINUX)
+    try:
+        _address, request = dwarf.global_variable("spawn_request")
+        offsets = {name: request.member(name)[0] for name in ("seq", "done", "result", "cpu", "args")}
+        args = request.member("args")[1]
+        assert offsets == {"seq": process.SPAWN_SEQ, "done": process.SPAWN_DONE, "result": process.SPAWN_RESULT,
+                           "cpu": process.SPAWN_CPU, "args": process.SPAWN_ARGC}
+        assert offsets["args"] + args.member("strings")[0] == process.SPAWN_STRINGS
+        assert args.member("strings")[1].size == process.SPAWN_ARGS_SIZE
+    finally:
+        dwarf.close()
+
+
+def test_requests_the_kernel_cannot_take_are_refused_on_the_host():
+    machine = Machine(KernelImage.load(VMLINUX))
+    with pytest.raises(SpawnError, match="NUL"):
+        machine.processes.spawn("/bin/x", ["x", "a\0b"])
+    with pytest.raises(SpawnError, match="4096"):
+        machine.processes.spawn("/bin/x", ["x", "y" * 5000])
+
+
+def test_the_initramfs_is_loaded_before_boot_only():
+    machine = Machine(KernelImage.load(VMLINUX))
+    machine.processes.load_archive(b"070701" + b"0" * 200)
+    assert machine.read_symbol("initrd_size") == 206
+    start = machine.read_symbol("initrd_start")
+    assert start % 4096 == 0 and start + 206 <= process.PHYS_RAM + process.RAM_SIZE
+    machine.start()
+    try:
+        with pytest.raises(Exception, match="before the machine starts"):
+            machine.processes.load_archive(b"")
+    finally:
+        machine.shutdown()
