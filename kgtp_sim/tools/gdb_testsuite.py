@@ -23,16 +23,19 @@ are extracted from it at run time into a cache outside the repository, one per g
 
 The build directories sit where they sit in a GDB build tree because lib/trace-support.exp's get_in_proc_agent
 looks for the in-process agent at `$objdir/../../gdbserver/libinproctrace.so`: Debian's gdbserver package ships
-the agent, and a symlink there is all the fast-tracepoint files (ftrace.exp, ftrace-lock.exp, and the ftrace
-parts of change-loc.exp and pending.exp) need to find it. They link their program against it (`shlib=`, with an
-rpath to that directory, so `info sharedlibrary` shows the path they look for), build it without PIE, and leave
-the rest to the server: it looks the agent's symbols up through qSymbol, and its helper thread and jump pads do
-the work. Without the agent these files stop on a Tcl error.
+the agent, and a symlink there is all that the files trying fast tracepoints (ftrace, ftrace-lock, change-loc,
+pending, range-stepping, trace-break, trace-condition, trace-enable-disable, trace-mt, tspeed; strace too, before
+it finds no UST) need to find it. They link their program against it (`shlib=`, with an rpath to that directory,
+so `info sharedlibrary` shows the path they look for) and leave the rest to the server: it looks the agent's
+symbols up through qSymbol, and its helper thread and jump pads do the work. Only ftrace.exp builds its program
+without PIE; the others get Debian's default PIE, where gdbserver 13 refuses every fast tracepoint at tstart (its
+jump pads are mapped too far from the program for a 32-bit jump back), so those FAILs are gdbserver's own here.
+Without the agent these files stop on a Tcl error.
 
 No board file of the project's own: the stock boards (lib/gdbserver-support.exp's gdbserver_start) start whatever
-`GDBSERVER` names as `GDBSERVER --once localhost:PORT PROG ARGS` (`--multi` and no program on the extended board),
-wait for its `Listening on` line and then connect, which is exactly gdbserver's command line and output; a server
-that speaks it needs no other board.
+`GDBSERVER` names as `GDBSERVER --once localhost:PORT PROG ARGS` (`GDBSERVER --once --multi localhost:PORT` on the
+extended board, which then names the program with `set remote exec-file`), wait for its `Listening on` line and
+connect: gdbserver's own command line and output, so a server that speaks them needs no other board.
 
 Runs are serialised by a lock on the cache (one `make check` at a time, at `nice -n 10` by default). The exit
 status is non-zero only when nothing could run: a failing test is a result, not an error.
@@ -74,6 +77,7 @@ NEEDS = {
     "make": "make",
     "gcc": "gcc",
     "xz": "xz-utils",
+    "/usr/include/x86_64-linux-gnu/sys/sdt.h": "systemtap-sdt-dev",  # stap-trace.exp's SystemTap probes
 }
 #: the members of the GDB tarball the testsuite's configure and `make check` read
 MEMBERS = ("gdb/gdb/testsuite", "gdb/include", "gdb/config.guess", "gdb/config.sub", "gdb/install-sh",
@@ -162,6 +166,7 @@ class Result:
 
 
 _RUNNING = re.compile(r"^Running (\S+\.exp) \.\.\.$")
+_SUMMARY = re.compile(r"^\s*=== \S+ Summary ===$")
 _OUTCOME = re.compile(r"^(" + "|".join(OUTCOMES + RARE_OUTCOMES) + r"): (.*)$")
 
 
@@ -175,17 +180,21 @@ def parse_sum(text: str) -> list[Result]:
     """The outcomes of a DejaGnu summary file, in order. A test's name is what follows `FILE: ` on its line (an
     ERROR line, which names no file, keeps its whole text); each belongs to the file of the `Running` line before
     it. Tests of one file that share a name (DejaGnu's DUPLICATE) are told apart by their occurrence. WARNING,
-    DUPLICATE and PATH lines are notes, not outcomes."""
+    DUPLICATE and PATH lines are notes, not outcomes, and so are the lines after the closing `=== gdb Summary ===`
+    (where DejaGnu repeats a Tcl error of the last file as ERROR lines)."""
     results: list[Result] = []
     seen: collections.Counter[tuple[str, str]] = collections.Counter()
-    current = ""
+    current: str | None = ""
     for line in text.splitlines():
         running = _RUNNING.match(line)
         if running:
             current = exp_name(running.group(1))
             continue
+        if _SUMMARY.match(line):
+            current = None  # the summary and what follows it
+            continue
         outcome = _OUTCOME.match(line)
-        if not outcome:
+        if not outcome or current is None:
             continue
         kind, name = outcome.groups()
         prefix = f"{current}: "
