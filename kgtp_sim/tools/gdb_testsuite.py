@@ -117,25 +117,26 @@ RUN_CONTROL = (
     "gdb.base/recurse.exp",            # watchpoints on locals of recursive frames going out of scope
     # signals
     "gdb.base/signals.exp",            # signals reported, passed, handled; stepping while they arrive
-    "gdb.base/siginfo.exp",            # $_siginfo and stepping out of a handler
-    "gdb.base/sigbpt.exp",             # a fault at a breakpoint address, stepping over it
+    "gdb.base/siginfo.exp",            # backtrace through an SA_SIGINFO handler, stepping out of it
+    "gdb.base/sigbpt.exp",             # stepi through breakpoints around a faulting instruction and its handler
     "gdb.base/sigstep.exp",            # stepping into, over and out of signal handlers
+    "gdb.base/interrupt.exp",          # Ctrl-C: the running program stopped from GDB, then resumed
     # inferior calls
     "gdb.base/callfuncs.exp",          # calls of every argument and return type, registers restored after
     "gdb.base/call-signal-resume.exp",  # a call interrupted by a signal, then resumed
     # threads
     "gdb.threads/pthreads.exp",        # thread list, breakpoints in threads, thread apply
-    "gdb.threads/print-threads.exp",   # many threads hitting one breakpoint, killed at a breakpoint
+    "gdb.threads/print-threads.exp",   # several threads hitting one breakpoint, killed at a breakpoint
     "gdb.threads/thread-specific-bp.exp",  # breakpoints for one thread, all-stop and non-stop
     "gdb.threads/schedlock.exp",       # scheduler locking: one thread resumed, the others held
     "gdb.threads/watchthreads.exp",    # hardware watchpoints hit by several threads
-    "gdb.threads/sigthread.exp",       # a signal sent to the process while threads run
+    "gdb.threads/sigthread.exp",       # Ctrl-C while threads run and signal each other
     "gdb.threads/signal-delivered-right-thread.exp",  # a signal passed to the thread that got it
     "gdb.threads/hand-call-in-threads.exp",  # inferior calls in several threads
-    "gdb.threads/interrupted-hand-call.exp",  # a call in one thread stopped by another thread's event
+    "gdb.threads/interrupted-hand-call.exp",  # a call in one thread stopped by a signal in another
     "gdb.threads/step-over-lands-on-breakpoint.exp",  # stepping over a breakpoint onto another
     "gdb.threads/multiple-step-overs.exp",  # several threads each needing a step over a breakpoint
-    "gdb.threads/continue-pending-status.exp",  # events left pending in other threads while one resumes
+    "gdb.threads/continue-pending-status.exp",  # continuing in a thread while another has an event pending
 )
 SETS = {"@trace": ("gdb.trace/*.exp",), "@run-control": RUN_CONTROL}
 
