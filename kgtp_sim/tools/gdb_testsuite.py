@@ -38,7 +38,10 @@ extended board, which then names the program with `set remote exec-file`), wait 
 connect: gdbserver's own command line and output, so a server that speaks them needs no other board.
 
 Runs are serialised by a lock on the cache (one `make check` at a time, at `nice -n 10` by default). The exit
-status is non-zero only when nothing could run: a failing test is a result, not an error.
+status is non-zero only when nothing could run: a failing test is a result, not an error. Wall times follow the
+machine's load, and one file more than the others: tspeed.exp sizes its loop by the clock and then traces it
+with a trap per iteration, so on a busy machine it runs into its 180 s timeouts (FAIL and UNRESOLVED, and many
+minutes) where an idle one passes it in seconds.
 
 Threads: everything runs on the caller's thread; `make check` is a child process.
 """
