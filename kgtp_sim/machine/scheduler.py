@@ -144,7 +144,7 @@ class Scheduler:
 
     def set_period(self, period: float) -> None:
         """Seconds between ticks, from the next tick."""
-        self._period = 0.01  #: seconds between ticks (`set_period`; the machine sets its hz before `start`)
+        self._period = period
         self._ticker_wake.set()
 
     # ---- the CPUs ---------------------------------------------------------------------------------------------
