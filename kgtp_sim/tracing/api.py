@@ -74,3 +74,7 @@ class TracerApi(Protocol):
         """The frame's `$_sdata` rendered by its marker's format; None without static data."""
 
     def probe_rows(self) -> list[ProbeRow]: ...
+
+    def covering_probe(self, address: int) -> str | None:
+        """Why the kernel's instruction at `address` never runs in place (a jump probe covers it); None if it
+        does."""

@@ -99,7 +99,7 @@ class Tracer:
         self._ring_memory: tuple[int, int] | None = None  # (base, per-CPU size) of the rings' bytes
         self._ring_control: int | None = None  # the control area, in module space (ring.py)
         self.printed: list[str] = []
-        self.tsc = Tsc()
+        self.tsc = Tsc(machine.clock)  # the machine's TSC: it does not run while a debugger stops the machine
         self.registers = RegisterReader()
         self.kgtp = KgtpState()  # what KGTP's special variables keep across hits (builtins.py)
         self.kret = KretRun(self)  # return probes (`$kret`, kret.py)
@@ -416,6 +416,18 @@ class Tracer:
 
     def probe_rows(self) -> list[ProbeRow]:
         return self.probes.rows() + self.watches.rows()
+
+    def covering_probe(self, address: int) -> str | None:
+        """Why the kernel never runs the instruction at `address` in place while the run's probes are in: it is
+        inside the bytes a jump probe replaced (after the first; also when the site went back to an int3 into the
+        same detour), run displaced in the probe's detour. None when it is not. A snapshot: called from the server
+        thread while probes come and go on the CPU thread."""
+        for item in list(self.probes.installed.values()):
+            site = item.site
+            if site.address < address < site.address + site.length:
+                return (f"{address:#x} is inside the {site.length} bytes tracepoint {item.tracepoint.number}'s jump "
+                        f"probe at {site.address:#x} replaced: the instructions there run displaced, in a detour")
+        return None
 
     def frames(self) -> list[TraceFrame]:
         """The ring's frames, parsed once per change of the ring (tfind asks again and again)."""
