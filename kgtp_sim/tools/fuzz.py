@@ -5,10 +5,13 @@ The harness drives a real `kgtp_sim.app.Stub` in-process (its dispatcher, handle
 machine running) through a `Session`, exactly the object the TCP server feeds. After every fuzzed packet it
 checks that:
 
-- the packet got an answer: `E..`, empty, or a reply (a `c` is answered once Ctrl-C follows, as GDB does it);
+- the packet got an answer: `E..`, empty, or a reply (a `c` is answered by the stop the kernel made meanwhile, at
+  a breakpoint, or once Ctrl-C follows, as GDB does it);
 - no handler failed (the dispatcher's last-resort guard answers `E0f` and logs a traceback: that is a crash);
 - the session still serves: `QTFrame:ffffffff` answers `OK` and `m<jiffies>,8` answers 8 bytes of hex;
-- the kernel is alive (checked at the end: jiffies advanced, the machine neither crashed nor halted).
+- the kernel is alive (checked at the end: jiffies advanced, the machine neither crashed nor halted; a machine the
+  packets stopped, breakpoints and `monitor stop` being fuzzed too, runs again once the session leaves, as after
+  a GDB).
 
 Inputs come from four generators, all driven by a `random.Random` so a campaign is reproducible from its seed
 and the test suite can drive them from hypothesis: structured packets for every packet class the dispatcher
@@ -244,7 +247,8 @@ def qtframe(rng: random.Random, vocab: Vocabulary) -> bytes:
 
 
 MONITOR_WORDS = (
-    "help", "stats", "hz", "pace", "console", "engine", "probes", "frames", "sdata", "shell", "python", "source",
+    "help", "stats", "hz", "pace", "console", "engine", "probes", "frames", "sdata", "stop", "go", "shell", "python",
+    "source",
     "!", "pipe", "eval", "exec", "import", "open", "cat", "load",
 )
 MONITOR_ARGS = (
@@ -435,6 +439,11 @@ class Harness:
 
     #: definitions above this many are cleared (QTinit) so a long campaign does not slow every tstart down
     MAX_TRACEPOINTS = 16
+    #: breakpoints above this many go (the session is left and a new one comes): each is a hook the kernel runs
+    MAX_BREAKPOINTS = 16
+    #: the answers to Ctrl-C after `c`: KGTP's never-stopped kernel (SIGTRAP), a machine under run control (SIGINT),
+    #: or the stop it made meanwhile (a breakpoint, a watchpoint, a step)
+    STOP_REPLY = re.compile(rb"T0[25](?:[a-z]+:[0-9a-f]+;)?thread:[0-9a-f]+;")
 
     def __init__(self, stub, *, started: bool = True) -> None:
         self.stub = stub
@@ -489,9 +498,11 @@ class Harness:
     def request(self, payload: bytes) -> list[bytes]:
         """Send one well-framed packet; return every packet the stub sent back for it."""
         replies = self._feed(encode_packet(payload, binary=True))
-        if self.session.waiting_for_interrupt:  # `c`: the user presses Ctrl-C
-            replies += self._feed(b"\x03")
-            if not replies or not re.fullmatch(rb"T05thread:[0-9a-f]+;", replies[-1]):  # the thread Hg selected
+        if self.session.waiting_for_interrupt:  # `c`: the kernel stopped meanwhile, or the user presses Ctrl-C
+            replies += [e.payload for e in Decoder().feed(self.session.poll()) if e.kind is EventKind.PACKET]
+            if self.session.waiting_for_interrupt:
+                replies += self._feed(b"\x03")
+            if not replies or not self.STOP_REPLY.fullmatch(replies[-1]):
                 raise FuzzFailure(f"Ctrl-C after {payload[:40]!r} was answered {replies!r}")
         return replies
 
@@ -527,7 +538,7 @@ class Harness:
 
     def _tidy(self) -> None:
         """Keep a long run fast: undo settings that only slow the kernel down, forget piles of tracepoints."""
-        if self.session.closing:
+        if self.session.closing or len(self.stub.target.inserted) > self.MAX_BREAKPOINTS:
             self.reconnect()
         if (self.machine.hz, self.machine.pace) != (self.hz, self.pace):
             self.machine.set_hz(self.hz)
@@ -573,6 +584,8 @@ class Harness:
         self._tidy()
         if self.stub.tracer.running:
             self.request(b"QTStop")
+        if self.machine.control.stopped:  # the packets stopped it: it runs again once the debugger leaves
+            self.reconnect()
         state = self.machine.stats(count=False).state
         if state.startswith(("crashed", "halted")):
             raise FuzzFailure(f"the kernel stopped: {state}; console:\n{self.machine.console_text()[-600:]}")
