@@ -272,7 +272,11 @@ class RunControl:
         self._sched.run_on_cpu(remove)
 
     def clear(self) -> None:
-        """Every breakpoint and watchpoint of the debugger goes (the tracer's watches stay)."""
+        """Every breakpoint and watchpoint of the debugger goes (the tracer's watches stay). Nothing to do, no trip
+        to the CPU thread (a debugger that leaves without having set any is let go at once)."""
+        if not self._breakpoints and not self._hardware:
+            return
+
         def clear(uc: Uc) -> None:
             for hook in self._breakpoints.values():
                 uc.hook_del(hook)

@@ -344,8 +344,12 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
                 control.insert_hardware(EXECUTE, address, 1)
             else:  # a watchpoint: `kind` is its length
                 control.insert_hardware(_WATCH_KINDS[type], address, kind)
-        except (MachineError, ProbePlacementError) as error:
-            raise RspError(E_PERMISSION, f"cannot insert a breakpoint at {address:#x}: {error}", text=True) from None
+        except (MachineError, ProbePlacementError, RspError) as error:
+            # GDB shows only "Cannot insert breakpoint N": the reason goes to the stub's log too
+            message = error.message if isinstance(error, RspError) else f"cannot insert a breakpoint at " \
+                f"{address:#x}: {error}"
+            log.warning("%s (GDB's %s)", message, type.name.lower().replace("_", " "))
+            raise RspError(E_PERMISSION, message, text=True) from None
         self.inserted.add((type, address, kind))
 
     def remove_breakpoint(self, type: BreakpointType, address: int, kind: int) -> None:
