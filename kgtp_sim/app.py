@@ -46,7 +46,7 @@ class Stub:
         self.monitor = Monitor()
         register_machine_commands(self.monitor, self.machine, self.started)
         self.tracer = Tracer(self.machine, self.config.engine)
-        self.target.covering_probe = self.tracer.covering_probe  # breakpoints where the kernel's code runs in place
+        self.target.refuses_breakpoint = self.tracer.refuses_breakpoint  # breakpoints the trace run lets work
         register_trace_commands(self.monitor, self.tracer)
         overlay = self.target.overlay
         self.trace = TraceHandlers(self.tracer, overlay, self.config.save_dir, self.config.name_markers_always)

@@ -127,13 +127,13 @@ _WATCH_KINDS = {BreakpointType.WRITE_WATCHPOINT: WRITE, BreakpointType.ACCESS_WA
 @dataclass
 class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
     """The live kernel, under the trace frame or replay `overlay` selects; `allow_writes` opens its memory.
-    `covering_probe` tells why the kernel never runs an address in place (the tracer's: a jump probe covers it),
-    None when it does."""
+    `refuses_breakpoint(address, data=)` tells why a breakpoint (a watchpoint) there cannot work with the trace
+    run (the tracer's: a jump probe covers the address; while-stepping and watchpoints), None when it can."""
 
     machine: Machine
     allow_writes: bool = False
     names: TaskNames | None = None
-    covering_probe: Callable[[int], str | None] = lambda address: None
+    refuses_breakpoint: Callable[..., str | None] = lambda address, data=False: None
     live: LiveView = field(init=False)
     overlay: FrameOverlay = field(init=False)
     #: the breakpoints and watchpoints GDB inserted in the machine: (type, address, kind)
@@ -338,6 +338,8 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
         try:
             if type in (BreakpointType.SOFTWARE, BreakpointType.HARDWARE):
                 self._check_code(address)
+            else:
+                self._check(address, self.refuses_breakpoint(address, data=True))
             if type == BreakpointType.SOFTWARE:
                 control.insert_breakpoint(address)
             elif type == BreakpointType.HARDWARE:
@@ -374,6 +376,9 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
         low, high = self.machine.image.text_range
         if low <= address < high:
             instruction_at(self.machine.image, address)
-            covered = self.covering_probe(address)
-            if covered is not None:
-                raise RspError(E_PERMISSION, f"cannot insert a breakpoint at {address:#x}: {covered}", text=True)
+            self._check(address, self.refuses_breakpoint(address))
+
+    @staticmethod
+    def _check(address: int, refusal: str | None) -> None:
+        if refusal is not None:
+            raise RspError(E_PERMISSION, f"cannot insert a breakpoint at {address:#x}: {refusal}", text=True)

@@ -58,9 +58,9 @@ def register_machine_commands(monitor: Monitor, machine: Machine, started: float
         if machine.control.stopped:
             return "the machine is stopped already"
         event = machine.control.stop()
-        return (f"machine stopped: {', '.join(where(cpu) for cpu in range(machine.cpu_count))}; GDB still shows "
-                f"what it read before (`flushregs` reads the CPUs again); `continue` or `monitor go` resumes "
-                f"(CPU {event.cpu} was running)")
+        return (f"machine stopped: {', '.join(where(cpu) for cpu in range(machine.cpu_count))} (CPU {event.cpu} "
+                "was running); GDB shows registers it read before until it reads them again (`maint flush "
+                "register-cache`); `continue` or `monitor go` resumes")
 
     @monitor.register("go", "go", "let every CPU run again (after `monitor stop` or a breakpoint)")
     def go(args: list[str]) -> str:

@@ -75,6 +75,6 @@ class TracerApi(Protocol):
 
     def probe_rows(self) -> list[ProbeRow]: ...
 
-    def covering_probe(self, address: int) -> str | None:
-        """Why the kernel's instruction at `address` never runs in place (a jump probe covers it); None if it
-        does."""
+    def refuses_breakpoint(self, address: int, *, data: bool = False) -> str | None:
+        """Why a debugger's breakpoint (a watchpoint, with `data`) at `address` cannot work with the run; None
+        when it can."""

@@ -149,7 +149,7 @@ def test_a_stepped_instruction_runs_a_probe_at_it_whole(machine):
     event = _stopped_at_breakpoint(machine, TEST_FUNCTION)
     tracer.start()
     assert [row.kind for row in tracer.probe_rows()] == ["jump"]
-    assert tracer.covering_probe(TEST_FUNCTION + 1) is not None and tracer.covering_probe(TEST_FUNCTION) is None
+    assert tracer.refuses_breakpoint(TEST_FUNCTION) is None
     control = machine.control
     try:
         for _ in range(3):
@@ -281,3 +281,27 @@ def test_the_stress_is_exact_through_stops_breakpoints_and_steps(machine, dwarf)
     assert state["stress_a"] == state["stress_expected"] and state["stress_b"] == 2 * state["stress_expected"]
     assert state["stress_errors"] == 0
     _run_generations(kernel, 2, iterations=5_000, generations=1)  # and the next generation too
+
+
+def test_a_stop_waits_for_the_tracers_own_steps_and_detours_to_end(machine):
+    """A stop asked while a CPU runs a detour or is single-stepped by the tracer (while-stepping) comes once it is
+    back in the kernel's own code, TF clear: never inside what the tracer runs for the kernel."""
+    tracer = Tracer(machine, "opt")
+    tracer.definitions.define(t.DefineTracepoint.parse(b"1:%x:E:8:0-" % TEST_FUNCTION))
+    tracer.definitions.add_actions(t.TracepointActions.parse(b"1:%x:SR01" % TEST_FUNCTION))
+    tracer.definitions.define(t.DefineTracepoint.parse(b"2:%x:E:0:0-" % DO_SYSCALL.address))
+    tracer.definitions.add_actions(t.TracepointActions.parse(b"2:%x:R01" % DO_SYSCALL.address))
+    tracer.start()
+    try:
+        wait_until(lambda: tracer.status().frames >= 20, "frames of both tracepoints")
+        for _ in range(40):
+            machine.control.stop()
+            for cpu in range(machine.cpu_count):
+                registers = machine.registers(cpu)
+                assert not MODULE_BASE <= registers["rip"] < MODULE_BASE + MODULE_SIZE, hex(registers["rip"])
+                assert not registers["eflags"] & 0x100  # TF
+            machine.control.resume()
+    finally:
+        tracer.stop(t.StopReason.STOP_COMMAND)
+    frames = tracer.status().frames
+    assert frames >= 20

@@ -230,3 +230,22 @@ def test_a_breakpoint_and_a_tracepoint_at_one_address(wire, stub):
         assert wire.rip() == TEST_FUNCTION
     finally:
         wire.request(b"QTStop")
+
+
+def test_watchpoints_and_while_stepping_are_not_in_one_run(wire, stub):
+    """Both take the CPU's one single-step trap, as KGTP keeps watch tracepoints and while-stepping apart: a
+    watchpoint during a run that steps is refused, and so is a tstart that would step while GDB's watchpoints are
+    in."""
+    define = (b"QTinit", b"QTDP:1:%x:E:5:0-" % TEST_FUNCTION, b"QTDP:-1:%x:SR01" % TEST_FUNCTION)
+    for packet in define:
+        assert wire.request(packet) == b"OK", packet
+    assert wire.request(b"Z2,%x,8" % JIFFIES) == b"OK"
+    assert wire.request(b"QTStart").startswith(b"E"), "tstart with while-stepping and a watchpoint in"
+    assert wire.request(b"z2,%x,8" % JIFFIES) == b"OK"
+    assert wire.request(b"QTStart") == b"OK"
+    try:
+        reply = wire.request(b"Z2,%x,8" % JIFFIES)
+        assert reply.startswith(b"E.cannot insert a breakpoint") and b"while-stepping" in reply, reply
+        assert wire.request(b"Z1,%x,1" % DO_SYSCALL.address) == b"OK"  # an instruction breakpoint is no trap
+    finally:
+        wire.request(b"QTStop")

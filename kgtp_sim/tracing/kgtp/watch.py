@@ -325,8 +325,15 @@ class Watches:
         return True
 
     def check_run(self, tracepoints: list[Tracepoint]) -> None:
-        if self.plans and any(tp.step_count for tp in tracepoints):
+        """Data breakpoints and while-stepping take the CPU's one single-step trap: not in one run, the watch
+        tracepoints' nor GDB's watchpoints (machine/runcontrol.py), which hold the same debug registers."""
+        if not any(tp.step_count for tp in tracepoints):
+            return
+        if self.plans:
             raise TraceError("watch tracepoints cannot work together with while-stepping in one run")
+        if any(watch is not None and watch.kind != EXECUTE for watch in self.registers.slots):
+            raise TraceError("while-stepping cannot work together with GDB's watchpoints (they hold debug "
+                             "registers): delete them first")
 
     def tracepoints(self) -> list[Tracepoint]:
         return [plan.tracepoint for plan in self.plans.values()]
