@@ -146,6 +146,8 @@ class RunControl:
     def stop(self) -> StopEvent:
         """Stop every CPU at an instruction boundary; returns the stop (the one already in force if stopped)."""
         sched = self._sched
+        if sched.on_cpu_thread:
+            raise MachineError("the machine cannot be asked to stop from its own CPU thread (it would wait for itself)")
         if not sched.started:
             if not self._stopped:
                 self._enter(Reason.REQUEST, sched.current_cpu)

@@ -127,6 +127,10 @@ class Scheduler:
         return self._thread is not None
 
     @property
+    def on_cpu_thread(self) -> bool:
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    @property
     def alive(self) -> bool:
         """The CPU thread runs (or was never started: calls run on the caller's thread)."""
         return self._thread is None or self._thread.is_alive()

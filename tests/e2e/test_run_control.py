@@ -192,6 +192,33 @@ def test_ctrl_c_stops_nothing_without_run_control_and_every_cpu_with_it(gdb, stu
     _kernel_runs(stub2)
 
 
+def test_monitor_stop_and_go_without_a_breakpoint(gdb, stub2):
+    """`monitor stop` stops every CPU where it is (GDB, which saw a running kernel, reads the registers again);
+    the time stands still; a CPU steps; `monitor go` lets the kernel run on, GDB looking at it live again."""
+    script = (*HELPERS, "monitor stop", "maint flush register-cache", *_python(
+        "j, t = val('jiffies'), val('$rdtsc')",
+        "held = int(stats()['ticks_held'])",
+        "wait(lambda: int(stats()['ticks_held']) >= held + 3, 'held ticks')",
+        "print('STILL', (val('jiffies'), val('$rdtsc')) == (j, t), stats()['state'])",
+        "pc = val('$pc')",
+        "length = gdb.selected_frame().architecture().disassemble(pc)[0]['length']",
+        "halted = gdb.execute('monitor cpus', to_string=True).splitlines()[0].split()[2] == 'idle'",
+    ), "stepi", *_python(
+        "moved = gdb.selected_frame().name().startswith('asm_') if halted else val('$pc') - pc == length",
+        "print('STEPPED', moved)",
+    ), "monitor go", *_python(
+        "j = val('jiffies')",
+        "wait(lambda: val('jiffies') > j, 'jiffies to move on')",
+        "print('RUNNING', stats()['state'])",
+    ), "detach")
+    out = run_gdb(gdb, stub2, *script, timeout=120)
+    assert re.search(r"^machine stopped: CPU 0 at 0x[0-9a-f]+ \(\w+\+0x[0-9a-f]+\), CPU 1 at ", out, re.M), out
+    assert re.search(r"^STILL True stopped by the debugger$", out, re.M), out
+    assert re.search(r"^STEPPED True$", out, re.M), out  # one instruction; a halted CPU, into its wake-up interrupt
+    assert re.search(r"^RUNNING (running|idle)$", out, re.M), out
+    _kernel_runs(stub2)
+
+
 def test_detach_with_breakpoints_in_place_leaves_the_kernel_running(gdb, stub2):
     out = run_gdb(gdb, stub2, "break do_syscall", "hbreak kgtp_test_function", "watch kgtp_counter",
                   "set breakpoint always-inserted on", "continue", "info breakpoints", "detach", timeout=120)
