@@ -16,7 +16,8 @@ debug registers (shared with KGTP's watch tracepoints, tracing/kgtp/watch.py), a
   clock is frozen (clock.py): no tick is given (scheduler.py), the clock port and the TSC stand still.
 - **Resuming** (`resume`): every CPU, or only some (GDB's `vCont` with scheduler-locking on), optionally with one
   CPU stepped: one instruction (the stub's code a probed instruction leads into runs as part of it, so a step never
-  stops inside a detour), or instructions while RIP stays in a range (GDB's range stepping). A stepped CPU takes no
+  stops inside a detour; at a jump probe's site the instructions it displaced run in that one step), or
+  instructions while RIP stays in a range (GDB's range stepping). A stepped CPU takes no
   interrupt meanwhile (QEMU's SSTEP_NOIRQ), except that a halted one is woken by its next interrupt and the step ends
   at the handler's first instruction. The step ends the resumption with a stop (reason STEP).
 - **Breakpoints** are QEMU's: in the translator, not in memory. Each is a code hook on one address, so the

@@ -43,7 +43,6 @@ from ..tracing.core.frames import ViewError
 from ..tracing.patching.probes import ProbePlacementError, instruction_at
 from .live import LiveView
 from .overlay import FrameOverlay
-from .replay import Replay
 from .target import (SIGINT, SIGTRAP, Breakpoints, BreakpointType, DataAccess, MemoryWrites, ReplayLog, Resume,
                      ResumeAction, Reverse, Running, Signal, Stop, Target)
 
@@ -148,6 +147,7 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
         if self.names is None:
             self.names = TaskNames(self.machine)
         self.machine.control.listeners.append(self._stopped)
+
     # ---- threads: one per CPU ------------------------------------------------------------------------------
 
     def threads(self) -> Sequence[int]:
@@ -229,8 +229,9 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
 
     def resume(self, actions: Sequence[ResumeAction]) -> Stop | Running:
         """In a replay: its step or continue. On the running kernel: `c` waits, for Ctrl-C (KGTP) or, with
-        breakpoints in, for one of them; a step is refused. On a stopped machine: the CPUs the actions name run
-        (all of them: none named stays stopped), one stepped if an action says so; the stop comes later."""
+        breakpoints in, for one of them; a step is refused. On a stopped machine: the CPUs the actions name run (one
+        that no action names stays stopped: scheduler-locking), one stepped if an action says so; the stop comes
+        later, or at once."""
         stepping = next((action for action in actions if action.step), None)
         if self.overlay.replay is not None:
             return self._move(step=stepping is not None, reverse=False,
