@@ -52,6 +52,7 @@ class Stub:
         self.monitor = Monitor()
         register_machine_commands(self.monitor, self.machine, self.started)
         self.tracer = Tracer(self.machine, self.config.engine)
+        self.target.refuses_breakpoint = self.tracer.refuses_breakpoint  # breakpoints the trace run lets work
         register_trace_commands(self.monitor, self.tracer)
         overlay = self.target.overlay
         self.trace = TraceHandlers(self.tracer, overlay, self.config.save_dir, self.config.name_markers_always)
@@ -59,14 +60,16 @@ class Stub:
         self.dispatcher = Dispatcher((*self.handlers.families, self.trace, self.monitor))
 
     def make_session(self) -> Session:
-        return Session(self.dispatcher, stop_reply=self.handlers.stop_reply)
+        return Session(self.dispatcher, stop_reply=self.handlers.stop_reply, async_stop=self.handlers.pending_stop)
 
     def on_connect(self) -> None:
         self.trace.forget_session()
         self.handlers.forget_session()
 
     def on_disconnect(self) -> None:
-        """GDB sends nothing when it leaves: stop tracing unless disconnected tracing was asked for."""
+        """GDB sends nothing when it leaves: its breakpoints go and the kernel runs (a GDB that left while the
+        machine was stopped must not leave it stopped); tracing stops unless disconnected tracing was asked for."""
+        self.target.release()
         self.trace.forget_session()
         self.handlers.forget_session()
         if self.tracer.running and not self.tracer.definitions.disconnected_tracing:
@@ -75,7 +78,11 @@ class Stub:
             self.tracer.stop(StopReason.DISCONNECTED)
 
     def server(self, host: str, port: int) -> RspServer:
-        return RspServer(self.make_session, host, port, on_connect=self.on_connect, on_disconnect=self.on_disconnect)
+        """The transport (TCP, or `serve_pipe`); a breakpoint that stops the machine wakes it to send the stop."""
+        server = RspServer(self.make_session, host, port, on_connect=self.on_connect,
+                           on_disconnect=self.on_disconnect)
+        self.target.notify_stops(server.wake)
+        return server
 
     def follow_server(self, host: str, port: int):
         """The read-only follow channel beside the RSP port (kgtp_sim/stub/follow.py)."""

@@ -10,7 +10,8 @@ the agent sandbox (which may not import the machine layer, hence a module of its
 - `InstructionCounter`: that counter, installed and removed on request;
 - `context_field_offset`: the offset of a QEMU CPU field that the API does not reach, found by experiment in a
   context blob (`uc_context_save`), and `read_context_int`/`write_context_int` to use it; with them
-  `clear_exception_in_flight`, which a hook that takes an exception from QEMU must call.
+  `clear_exception_in_flight`, which a hook that takes an exception from QEMU must call; `tsc_offset_field` and
+  `write_context_u64`, for the TSC a stopped machine does not advance (machine/clock.py).
 
 No thread of its own: each object works on the unicorn instance it is given, on the thread that owns that instance:
 the machine's CPU thread (machine/cpu.py, dispatch.py, stopper.py, watchpoints.py; the tracer's register batch at a
@@ -227,3 +228,44 @@ def clear_exception_in_flight(uc: Uc) -> None:
     offset = old_exception_offset()
     if offset is not None:
         write_context_int(uc, offset, -1)
+
+
+@functools.cache
+def tsc_offset_field() -> int | None:
+    """Offset of QEMU's CPUX86State.tsc_offset in a unicorn context blob: `rdtsc` reads the host's TSC plus it (SVM
+    sets it for a guest; nothing else does, so it is 0). The API does not reach it. In the structure it follows
+    `old_exception` and `vm_vmcb`: of the few 8-byte fields after old_exception (found above), the one that, set on
+    a scratch CPU, moves that CPU's `rdtsc` by what was written. None when no field does."""
+    old = old_exception_offset()
+    if old is None:
+        return None
+    uc = Uc(UC_ARCH_X86, UC_MODE_64)
+    uc.mem_map(0x1000, PAGE)
+    uc.mem_write(0x1000, b"\x0f\x31\xf4")  # rdtsc; hlt
+
+    def rdtsc() -> int:
+        uc.emu_start(0x1000, MASK64)
+        return uc.reg_read(X.UC_X86_REG_RDX) << 32 | (uc.reg_read(X.UC_X86_REG_RAX) & 0xFFFFFFFF)
+
+    shift = 1 << 50  # far more than the host's TSC moves during the experiment (some 10^15 ticks: days)
+    first = (old + 4 + 7) & ~7
+    for offset in range(first, first + 32, 8):
+        context = uc.context_save()
+        if offset + 8 > context.size:
+            break
+        before = rdtsc()
+        write_context_u64(context, offset, shift)
+        uc.context_restore(context)
+        moved = rdtsc() - before
+        write_context_u64(context, offset, 0)
+        uc.context_restore(context)
+        if shift <= moved < shift + (1 << 40):
+            return offset
+    return None
+
+
+def write_context_u64(context: object, offset: int, value: int) -> None:
+    """Set the unsigned 64-bit field at `offset` of a saved context (`uc.context_save()`; a CPU takes it with
+    `uc.context_restore`)."""
+    address = ctypes.cast(context.context, ctypes.c_void_p).value  # type: ignore[attr-defined]
+    ctypes.c_uint64.from_address(address + offset).value = value & MASK64

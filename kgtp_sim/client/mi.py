@@ -184,14 +184,19 @@ class MiResult:
 
 @dataclass
 class GdbMi:
-    """A GDB process under MI. Use as a context manager; `command` raises MiError on `^error` when asked to."""
+    """A GDB process under MI. Use as a context manager; `command` raises MiError on `^error` when asked to.
+
+    With `mi_async`, execution commands (`-exec-continue`) answer `^running` and GDB takes commands while the target
+    runs (`-exec-interrupt` is the user's Ctrl-C); `wait_stopped` waits for the stop GDB reports (`*stopped`)."""
 
     gdb: Gdb
     program: Path = VMLINUX
     timeout: float = 60.0
+    mi_async: bool = False
     _proc: subprocess.Popen | None = field(init=False, default=None)
     _lines: queue.Queue = field(init=False, default_factory=queue.Queue)
     _token: int = field(init=False, default=0)
+    _stops: list[dict[str, MiValue]] = field(init=False, default_factory=list)
     transcript: list[str] = field(init=False, default_factory=list)
 
     def __enter__(self) -> GdbMi:
@@ -202,7 +207,8 @@ class GdbMi:
         )
         threading.Thread(target=self._pump, daemon=True).start()
         self._until_prompt()
-        for setting in ("-gdb-set pagination off", "-gdb-set confirm off", "-gdb-set print elements 200"):
+        settings = ["-gdb-set pagination off", "-gdb-set confirm off", "-gdb-set print elements 200"]
+        for setting in settings + (["-gdb-set mi-async on"] if self.mi_async else []):
             self.command(setting)
         return self
 
@@ -219,6 +225,12 @@ class GdbMi:
             proc.kill()
             proc.wait()
 
+    def kill(self) -> None:
+        """GDB dies without a word to the stub (SIGKILL), as a debugger that crashes or whose host goes away."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
     def _pump(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
         for line in self._proc.stdout:
@@ -233,7 +245,17 @@ class GdbMi:
         if line is None:
             raise MiError("GDB exited")
         self.transcript.append(line)
+        if line.startswith("*stopped"):
+            self._stops.append(parse_results(line[len("*stopped"):]) if line != "*stopped" else {})
         return line
+
+    def wait_stopped(self, timeout: float | None = None) -> dict[str, MiValue]:
+        """The stop GDB reported (`*stopped`: its reason, thread-id, frame...) since the last execution command
+        (`-exec-continue`, `-exec-step`...), once it has; MiError when none comes within `timeout` seconds."""
+        deadline = time.monotonic() + (timeout or self.timeout)
+        while not self._stops:
+            self._next_line(deadline)
+        return self._stops.pop(0)
 
     def _until_prompt(self) -> None:
         deadline = time.monotonic() + self.timeout
@@ -243,6 +265,8 @@ class GdbMi:
     def command(self, text: str, *, check: bool = True, timeout: float | None = None) -> MiResult:
         """Send one MI command and wait for its result record (console and target output are gathered)."""
         assert self._proc is not None and self._proc.stdin is not None
+        if text.startswith("-exec-") and not text.startswith("-exec-interrupt"):
+            self._stops.clear()  # `wait_stopped` waits for the stop this resumption ends with
         self._token += 1
         token = str(self._token)
         self.transcript.append(f"> {token}{text}")

@@ -140,6 +140,7 @@ class Cpu:
         self.fixup_hits = 0
 
         self._fault: tuple[int, int] | None = None  # (access, address) of an access to absent physical memory
+        self._counted = False  # the last run had an instruction budget (unicorn's count hook is in)
         self._in_emulation = False
         self._error: BaseException | None = None  # raised inside a hook; re-raised by run()
         #: int3 -> target without Python (`InterruptDispatch`); other interrupts reach `_on_interrupt`
@@ -349,6 +350,12 @@ class Cpu:
                 # else that fetch faults, and the fault is taken as a #PF by the next run
                 raise MachineError(f"exit address {until:#x}: the byte before it is not executable code")
             uc.ctl_set_exits([until])
+        if count and not self._counted:
+            # unicorn counts through a code hook it adds now, in code translated from now on only: code translated
+            # before would run uncounted (a step would run on until new code). It drops the code itself when the
+            # hook goes (the next run without a budget).
+            uc.ctl_flush_tb()
+        self._counted = bool(count)
         self._in_emulation = True
         try:
             uc.emu_start(begin, until, 0, count)

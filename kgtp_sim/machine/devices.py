@@ -7,7 +7,8 @@
 |       |            | at physical address %rdi. The kernel maps and unmaps its pages itself (page-table entry, invlpg) |
 | 0x80  | inl        | result of the last command: after 4 the frame's physical address (0: none left); after 5 0 done, |
 |       |            | 1 refused (not a frame the kernel holds); any other command is refused (1)                       |
-| 0x70  | inl        | clock: nanoseconds since the machine started, low 32 bits; latches the high half |
+| 0x70  | inl        | clock: nanoseconds since the machine started (less the time it was stopped by a debugger: |
+|       |            | clock.py), low 32 bits; latches the high half                                              |
 | 0x71  | inl        | clock: the latched high 32 bits |
 | 0xf4  | outl       | power: the kernel stopped for good (panic); the value is kept as `Devices.power_off_code` |
 
@@ -21,8 +22,9 @@ where unicorn's IN/OUT hooks reach the ports and the host's console writes arriv
 from __future__ import annotations
 
 import logging
-import time
 from typing import Callable
+
+from .clock import MachineClock
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +40,17 @@ CONSOLE_RING = 64 * 1024
 
 
 class Devices:
-    """Port handlers. `alloc_frame`/`free_frame` come from the CPU (its pool of demand frames)."""
+    """Port handlers. `alloc_frame`/`free_frame` come from the CPU (its pool of demand frames), `clock` from the
+    machine (a clock of its own, never stopped, when none is given)."""
 
-    def __init__(self, alloc_frame: Callable[[], int], free_frame: Callable[[int], bool]) -> None:
+    def __init__(self, alloc_frame: Callable[[], int], free_frame: Callable[[int], bool],
+                 clock: MachineClock | None = None) -> None:
         self._alloc_frame = alloc_frame
         self._free_frame = free_frame
         self._console = bytearray()
         self._line = bytearray()
         self._paging_status = 0
-        self._clock_base = time.monotonic_ns()
+        self._clock = clock if clock is not None else MachineClock()
         self._clock_high = 0
         self.power_off_code: int | None = None
         self.frames_allocated = 0
@@ -76,7 +80,7 @@ class Devices:
         if port == PORT_PAGING:
             return self._paging_status
         if port == PORT_CLOCK_LO:
-            now = time.monotonic_ns() - self._clock_base
+            now = self._clock.ns()
             self._clock_high = now >> 32
             return now & 0xFFFF_FFFF
         if port == PORT_CLOCK_HI:

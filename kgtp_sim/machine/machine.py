@@ -1,10 +1,11 @@
 """The machine: its public API, for the stub, the tracer, the tools and the tests.
 
-Owns the kernel image's CPUs (cpu.py, one unicorn instance; their scheduling on the CPU thread: scheduler.py),
-the devices (devices.py), the stub's allocations of module and vmalloc space, and the host's access to the
-machine: memory read and written through an address space (the kernel's unless a space is named), registers,
-kernel function calls, counting, statistics. Every method may be called from any thread: what touches unicorn
-runs on the CPU thread through `run_on_cpu` (directly on the caller's before `start()`).
+Owns the kernel image's CPUs (cpu.py, one unicorn instance; their scheduling on the CPU thread: scheduler.py; their
+run control for a debugger: runcontrol.py), the machine's clock (clock.py), the devices (devices.py), the stub's
+allocations of module and vmalloc space, and the host's access to the machine: memory read and written through an
+address space (the kernel's unless a space is named), registers, kernel function calls, counting, statistics.
+Every method may be called from any thread: what touches unicorn runs on the CPU thread through `run_on_cpu`
+(directly on the caller's before `start()`).
 """
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ from unicorn import x86_const as X
 
 from ..uc_paging import AddressSpace
 from . import process, smp
+from .clock import MachineClock
 from .cpu import ARGUMENT_REGISTERS, REGISTER_IDS, Cpu, Stop
 from .devices import Devices
 from .errors import MachineError, MemoryFault
 from .image import KernelImage
 from .layout import MODULE_BASE, MODULE_SIZE, PAGE_SIZE, VMALLOC_BASE, VMALLOC_SIZE, RegionAllocator, page_ceil
 from .process import Processes
+from .runcontrol import RunControl
 from .scheduler import Scheduler
+from .watchpoints import DebugRegisters
 
 T = TypeVar("T")
 
@@ -40,7 +44,7 @@ _MASK64 = (1 << 64) - 1
 class MachineStats:
     """What `monitor stats` shows. Kernel-side figures are read from the kernel's own globals when present."""
 
-    state: str  #: "stopped" (not started), "running", "idle", "halted", or "crashed: <why>"
+    state: str  #: "stopped" (not started), "running", "idle", "halted", "stopped by the debugger", "crashed: <why>"
     instructions: int  #: executed while counting was on (exact; -1 if the counter is unavailable)
     uptime_s: float
     idle_s: float  #: host time spent asleep in hlt
@@ -62,6 +66,7 @@ class MachineStats:
     ipis: int = 0  #: inter-processor interrupts sent
     yields: int = 0  #: turns given up through the yield port
     cpu_switches: int = 0  #: times the CPU thread went from one CPU to another
+    ticks_held: int = 0  #: ticks not given because a debugger had stopped the machine (its time stood still)
 
 
 class Machine:
@@ -72,11 +77,13 @@ class Machine:
             raise ValueError(f"cpus must be between 1 and {smp.MAX_CPUS}, not {cpus}")
         self.image = image
         self.cpu = Cpu(image, self._port_out, self._port_in)
-        self.devices = Devices(self.cpu.memory.alloc_frame, self.cpu.memory.free_frame)
+        #: the kernel's time (clock port, TSC), which does not run while a debugger stops the machine
+        self.clock = MachineClock()
+        self.devices = Devices(self.cpu.memory.alloc_frame, self.cpu.memory.free_frame, self.clock)
         #: programs on the kernel: the initramfs, starting them, their streams and ends (process.py)
         self.processes = Processes(self)
         self.cpu_count = cpus
-        self._sched = Scheduler(self.cpu, image, cpus)
+        self._sched = Scheduler(self.cpu, image, cpus, self.clock)
         #: int3 address -> handler(uc), consulted before the kernel's #BP (see cpu.py)
         self.breakpoints = self.cpu.breakpoints
         #: stub-code ranges -> handler(uc, fault_address), consulted before the kernel's #PF (see cpu.py)
@@ -139,6 +146,18 @@ class Machine:
     def run_on_cpu(self, fn: Callable[[Uc], T]) -> T:
         """Run fn(uc) on the CPU thread between two instructions and return its result (or raise its error)."""
         return self._sched.run_on_cpu(fn)
+
+    # ---- run control for a debugger (runcontrol.py) ------------------------------------------------------
+
+    @property
+    def control(self) -> RunControl:
+        """Stop every CPU, step one, resume; breakpoints and watchpoints that stop the machine."""
+        return self._sched.control
+
+    @property
+    def debug_registers(self) -> DebugRegisters:
+        """The machine's DR0-DR3 (watchpoints.py), shared by the debugger and KGTP's watch tracepoints."""
+        return self._sched.control.debug_registers
 
     # ---- memory, in an address space ----------------------------------------------------------------------
 
@@ -352,6 +371,10 @@ class Machine:
         stack_top, sentinel = self._call_frame
 
         def run(uc: Uc) -> int:
+            with self.control.quiet():  # the debugger's breakpoints are not the caller's business
+                return run_quietly(uc)
+
+        def run_quietly(uc: Uc) -> int:
             saved = uc.context_save()
             # a budget needs the count: switched on for the call if nobody else asked for it
             counted_here = max_instructions is not None and not self.cpu.counter.enabled and self.cpu.counter.enable()
@@ -441,6 +464,8 @@ class Machine:
             state = "stopped"
         elif self.devices.power_off_code is not None:
             state = "halted"
+        elif self.control.stopped:
+            state = "stopped by the debugger"
         else:
             state = "running" if sched.any_runnable() else "idle"
         return MachineStats(
@@ -466,4 +491,5 @@ class Machine:
             ipis=sched.ipis,
             yields=sched.yields,
             cpu_switches=sched.switches,
+            ticks_held=sched.ticks_held,
         )

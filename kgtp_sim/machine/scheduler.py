@@ -1,9 +1,10 @@
 """The machine's CPUs on one thread: which CPU runs, when it is switched out, ticks and IPIs, idle sleeping, and
 requests from other threads (`run_on_cpu`).
 
-Owns the CPU thread (`_cpu_loop`), the timer thread (`_tick_loop`), one `_Slot` per CPU and the queue of posted
-requests. `run_on_cpu` and the ticker's `_kick` are called from any thread; everything else runs on the CPU
-thread (or on the caller's before `start`).
+Owns the CPU thread (`_cpu_loop`), the timer thread (`_tick_loop`), one `_Slot` per CPU, the queue of posted
+requests, and the machine's run control for a debugger (`control`, runcontrol.py: the loop asks it whether a CPU
+may run, stops there, and runs a stepped CPU through it). `run_on_cpu` and the ticker's `_kick` are called from
+any thread; everything else runs on the CPU thread (or on the caller's before `start`).
 
 Several CPUs, interleaved. The machine has one unicorn instance and one register context per CPU (`_Slot`); the
 CPU thread runs one CPU at a time and switches between them (uc.context_save/restore, about 3 us) when a slice
@@ -23,7 +24,8 @@ until the CPU thread clears it on entering emulation, so it cannot be lost; post
 they wait (every 2 ms), which costs nothing.
 
 Idle. `hlt` ends `emu_start`; the CPU thread then sleeps on a condition variable until a tick or a request,
-so an idle kernel costs no host CPU beyond its ticks.
+so an idle kernel costs no host CPU beyond its ticks. A machine a debugger stopped sleeps the same way, serving
+requests; the ticker gives no tick meanwhile (its time stands still: clock.py).
 
 Before `start()` (tests, the benchmark) there is no thread: every call runs directly on the caller's thread.
 """
@@ -39,10 +41,12 @@ from unicorn import Uc
 from unicorn import x86_const as X
 
 from . import smp
+from .clock import MachineClock
 from .cpu import EFLAGS_TF, Cpu, Stop
 from .errors import MachineError
 from .image import KernelImage
 from .layout import MODULE_BASE, MODULE_SIZE
+from .runcontrol import RunControl
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -88,7 +92,7 @@ class _Slot:
 class Scheduler:
     """The CPU thread and the timer thread of a machine of `cpus` CPUs sharing `cpu`'s unicorn instance."""
 
-    def __init__(self, cpu: Cpu, image: KernelImage, cpus: int) -> None:
+    def __init__(self, cpu: Cpu, image: KernelImage, cpus: int, clock: MachineClock) -> None:
         self.cpu = cpu
         self.cpu_count = cpus
         #: the CPU whose registers are in the unicorn instance: the one that runs, whose hooks run
@@ -113,12 +117,28 @@ class Scheduler:
         self.idle_s = 0.0  #: host time spent asleep in hlt
         self.ticks = 0  #: timer interrupts delivered to CPU 0
         self.ticks_missed = 0  #: ticks that came while CPU 0's previous one still waited
+        self.ticks_held = 0  #: ticks not given because a debugger had stopped the machine
+        self.control = RunControl(self, cpu, clock)
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
 
     @property
     def started(self) -> bool:
         return self._thread is not None
+
+    @property
+    def on_cpu_thread(self) -> bool:
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    @property
+    def alive(self) -> bool:
+        """The CPU thread runs (or was never started: calls run on the caller's thread)."""
+        return self._thread is None or self._thread.is_alive()
+
+    @property
+    def busy(self) -> bool:
+        """Something waits for the CPU thread's loop: a request, a tick or IPI, another CPU's turn, shutdown."""
+        return self._kicked or self._rotate or self._stopping
 
     def start(self) -> None:
         """Boot: the kernel runs from now on, on its own thread, until shutdown()."""
@@ -144,7 +164,7 @@ class Scheduler:
 
     def set_period(self, period: float) -> None:
         """Seconds between ticks, from the next tick."""
-        self._period = 0.01  #: seconds between ticks (`set_period`; the machine sets its hz before `start`)
+        self._period = period
         self._ticker_wake.set()
 
     # ---- the CPUs ---------------------------------------------------------------------------------------------
@@ -206,27 +226,32 @@ class Scheduler:
         rip = regs.read(X.UC_X86_REG_RIP)
         return MODULE_BASE <= rip < MODULE_BASE + MODULE_SIZE or bool(regs.read(X.UC_X86_REG_EFLAGS) & EFLAGS_TF)
 
+    def _runnable(self, slot: _Slot) -> bool:
+        """Can the CPU run now: it has work, and the debugger lets it run (runcontrol.py)?"""
+        return slot.runnable() and self.control.allows(slot.index)
+
     def _choose(self, rotate: bool) -> _Slot | None:
         """The CPU to run next, loaded: the next runnable one after the current when its turn is over (`rotate`)
         or it cannot run, else the current one. None: no CPU can run."""
         current = self.slots[self.current_cpu]
-        if current.runnable() and rotate and self._in_stub_code():
+        if self._runnable(current) and rotate and self._in_stub_code():
             self._rotate = True  # its turn ends where the kernel's code resumes
             return current
-        if current.runnable() and not rotate:
+        if self._runnable(current) and not rotate:
             return current
         count = self.cpu_count
         for step in range(1, count + 1):
             slot = self.slots[(self.current_cpu + step) % count]
-            if slot.runnable():
+            if self._runnable(slot):
                 self.load(slot.index)
                 return slot
         return None
 
-    def _deliver_pending(self, slot: _Slot) -> None:
-        """The loaded CPU's waiting tick or IPI, if it takes interrupts now (one: the handler runs with IF off)."""
+    def _deliver_pending(self, slot: _Slot) -> bool:
+        """The loaded CPU's waiting tick or IPI, if it takes interrupts now (one: the handler runs with IF off).
+        True when one was delivered."""
         if not (slot.tick_pending or slot.vectors):
-            return
+            return False
         if self.cpu.interrupts_enabled():
             with self._cond:
                 if slot.tick_pending:
@@ -238,27 +263,31 @@ class Scheduler:
                     vector = slot.vectors.pop(0)
             self.cpu.deliver(vector)
             slot.halted = False
-        elif slot.halted:  # cli; hlt: nothing will ever take these
+            return True
+        if slot.halted:  # cli; hlt: nothing will ever take these
             with self._cond:
                 slot.tick_pending = False
                 slot.vectors.clear()
+        return False
 
     def any_runnable(self) -> bool:
-        return any(slot.runnable() for slot in self.slots)
+        return any(self._runnable(slot) for slot in self.slots)
 
     def _others_runnable(self) -> bool:
-        return any(slot.runnable() for slot in self.slots if slot.index != self.current_cpu)
+        return any(self._runnable(slot) for slot in self.slots if slot.index != self.current_cpu)
 
     # ---- the CPU thread ----------------------------------------------------------------------------------
 
     def _cpu_loop(self) -> None:
-        cpu = self.cpu
+        cpu, control = self.cpu, self.control
         while True:
             with self._cond:
-                while not (self._stopping or self._requests or (not self.crash and self.any_runnable())):
+                while not (self._stopping or self._requests or control.stop_wanted or
+                           (not self.crash and self.any_runnable())):
                     idle_since = time.monotonic()
                     self._cond.wait()
-                    self.idle_s += time.monotonic() - idle_since
+                    if not control.stopped:
+                        self.idle_s += time.monotonic() - idle_since
                 if self._stopping:
                     return
                 requests, self._requests = self._requests, []
@@ -266,30 +295,37 @@ class Scheduler:
                 rotate, self._rotate = self._rotate, False
             for request in requests:
                 request.execute(cpu.uc)
-            if self.crash:
-                continue
+            if control.settle(clean=self.crash is not None or not self._in_stub_code()) or self.crash:
+                continue  # stopped by the debugger (requests are still served), or crashed
             try:
                 slot = self._choose(rotate)
                 if slot is None:
                     continue
-                self._deliver_pending(slot)
+                if not control.masks_interrupts(slot.index, slot.halted) and self._deliver_pending(slot):
+                    control.woke(slot.index)
             except MachineError as error:
                 self._crashed(error)
                 continue
-            if slot.halted:
+            if slot.halted or control.stop_wanted and not self._in_stub_code():
                 continue
             with self._cond:
                 if self._requests or self._stopping or self._kicked:
                     continue
                 self._in_emu = True
                 cpu.stopper.clear()  # every stop asked so far was served; a later kick sets it again
-                if (slot.tick_pending or slot.vectors or self._rotate or self._others_runnable()) and \
-                        MODULE_BASE <= cpu.rip < MODULE_BASE + MODULE_SIZE:
-                    # an interrupt or another CPU waits while the stub's code runs (interrupts off): take the
-                    # turn where the kernel's code resumes
+                if MODULE_BASE <= cpu.rip < MODULE_BASE + MODULE_SIZE and (
+                        slot.tick_pending or slot.vectors or self._rotate or self._others_runnable() or
+                        control.stop_wanted):
+                    # an interrupt, another CPU or a stop waits while the stub's code runs (interrupts off): take
+                    # the turn where the kernel's code resumes
                     cpu.stopper.stop_outside(MODULE_BASE, MODULE_BASE + MODULE_SIZE)
+                elif control.stop_wanted:  # the tracer single-steps this CPU (TF): one instruction at a time
+                    cpu.stopper.request()
             try:
-                stop = cpu.run(keep_stop_request=True)
+                if control.stepping(slot.index):
+                    stop = control.step_turn(slot.index)
+                else:
+                    stop = cpu.run(keep_stop_request=True)
             except (MachineError, Exception) as error:  # noqa: BLE001 - a crashed kernel stays inspectable
                 stop = None
                 self._crashed(error)
@@ -309,7 +345,7 @@ class Scheduler:
         """Make the CPU thread come round its loop soon: a stop at the next block boundary if it is emulating."""
         with self._cond:
             self._kicked = True
-            if self._in_emu:
+            if self._in_emu and not self.control.stepping_now:  # a step's runs end after their one instruction
                 self.cpu.stopper.request()
             self._cond.notify_all()
 
@@ -331,12 +367,16 @@ class Scheduler:
                 if next_tick < now:  # a slow host drops ticks rather than bursting them
                     next_tick = now + self._period
                 with self._cond:
-                    for slot in self.slots:
+                    held = self.control.stopped  # a stopped machine's time stands still: no tick, none owed
+                    if held:
+                        self.ticks_held += 1
+                    for slot in self.slots if not held else ():
                         if slot.online:
                             if slot.tick_pending and slot.index == 0:
                                 self.ticks_missed += 1
                             slot.tick_pending = True
-                self._kick()
+                if not held:
+                    self._kick()
             if now >= next_slice:
                 next_slice = now + SLICE_S
                 with self._cond:

@@ -36,6 +36,9 @@ Accesses made by code for which `ignore(rip)` is true (the tracer's own compiled
 that both writes a watched range and is interrupted between the two halves of its replay by something the
 machine does (`Machine.call`'s budget) is replayed once more: reads and plain stores are idempotent.
 
+The machine has one set (`Machine.debug_registers`), shared by the debugger's hardware breakpoints and watchpoints
+(runcontrol.py) and KGTP's watch tracepoints: each owner frees only its own slots (`release`).
+
 Runs on the CPU thread: `set`/`clear` from tracepoint hits (inside emulation) or between runs; handlers inside
 the #DB or code hook.
 """
@@ -194,6 +197,14 @@ class DebugRegisters:
             self._retire(watch.hook)
         if self._replay is not None:
             self._replay.slots.discard(slot)
+
+    def release(self, slots: list[int]) -> None:
+        """Free `slots`, one owner's (the debugger's breakpoints, or the tracer's watch tracepoints: they share the
+        four); once no slot is in use, every hook goes, as with `clear_all`."""
+        for slot in slots:
+            self.clear(slot)
+        if self.in_use == 0:
+            self.clear_all()
 
     def clear_all(self) -> None:
         """Free every slot and take every hook out (tstop); translated code is dropped where it is safe."""

@@ -53,7 +53,9 @@ class RspServer:
     """Accepts connections and runs one `Session` per debugger in its own thread.
 
     `make_session` builds a fresh session for each client (so ack mode and buffers never leak between
-    debuggers); `on_disconnect` lets the tracing layer stop or keep tracing when a client leaves.
+    debuggers); `on_disconnect` lets the tracing layer stop or keep tracing when a client leaves. `wake`, called
+    from any thread (the machine's, when a breakpoint stops it), makes the serving thread poll the session for a
+    stop reply to send.
     """
 
     make_session: Callable[[], Session]
@@ -70,6 +72,28 @@ class RspServer:
     _threads: list[threading.Thread] = field(init=False, default_factory=list)
     connections: int = field(init=False, default=0)
     refused: int = field(init=False, default=0)
+    _wake_r: socket.socket = field(init=False)
+    _wake_w: socket.socket = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+
+    def wake(self) -> None:
+        """From any thread: the serving thread asks its session for a stop reply (`Session.poll`)."""
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:  # full (a wake-up is pending anyway) or closed (the server is gone)
+            pass
+
+    def _woken(self, session: Session) -> bytes:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except OSError:  # drained
+            pass
+        return session.poll()
 
     def bind(self) -> tuple[str, int]:
         self._listener = listener(self.host, self.port)
@@ -108,6 +132,7 @@ class RspServer:
             self._listener.close()
         for thread in self._threads:
             thread.join(timeout=2)
+        self.wake()  # a pipe's serving loop sees the stop at once
 
     def _serve_client(self, conn: socket.socket) -> None:
         session = self.make_session()
@@ -116,19 +141,26 @@ class RspServer:
             conn.settimeout(0.5)
             silent_until: float | None = time.monotonic() + self.first_byte_timeout
             while not self._stop.is_set() and not session.closing:
-                try:
-                    data = conn.recv(65536)
-                except TimeoutError:
+                readable = select.select([conn, self._wake_r], [], [], 0.5)[0]
+                if self._wake_r in readable:
+                    stopped = self._woken(session)
+                    if stopped:
+                        conn.sendall(stopped)
+                if conn not in readable:
                     if silent_until is not None and time.monotonic() > silent_until:
                         log.warning("dropping a client that sent nothing for %.1f s", self.first_byte_timeout)
                         break
+                    continue
+                try:
+                    data = conn.recv(65536)
+                except TimeoutError:
                     continue
                 except OSError:
                     break
                 if not data:
                     break
                 silent_until = None
-                reply = session.receive(data)
+                reply = session.receive(data) + session.poll()
                 if reply:
                     conn.sendall(reply)
         except OSError as error:
@@ -150,16 +182,21 @@ class RspServer:
         session = self.make_session()
         self.connections += 1
         self.on_connect()
+        def send(reply: bytes) -> None:
+            while reply:
+                reply = reply[os.write(write_fd, reply):]
+
         try:
             while not self._stop.is_set() and not session.closing:
-                if not select.select([read_fd], [], [], 0.5)[0]:
+                readable = select.select([read_fd, self._wake_r], [], [], 0.5)[0]
+                if self._wake_r in readable:
+                    send(self._woken(session))
+                if read_fd not in readable:
                     continue
                 data = os.read(read_fd, 65536)
                 if not data:
                     break
-                reply = session.receive(data)
-                while reply:
-                    reply = reply[os.write(write_fd, reply):]
+                send(session.receive(data) + session.poll())
         except OSError as error:
             log.info("pipe closed: %s", error)
         finally:

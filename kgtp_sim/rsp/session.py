@@ -1,11 +1,13 @@
 """One debugger connection as a sans-IO state machine: bytes from GDB in, bytes for GDB out.
 
 It owns the acknowledgement protocol (acks, `-` retransmission, QStartNoAckMode), console output for
-`monitor`, and the one asynchronous case: a `c` that is answered only when the user presses Ctrl-C.
+`monitor`, and the one asynchronous case: a resumption (`c`, `vCont`) answered later, when the user presses Ctrl-C
+or when the target stops by itself. For the latter the transport calls `poll` when it is woken (the target stops on
+its own thread; the reply goes out on the transport's) and after every `receive`.
 
 Thread: the server thread: `RspServer` makes one session per debugger and feeds it that connection's bytes on the
 connection's own thread (on the calling thread, serving a pipe); the fuzz harness and the handler tests feed one on
-their own thread. The dispatcher and every handler run inside `receive`, on that thread.
+their own thread. The dispatcher and every handler run inside `receive` and `poll`, on that thread.
 """
 
 from __future__ import annotations
@@ -36,8 +38,11 @@ class Session:
     dispatcher: Dispatcher
     #: the reply to a Ctrl-C after `c`: fixed bytes, or a function giving them then (the thread it names changes)
     stop_reply: bytes | Callable[[], bytes] = b"S05"
+    #: the reply when the target stopped by itself after `c`, or None while it runs on (`poll`)
+    async_stop: Callable[[], bytes | None] = lambda: None
     decoder: Decoder = field(default_factory=Decoder)
     ack_mode: bool = True
+    #: a resumption waits for its stop reply (Ctrl-C or the target's own stop)
     waiting_for_interrupt: bool = False
     closing: bool = False
     stats: SessionStats = field(default_factory=SessionStats)
@@ -76,6 +81,17 @@ class Session:
                 out += self._frame(b"E01")
             # ACK: nothing to do
         return bytes(out)
+
+    def poll(self) -> bytes:
+        """The bytes to send when the target may have stopped by itself: its stop reply, once, if a resumption
+        waits for it; nothing otherwise."""
+        if not self.waiting_for_interrupt:
+            return b""
+        stop = self.async_stop()
+        if stop is None:
+            return b""
+        self.waiting_for_interrupt = False
+        return self._frame(stop)
 
     def _answer(self, payload: bytes) -> bytes:
         reply = self.dispatcher.dispatch(payload)

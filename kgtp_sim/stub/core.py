@@ -174,5 +174,9 @@ class TargetHandlers:
         """The session's reply to Ctrl-C after a deferred `c`."""
         return self.run.interrupted()
 
+    def pending_stop(self) -> bytes | None:
+        """The session's reply when the target stopped by itself after a deferred `c` (None: it runs on)."""
+        return self.run.pending_stop()
+
     def forget_session(self) -> None:
         self.threads.forget_session()

@@ -7,28 +7,44 @@ the CPU a thread names, memory the kernel's (one address space, shared by every 
 through the machine (`Machine.registers(cpu=...)`, `Machine.read_memory`, which run the read on the CPU thread).
 
 A selected trace frame or a replay (stub/overlay.py) is laid over the live kernel: while there is one, registers
-and memory come from it, whichever thread GDB selected. The kernel never stops: `?` and Ctrl-C report a SIGTRAP of
-the thread GDB looks at, `c` only waits for the user's Ctrl-C, and step, reverse execution and software
-breakpoints exist only in a replay of a while-stepping recording (stub/replay.py), whose breakpoints never touch
-kernel memory. Registers are never written; memory only with --allow-writes and nothing selected.
+and memory come from it, whichever thread GDB selected. Registers are never written; memory only with
+--allow-writes and nothing selected.
 
-Runs on the server thread, as every handler that calls it.
+Run control. By default the kernel never stops (KGTP): `?` reports a SIGTRAP of the thread GDB looks at, `c` only
+waits for the user's Ctrl-C, which answers the same without stopping anything, and step and reverse execution exist
+in a replay of a while-stepping recording (stub/replay.py). Run control, QEMU's gdbstub's, is there when asked for
+(machine/runcontrol.py): GDB's breakpoints (`Z0`: in the translator, kernel memory untouched; `Z1`: a debug
+register) and watchpoints (`Z2` write, `Z4` access, on the debug registers watch tracepoints share; x86 has no read
+watchpoint) stop the whole machine when hit, and `monitor stop` stops it without one. The stop names the CPU that
+hit (`T05thread:N;`, `watch:ADDR;` for a watchpoint, GDB then switches to that thread). On a stopped machine
+`vCont` steps one CPU (with the others running, GDB's default, or only it: scheduler-locking on) or a range of
+instructions, and continues every CPU or the ones GDB names; the stop comes later, from the machine's thread
+(`poll_stop`, after `notify_stops`'s function woke the transport). Ctrl-C after a `continue` of a machine under
+run control (stopped, or with breakpoints in) stops every CPU (SIGINT); after a `continue` of the running kernel
+with no breakpoint it stops nothing, as KGTP. A step of the running kernel is refused, as before. Detaching,
+killing, or the debugger leaving removes every breakpoint and watchpoint GDB set and leaves the kernel running. In a
+replay, run control and software breakpoints are the replay's, and never touch the kernel.
+
+Runs on the server thread, as every handler that calls it; the listener `_stopped` on the CPU thread.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..machine import Machine, MemoryFault
+from ..machine import Machine, MachineError, MemoryFault
+from ..machine.runcontrol import Reason, StopEvent
+from ..machine.watchpoints import EXECUTE, READ_WRITE, WRITE
 from ..rsp.dispatch import E_PERMISSION, RspError
+from ..rsp.packets.connect import ALL_THREADS, ANY_THREAD
 from ..tracing.core.frames import ViewError
+from ..tracing.patching.probes import ProbePlacementError, instruction_at
 from .live import LiveView
 from .overlay import FrameOverlay
-from .replay import Replay
-from .target import (Breakpoints, BreakpointType, MemoryWrites, ReplayLog, Resume, ResumeAction, Reverse,
-                     Running, Signal, Stop, Target)
+from .target import (SIGINT, SIGTRAP, Breakpoints, BreakpointType, DataAccess, MemoryWrites, ReplayLog, Resume,
+                     ResumeAction, Reverse, Running, Signal, Stop, Target)
 
 log = logging.getLogger(__name__)
 
@@ -99,25 +115,38 @@ def comm_offset(path) -> int | None:
         dwarf.close()
 
 
-_NEVER_STOPS = ("the kernel never stops: step and reverse only replay a while-stepping recording (tfind one of "
-                "its frames, then `monitor replay`)")
+_NEVER_STOPS = ("the kernel never stops unless asked (KGTP): a breakpoint, a watchpoint or `monitor stop` stops it, "
+                "then step; step and reverse also replay a while-stepping recording (tfind one of its frames, then "
+                "`monitor replay`)")
+
+#: the debug registers' kind of each watchpoint type GDB sets (x86 has no read-only kind)
+_WATCH_KINDS = {BreakpointType.WRITE_WATCHPOINT: WRITE, BreakpointType.ACCESS_WATCHPOINT: READ_WRITE}
 
 
 @dataclass
 class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
-    """The live kernel, under the trace frame or replay `overlay` selects; `allow_writes` opens its memory."""
+    """The live kernel, under the trace frame or replay `overlay` selects; `allow_writes` opens its memory.
+    `refuses_breakpoint(address, data=)` tells why a breakpoint (a watchpoint) there cannot work with the trace
+    run (the tracer's: a jump probe covers the address; while-stepping and watchpoints), None when it can."""
 
     machine: Machine
     allow_writes: bool = False
     names: TaskNames | None = None
+    refuses_breakpoint: Callable[..., str | None] = lambda address, data=False: None
     live: LiveView = field(init=False)
     overlay: FrameOverlay = field(init=False)
+    #: the breakpoints and watchpoints GDB inserted in the machine: (type, address, kind)
+    inserted: set[tuple[BreakpointType, int, int]] = field(init=False, default_factory=set)
+    _notify: Callable[[], None] | None = field(init=False, default=None)
+    _waiting: int | None = field(init=False, default=None)  # a `c` waits for the first stop after this one
+    _kgtp: bool = field(init=False, default=False)  # ... and it was KGTP's: the kernel never stops
 
     def __post_init__(self) -> None:
         self.live = LiveView(self.machine)
         self.overlay = FrameOverlay(self.live)
         if self.names is None:
             self.names = TaskNames(self.machine)
+        self.machine.control.listeners.append(self._stopped)
 
     # ---- threads: one per CPU ------------------------------------------------------------------------------
 
@@ -159,8 +188,11 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
         return (view if view is not None else self.live).read_memory(address, length)
 
     def stop_reason(self) -> Stop:
-        """The (never really stopped) kernel: a SIGTRAP of the thread GDB looks at (CPU 0 after connecting, as
-        QEMU's first CPU)."""
+        """The running kernel (KGTP: never really stopped): a SIGTRAP of the thread GDB looks at (CPU 0 after
+        connecting, as QEMU's first CPU); a stopped machine: its stop."""
+        control = self.machine.control
+        if control.stopped and control.event is not None and self.overlay.replay is None:
+            return self._stop_of(control.event)
         return Signal()
 
     def support_memory_writes(self) -> MemoryWrites | None:
@@ -173,7 +205,7 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
             raise RspError(E_PERMISSION, "cannot write while a trace frame is selected or replayed")
         self.live.write_memory(address, data)
 
-    # ---- run control: `c` waits for Ctrl-C; the rest moves through a replay ---------------------------------
+    # ---- run control: the machine's (runcontrol.py), or a replay's ------------------------------------------
 
     def support_resume(self) -> Resume:
         return self
@@ -184,42 +216,170 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
     def support_breakpoints(self) -> Breakpoints:
         return self
 
+    def range_stepping(self) -> bool:
+        return True
+
+    def notify_stops(self, notify: Callable[[], None]) -> None:
+        self._notify = notify
+
+    def _stopped(self, event: StopEvent) -> None:
+        """The machine stopped (on the CPU thread): the transport polls."""
+        if self._waiting is not None and self._notify is not None:
+            self._notify()
+
     def resume(self, actions: Sequence[ResumeAction]) -> Stop | Running:
-        """`c` outside a replay: the kernel runs on and the stop is reported at the user's Ctrl-C."""
-        step = any(action.step for action in actions)
-        if self.overlay.replay is None and not step:
+        """In a replay: its step or continue. On the running kernel: `c` waits, for Ctrl-C (KGTP) or, with
+        breakpoints in, for one of them; a step is refused. On a stopped machine: the CPUs the actions name run (one
+        that no action names stays stopped: scheduler-locking), one stepped if an action says so; the stop comes
+        later, or at once."""
+        stepping = next((action for action in actions if action.step), None)
+        if self.overlay.replay is not None:
+            return self._move(step=stepping is not None, reverse=False,
+                              within=stepping.range if stepping is not None else None)
+        control = self.machine.control
+        if not control.stopped:
+            if stepping is not None:
+                raise RspError(E_PERMISSION, _NEVER_STOPS, text=True)
+            self._waiting, self._kgtp = control.serial, not self.inserted
             return Running()
-        return self._move(step=step, reverse=False)
+        resumed = [thread for thread in self.threads() if self._action_of(thread, actions) is not None]
+        step = None
+        if stepping is not None:
+            step = next(t for t in self.threads() if self._action_of(t, actions) is stepping) \
+                if stepping.thread in (ANY_THREAD, ALL_THREADS) else stepping.thread
+        self._waiting, self._kgtp = control.serial, False  # before the machine runs: its stop may come at once
+        try:
+            control.resume(None if len(resumed) == len(self.threads()) else [cpu_of(t) for t in resumed],
+                           step=cpu_of(step) if step is not None else None,
+                           within=stepping.range if stepping is not None else None)
+        except MachineError as error:
+            self._waiting = None
+            raise RspError(E_PERMISSION, str(error), text=True) from None
+        return self.poll_stop() or Running()
+
+    @staticmethod
+    def _action_of(thread: int, actions: Sequence[ResumeAction]) -> ResumeAction | None:
+        """The action for `thread`: the first that names it or every thread (vCont's rule)."""
+        return next((a for a in actions if a.thread in (thread, ANY_THREAD, ALL_THREADS)), None)
+
+    def poll_stop(self) -> Stop | None:
+        control = self.machine.control
+        event = control.event
+        if self._waiting is None or not control.stopped or event is None or event.serial <= self._waiting:
+            return None
+        self._waiting = None
+        return self._stop_of(event)
 
     def interrupt(self) -> Stop:
-        return self.stop_reason()
+        """Ctrl-C while `c` waits: the stop that came meanwhile, if one did; KGTP's kernel goes on (a SIGTRAP of
+        the thread GDB looks at); a machine under run control stops (SIGINT), as QEMU's."""
+        stopped = self.poll_stop()
+        if stopped is not None:
+            return stopped
+        waiting, self._waiting = self._waiting, None
+        if waiting is None or self._kgtp:
+            return Signal()
+        return self._stop_of(self.machine.control.stop(), SIGINT)
+
+    def _stop_of(self, event: StopEvent, signal: int = SIGTRAP) -> Stop:
+        """A machine's stop as GDB hears it: a breakpoint, watchpoint or step names its CPU's thread; a stop
+        asked for (Ctrl-C, `monitor stop`) the thread GDB looks at."""
+        if event.reason is Reason.REQUEST:
+            return Signal(signal)
+        watch = None
+        if event.reason is Reason.WATCHPOINT:
+            kind = BreakpointType.WRITE_WATCHPOINT if event.kind == WRITE else BreakpointType.ACCESS_WATCHPOINT
+            watch = DataAccess(kind, event.address)
+        return Signal(SIGTRAP, thread_of(event.cpu), watch)
 
     def reverse(self, *, step: bool) -> Stop:
         return self._move(step=step, reverse=True)
 
-    def _move(self, *, step: bool, reverse: bool) -> Stop:
+    def _move(self, *, step: bool, reverse: bool, within: tuple[int, int] | None = None) -> Stop:
         replay = self.overlay.replay
         if replay is None:
             raise RspError(E_PERMISSION, _NEVER_STOPS, text=True)
-        if replay.resume(step=step, reverse=reverse):
-            return Signal()
+        low, high = within or (0, 0)
+        while replay.resume(step=step, reverse=reverse):
+            if not low <= (replay.view().registers().get("rip") or 0) < high:
+                return Signal()
         return ReplayLog(begin=reverse)
 
-    def _replay_breakpoints(self, type: BreakpointType) -> Replay | None:
-        replay = self.overlay.replay
-        return replay if replay is not None and type == BreakpointType.SOFTWARE else None
+    def detach(self) -> None:
+        self.release()
+
+    def kill(self) -> None:
+        """KGTP's kernel is never killed: as detach."""
+        self.release()
+
+    def release(self) -> None:
+        """GDB leaves: its breakpoints and watchpoints go, and the kernel runs."""
+        self.inserted.clear()
+        self._waiting = None
+        control = self.machine.control
+        control.clear()
+        if control.stopped:
+            control.resume()
+
+    # ---- breakpoints: the machine's, or a replay's ----------------------------------------------------------
 
     def supports(self, type: BreakpointType) -> bool:
-        """Only in a replay, only software breakpoints, and only in the replay's own table: outside one the
-        empty reply says the stub has none (the kernel is never patched for a breakpoint)."""
-        return self._replay_breakpoints(type) is not None
+        """In a replay, software breakpoints only, in the replay's own table. On the kernel: every type but the
+        read watchpoint, which x86's debug registers have not (gdbserver's x86 answers the same)."""
+        if self.overlay.replay is not None:
+            return type == BreakpointType.SOFTWARE
+        return type != BreakpointType.READ_WATCHPOINT
 
     def insert_breakpoint(self, type: BreakpointType, address: int, kind: int) -> None:
-        replay = self._replay_breakpoints(type)
-        assert replay is not None  # the handlers ask `supports` first
-        replay.breakpoints.add(address)
+        replay = self.overlay.replay
+        if replay is not None:
+            replay.breakpoints.add(address)
+            return
+        control = self.machine.control
+        try:
+            if type in (BreakpointType.SOFTWARE, BreakpointType.HARDWARE):
+                self._check_code(address)
+            else:
+                self._check(address, self.refuses_breakpoint(address, data=True))
+            if type == BreakpointType.SOFTWARE:
+                control.insert_breakpoint(address)
+            elif type == BreakpointType.HARDWARE:
+                control.insert_hardware(EXECUTE, address, 1)
+            else:  # a watchpoint: `kind` is its length
+                control.insert_hardware(_WATCH_KINDS[type], address, kind)
+        except (MachineError, ProbePlacementError, RspError) as error:
+            # GDB shows only "Cannot insert breakpoint N": the reason goes to the stub's log too
+            message = error.message if isinstance(error, RspError) else f"cannot insert a breakpoint at " \
+                f"{address:#x}: {error}"
+            log.warning("%s (GDB's %s)", message, type.name.lower().replace("_", " "))
+            raise RspError(E_PERMISSION, message, text=True) from None
+        self.inserted.add((type, address, kind))
 
     def remove_breakpoint(self, type: BreakpointType, address: int, kind: int) -> None:
-        replay = self._replay_breakpoints(type)
-        assert replay is not None
-        replay.breakpoints.discard(address)
+        replay = self.overlay.replay
+        if replay is not None:
+            replay.breakpoints.discard(address)
+            return
+        if (type, address, kind) not in self.inserted:
+            return
+        self.inserted.discard((type, address, kind))
+        control = self.machine.control
+        if type == BreakpointType.SOFTWARE:
+            control.remove_breakpoint(address)
+        elif type == BreakpointType.HARDWARE:
+            control.remove_hardware(EXECUTE, address, 1)
+        else:
+            control.remove_hardware(_WATCH_KINDS[type], address, kind)
+
+    def _check_code(self, address: int) -> None:
+        """Where a breakpoint can stop: the start of an instruction of a kernel function that runs in place (not
+        inside the bytes a jump probe replaced). The machine refuses the stub's own code and unmapped memory."""
+        low, high = self.machine.image.text_range
+        if low <= address < high:
+            instruction_at(self.machine.image, address)
+            self._check(address, self.refuses_breakpoint(address))
+
+    @staticmethod
+    def _check(address: int, refusal: str | None) -> None:
+        if refusal is not None:
+            raise RspError(E_PERMISSION, f"cannot insert a breakpoint at {address:#x}: {refusal}", text=True)

@@ -1,4 +1,5 @@
-"""`monitor` commands about the machine itself: statistics, CPUs, tick rate, workload pace, kernel console.
+"""`monitor` commands about the machine itself: statistics, CPUs, tick rate, workload pace, kernel console, and a
+stop without a breakpoint (`stop`, `go`: the machine's run control, machine/runcontrol.py).
 
 Runs on the server thread; the machine answers through its CPU thread (`Machine.run_on_cpu`)."""
 
@@ -46,3 +47,24 @@ def register_machine_commands(monitor: Monitor, machine: Machine, started: float
     @monitor.register("console", "console", "the kernel's recent console output")
     def console(args: list[str]) -> str:
         return machine.console_text() or "(no console output)"
+
+    def where(cpu: int) -> str:
+        rip = machine.registers(cpu)["rip"]
+        bounds = machine.image.function_bounds(rip)
+        return f"CPU {cpu} at {rip:#x}" + (f" ({bounds[0]}+{rip - bounds[1]:#x})" if bounds else "")
+
+    @monitor.register("stop", "stop", "stop every CPU, and the kernel's time, until `continue` or `monitor go`")
+    def stop(args: list[str]) -> str:
+        if machine.control.stopped:
+            return "the machine is stopped already"
+        event = machine.control.stop()
+        return (f"machine stopped: {', '.join(where(cpu) for cpu in range(machine.cpu_count))} (CPU {event.cpu} "
+                "was running); GDB shows registers it read before until it reads them again (`maint flush "
+                "register-cache`); `continue` or `monitor go` resumes")
+
+    @monitor.register("go", "go", "let every CPU run again (after `monitor stop` or a breakpoint)")
+    def go(args: list[str]) -> str:
+        if not machine.control.stopped:
+            return "the machine is running"
+        machine.control.resume()
+        return "machine running"

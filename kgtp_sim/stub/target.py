@@ -13,7 +13,7 @@ what detaching or killing does. Optional extensions:
 |----------------------------|----------------------|-----------------------------------------------------|
 | `support_register_writes`  | G, P                 | E03: the registers are read-only                    |
 | `support_memory_writes`    | M, X                 | E03: the memory is read-only                        |
-| `support_resume`           | c, s, Ctrl-C         | empty reply (the packet is not supported)           |
+| `support_resume`           | c, s, vCont, Ctrl-C  | empty reply (the packet is not supported)           |
 | `support_reverse`          | bs, bc               | not in the dispatch table, so not in qSupported     |
 | `support_breakpoints`      | Z, z                 | empty reply, as gdbserver for a type it lacks       |
 
@@ -26,15 +26,17 @@ Conventions the handlers rely on:
   - a refusal is an `RspError` (its code is the `E..` GDB gets); memory the target cannot supply is `ViewError`;
   - registers are a dict by amd64 register name (arch/amd64.py), None or absent for an unavailable one;
   - outcomes of run control are typed (`Signal`, `ReplayLog`, `Exited`, or `Running` when the stop comes later);
-    the handlers turn them into stop replies (stub/run.py).
+    the handlers turn them into stop replies (stub/run.py). A stop that comes later, by the target's own doing (a
+    breakpoint hit while it runs), is handed out by `Resume.poll_stop`, after the target called the function given
+    to `Resume.notify_stops` (from whichever thread it stopped on).
 
-Every method is called from a packet handler, on the server thread.
+Every method is called from a packet handler, on the server thread, but the function given to `notify_stops`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -42,10 +44,12 @@ from ..arch import amd64
 from ..tracing.core.frames import ViewError
 
 __all__ = [
-    "SIGTRAP", "Signal", "ReplayLog", "Exited", "Stop", "Running", "ResumeAction", "BreakpointType", "ViewError",
+    "SIGINT", "SIGTRAP", "Signal", "DataAccess", "ReplayLog", "Exited", "Stop", "Running", "ResumeAction",
+    "BreakpointType", "ViewError",
     "Target", "RegisterWrites", "MemoryWrites", "Resume", "Reverse", "Breakpoints",
 ]
 
+SIGINT = 2
 SIGTRAP = 5
 
 _TARGET_XML = amd64.target_xml().encode()
@@ -55,12 +59,23 @@ _TARGET_XML = amd64.target_xml().encode()
 
 
 @dataclass(frozen=True)
+class DataAccess:
+    """A watchpoint's trap: the data address it watches and which kind it is (`watch:`, `rwatch:` or `awatch:` in
+    the stop reply, which GDB matches to its watchpoint)."""
+
+    type: BreakpointType
+    address: int
+
+
+@dataclass(frozen=True)
 class Signal:
     """Stopped by `signal` (`T<signal>thread:<id>;`). `thread` None: the thread GDB selected (`Hg`), which is
-    what a target that never really stops reports (KGTP: the thread GDB looks at stays the one it looks at)."""
+    what a target that never really stops reports (KGTP: the thread GDB looks at stays the one it looks at).
+    `watch`: the stop is a watchpoint's."""
 
     signal: int = SIGTRAP
     thread: int | None = None
+    watch: DataAccess | None = None
 
 
 @dataclass(frozen=True)
@@ -86,16 +101,21 @@ Stop = Signal | ReplayLog | Exited
 
 @dataclass(frozen=True)
 class Running:
-    """Resumed, no stop yet: the stop reply comes later (today, only after the user's Ctrl-C)."""
+    """Resumed, no stop yet: the stop reply comes later, at the user's Ctrl-C (`Resume.interrupt`) or when the
+    target stops by itself (`Resume.poll_stop`)."""
 
 
 @dataclass(frozen=True)
 class ResumeAction:
     """What one thread does when GDB resumes the target (gdbserver's struct thread_resume; one action of `vCont`).
-    `thread` is the thread `Hc` selected for `c` and `s`: 0 (any) or -1 (all) mean every thread."""
+    `thread` is the thread the action names: 0 (any) or -1 (all) mean every thread; for each thread the first
+    action naming it (or every thread) applies, and a thread no action names stays stopped. `step` with `range`:
+    step while the PC stays in [start, end) (vCont's `r`). `signal` is the one GDB passes (`C`, `S`), 0 for none."""
 
     thread: int
     step: bool = False
+    range: tuple[int, int] | None = None
+    signal: int = 0
 
 
 class BreakpointType(IntEnum):
@@ -205,17 +225,30 @@ class MemoryWrites(ABC):
 
 
 class Resume(ABC):
-    """Run control: `c`, `s` and the user's Ctrl-C (gdbserver: resume, request_interrupt; gdbstub:
-    MultiThreadResume)."""
+    """Run control: `c`, `s`, `vCont` and the user's Ctrl-C (gdbserver: resume, request_interrupt; gdbstub:
+    MultiThreadResume, its range stepping extension)."""
 
     @abstractmethod
     def resume(self, actions: Sequence[ResumeAction]) -> Stop | Running:
         """Resume as `actions` say: the stop, when it is known at once, or Running. RspError refuses (KGTP: a
-        step outside a replay)."""
+        step while the kernel runs)."""
 
     @abstractmethod
     def interrupt(self) -> Stop:
         """The user pressed Ctrl-C while the target was Running: the stop to report."""
+
+    def range_stepping(self) -> bool:
+        """Does `resume` take a step action's `range` (announced as `r` in the reply to `vCont?`)?"""
+        return False
+
+    def notify_stops(self, notify: Callable[[], None]) -> None:
+        """Call `notify()`, from any thread, when the target stops by itself after `resume` answered Running; the
+        caller then asks `poll_stop`. A target that only stops at Ctrl-C never calls it."""
+
+    def poll_stop(self) -> Stop | None:
+        """The stop of a target that was Running and stopped by itself (a breakpoint), once; None while it runs
+        on."""
+        return None
 
 
 class Reverse(ABC):

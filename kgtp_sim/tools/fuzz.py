@@ -5,10 +5,13 @@ The harness drives a real `kgtp_sim.app.Stub` in-process (its dispatcher, handle
 machine running) through a `Session`, exactly the object the TCP server feeds. After every fuzzed packet it
 checks that:
 
-- the packet got an answer: `E..`, empty, or a reply (a `c` is answered once Ctrl-C follows, as GDB does it);
+- the packet got an answer: `E..`, empty, or a reply (a `c` is answered by the stop the kernel made meanwhile, at
+  a breakpoint, or once Ctrl-C follows, as GDB does it);
 - no handler failed (the dispatcher's last-resort guard answers `E0f` and logs a traceback: that is a crash);
 - the session still serves: `QTFrame:ffffffff` answers `OK` and `m<jiffies>,8` answers 8 bytes of hex;
-- the kernel is alive (checked at the end: jiffies advanced, the machine neither crashed nor halted).
+- the kernel is alive (checked at the end: jiffies advanced, the machine neither crashed nor halted; a machine the
+  packets stopped, breakpoints and `monitor stop` being fuzzed too, runs again once the session leaves, as after
+  a GDB).
 
 Inputs come from four generators, all driven by a `random.Random` so a campaign is reproducible from its seed
 and the test suite can drive them from hypothesis: structured packets for every packet class the dispatcher

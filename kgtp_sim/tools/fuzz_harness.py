@@ -2,11 +2,12 @@
 the machine running) driven through a `Session`, exactly the object the TCP server feeds, and the checks after
 every fuzzed input.
 
-After every packet it checks that the packet got an answer (`E..`, empty, or a reply; a `c` is answered once
-Ctrl-C follows, as GDB does it), that no handler failed (the dispatcher's last-resort guard answers `E0f` and logs
+After every packet it checks that the packet got an answer (`E..`, empty, or a reply; a `c` is answered by the stop
+the kernel made meanwhile, at a breakpoint, or once Ctrl-C follows, as GDB does it), that no handler failed (the dispatcher's last-resort guard answers `E0f` and logs
 a traceback: that is a crash), and that the session still serves (`QTFrame:ffffffff` answers `OK` and
 `m<jiffies>,8` answers 8 bytes of hex); `kernel_alive` checks at the end that jiffies advanced and the machine
-neither crashed nor halted. A broken rule raises `FuzzFailure`; `Figures` counts what was sent and answered.
+neither crashed nor halted (a machine the packets stopped, breakpoints and `monitor stop` being fuzzed too, runs
+again once the session leaves, as after a GDB). A broken rule raises `FuzzFailure`; `Figures` counts what was sent and answered.
 
 Thread: the caller's (the campaign's or a test's) feeds the session in place of the server thread, while the
 machine's CPU and tick threads run the kernel.
@@ -61,6 +62,11 @@ class Harness:
 
     #: definitions above this many are cleared (QTinit) so a long campaign does not slow every tstart down
     MAX_TRACEPOINTS = 16
+    #: breakpoints above this many go (the session is left and a new one comes): each is a hook the kernel runs
+    MAX_BREAKPOINTS = 16
+    #: the answers to Ctrl-C after `c`: KGTP's never-stopped kernel (SIGTRAP), a machine under run control (SIGINT),
+    #: or the stop it made meanwhile (a breakpoint, a watchpoint, a step)
+    STOP_REPLY = re.compile(rb"T0[25](?:[a-z]+:[0-9a-f]+;)?thread:[0-9a-f]+;")
 
     def __init__(self, stub, *, started: bool = True) -> None:
         self.stub = stub
@@ -115,9 +121,11 @@ class Harness:
     def request(self, payload: bytes) -> list[bytes]:
         """Send one well-framed packet; return every packet the stub sent back for it."""
         replies = self._feed(encode_packet(payload, binary=True))
-        if self.session.waiting_for_interrupt:  # `c`: the user presses Ctrl-C
-            replies += self._feed(b"\x03")
-            if not replies or not re.fullmatch(rb"T05thread:[0-9a-f]+;", replies[-1]):  # the thread Hg selected
+        if self.session.waiting_for_interrupt:  # `c`: the kernel stopped meanwhile, or the user presses Ctrl-C
+            replies += [e.payload for e in Decoder().feed(self.session.poll()) if e.kind is EventKind.PACKET]
+            if self.session.waiting_for_interrupt:
+                replies += self._feed(b"\x03")
+            if not replies or not self.STOP_REPLY.fullmatch(replies[-1]):
                 raise FuzzFailure(f"Ctrl-C after {payload[:40]!r} was answered {replies!r}")
         return replies
 
@@ -153,7 +161,7 @@ class Harness:
 
     def _tidy(self) -> None:
         """Keep a long run fast: undo settings that only slow the kernel down, forget piles of tracepoints."""
-        if self.session.closing:
+        if self.session.closing or len(self.stub.target.inserted) > self.MAX_BREAKPOINTS:
             self.reconnect()
         if (self.machine.hz, self.machine.pace) != (self.hz, self.pace):
             self.machine.set_hz(self.hz)
@@ -199,6 +207,8 @@ class Harness:
         self._tidy()
         if self.stub.tracer.running:
             self.request(b"QTStop")
+        if self.machine.control.stopped:  # the packets stopped it: it runs again once the debugger leaves
+            self.reconnect()
         state = self.machine.stats(count=False).state
         if state.startswith(("crashed", "halted")):
             raise FuzzFailure(f"the kernel stopped: {state}; console:\n{self.machine.console_text()[-600:]}")

@@ -229,7 +229,8 @@ def qtframe(rng: random.Random, vocab: Vocabulary) -> bytes:
 
 
 MONITOR_WORDS = (
-    "help", "stats", "hz", "pace", "console", "engine", "probes", "frames", "sdata", "shell", "python", "source",
+    "help", "stats", "hz", "pace", "console", "engine", "probes", "frames", "sdata", "stop", "go", "shell", "python",
+    "source",
     "!", "pipe", "eval", "exec", "import", "open", "cat", "load",
 )
 MONITOR_ARGS = (

@@ -74,3 +74,7 @@ class TracerApi(Protocol):
         """The frame's `$_sdata` rendered by its marker's format; None without static data."""
 
     def probe_rows(self) -> list[ProbeRow]: ...
+
+    def refuses_breakpoint(self, address: int, *, data: bool = False) -> str | None:
+        """Why a debugger's breakpoint (a watchpoint, with `data`) at `address` cannot work with the run; None
+        when it can."""

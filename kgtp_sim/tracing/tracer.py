@@ -102,7 +102,7 @@ class Tracer:
         self._ring_memory: tuple[int, int] | None = None  # (base, per-CPU size) of the rings' bytes
         self._ring_control: int | None = None  # the control area, in module space (ring.py)
         self.printed: list[str] = []
-        self.tsc = Tsc()
+        self.tsc = Tsc(machine.clock)  # the machine's TSC: it does not run while a debugger stops the machine
         self.registers = RegisterReader()
         self.kgtp = KgtpState()  # what KGTP's special variables keep across hits (builtins.py)
         self.kret = KretRun(self)  # return probes (`$kret`, kret.py)
@@ -425,6 +425,27 @@ class Tracer:
 
     def probe_rows(self) -> list[ProbeRow]:
         return self.probes.rows() + self.watches.rows()
+
+    def refuses_breakpoint(self, address: int, *, data: bool = False) -> str | None:
+        """Why a debugger's breakpoint at `address` (a watchpoint on it with `data`) cannot work with this run, or
+        None. An instruction inside the bytes a jump probe replaced (after the first; also when the site went back
+        to an int3 into the same detour) never runs in place: it runs displaced, in the probe's detour. A data
+        watchpoint's trap and while-stepping take the CPU's one single-step trap (as KGTP keeps watch tracepoints
+        and while-stepping apart). A snapshot: called from the server thread while probes come and go on the CPU
+        thread."""
+        installed = list(self.probes.installed.values())
+        if data:
+            stepping = sorted({item.tracepoint.number for item in installed if item.tracepoint.step_count})
+            if self.running and stepping:
+                return (f"tracepoint {stepping[0]} single-steps (while-stepping), and a watchpoint's trap takes the "
+                        "same single-step trap: not in one run")
+            return None
+        for item in installed:
+            site = item.site
+            if site.address < address < site.address + site.length:
+                return (f"{address:#x} is inside the {site.length} bytes tracepoint {item.tracepoint.number}'s jump "
+                        f"probe at {site.address:#x} replaced: the instructions there run displaced, in a detour")
+        return None
 
     def frames(self) -> list[TraceFrame]:
         """The ring's frames, parsed once per change of the ring (tfind asks again and again)."""

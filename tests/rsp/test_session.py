@@ -139,3 +139,14 @@ def test_binary_reply_is_escaped():
 
 def test_hex_payload_with_spaces_is_malformed():
     assert packets(send(session(), b"qRcmd,68 69")) == [b"E01"]
+
+
+def test_a_stop_the_target_makes_itself_is_sent_once_when_polled():
+    stop: list[bytes | None] = [None]
+    s = Session(Dispatcher((Handlers(),)), async_stop=lambda: stop[0])
+    assert s.poll() == b""  # nothing waits
+    send(s, b"c")
+    assert s.poll() == b""  # the target runs on
+    stop[0] = b"T05thread:2;"
+    assert packets(s.poll()) == [b"T05thread:2;"]
+    assert s.poll() == b"" and s.receive(b"\x03") == b""  # answered: Ctrl-C finds nothing to stop

@@ -210,3 +210,53 @@ def test_a_new_debugger_starts_on_the_first_thread(target):
     dispatcher.dispatch(b"Hc2")
     handlers.forget_session()
     assert dispatcher.dispatch(b"qC") == b"QC1" and handlers.selection.continue_thread == 0
+
+
+# ---- vCont and stops a running target makes by itself -----------------------------------------------------------
+
+
+def test_vcont_announces_what_the_target_resumes_with():
+    assert _stub(ToyProcess())[0].dispatch(b"vCont?") == b""  # no resume: GDB keeps to c and s (which fail too)
+    dispatcher, _ = _stub(ToyTarget())
+    assert dispatcher.dispatch(b"vCont?") == b"vCont;c;C;s;S"  # no range stepping
+    assert dispatcher.dispatch(b"vCont;r%x,%x:1" % (BASE, BASE + 4)).startswith(b"E")
+    assert dispatcher.dispatch(b"vCont;t:1").startswith(b"E")  # non-stop only
+    assert dispatcher.dispatch(b"vCont;c:3") == b"E05"  # no thread 3
+
+
+def test_vcont_steps_and_continues_the_threads_it_names():
+    target = ToyTarget()
+    dispatcher, _ = _stub(target)
+    assert dispatcher.dispatch(b"vCont;s:2;c") == b"T05thread:2;"
+    assert target.registers[2]["rip"] == BASE + 0x21 and target.registers[1]["rip"] == BASE
+    assert dispatcher.dispatch(b"qC") == b"QC2"
+    dispatcher.dispatch(b"Z0,%x,1" % (BASE + 3))
+    assert dispatcher.dispatch(b"vCont;c:1") == b"T05thread:1;"  # thread 2, named by no action, stayed
+    assert target.registers[1]["rip"] == BASE + 3 and target.registers[2]["rip"] == BASE + 0x21
+    assert dispatcher.dispatch(b"vCont;S05:1") == b"T05thread:1;" and target.registers[1]["rip"] == BASE + 4
+
+
+def test_s_with_any_thread_steps_the_selected_thread():
+    """gdbserver's myresume: `s` after `Hc0` steps the thread `Hg` selected, the others continuing."""
+    target = ToyTarget()
+    dispatcher, _ = _stub(target)
+    dispatcher.dispatch(b"Hg2")
+    assert dispatcher.dispatch(b"s") == b"T05thread:2;" and target.registers[2]["rip"] == BASE + 0x21
+
+
+def test_a_stop_the_target_makes_itself_reaches_the_waiting_session():
+    target = ToyTarget()
+    target.memory[5:7] = SPIN
+    dispatcher, handlers = _stub(target)
+    session = Session(dispatcher, stop_reply=handlers.stop_reply, async_stop=handlers.pending_stop)
+    woken = []
+    target.notify_stops(lambda: woken.append(True))
+
+    def packets(data: bytes) -> list[bytes]:
+        return [e.payload for e in Decoder().feed(data) if e.kind is EventKind.PACKET]
+
+    assert packets(session.receive(encode_packet(b"vCont;c:1"))) == []
+    assert packets(session.poll()) == []  # it spins on
+    target.wake_spinner()
+    assert woken and packets(session.poll()) == [b"T05thread:1;"]
+    assert packets(session.receive(b"\x03")) == []  # answered already

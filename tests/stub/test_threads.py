@@ -26,6 +26,26 @@ COMM = 4
 
 
 @dataclass
+class FakeControl:
+    """The machine's run control as far as these tests go: a kernel that runs, breakpoints noted."""
+
+    stopped: bool = False
+    serial: int = 0
+    event: object = None
+    listeners: list = field(default_factory=list)
+    breakpoints: list = field(default_factory=list)
+
+    def insert_breakpoint(self, address):
+        self.breakpoints.append(("software", address))
+
+    def insert_hardware(self, kind, address, size):
+        self.breakpoints.append((kind, address, size))
+
+    def clear(self):
+        self.breakpoints.clear()
+
+
+@dataclass
 class FakeMachine:
     """CPU k's registers have rax = k and rip = 0x1000 + k; task i's comm is `task/i` at TASKS + 0x100 * i."""
 
@@ -36,7 +56,8 @@ class FakeMachine:
     written: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.image = SimpleNamespace(symbols=self.symbols, path=VMLINUX)
+        self.image = SimpleNamespace(symbols=self.symbols, path=VMLINUX, text_range=(0, 0))
+        self.control = FakeControl()
         self.regs = [self._registers(k) for k in range(self.cpu_count)]
 
     @staticmethod
@@ -210,12 +231,16 @@ def test_a_selected_trace_frame_outranks_the_selected_cpu():
 
 
 def test_outside_a_replay_continue_waits_and_nothing_else_moves():
-    dispatcher, *_ = _stub()
+    """The running kernel: `c` waits, steps are refused; breakpoints go to the machine's run control (which
+    stops it when one is hit: tests/stub/test_kernel_run_control.py), but read watchpoints, which x86 has not."""
+    dispatcher, _, _, machine = _stub()
     assert isinstance(dispatcher.dispatch(b"c"), Deferred)
-    for packet in (b"s", b"bs", b"bc"):
+    for packet in (b"s", b"bs", b"bc", b"vCont;s:1;c"):
         assert dispatcher.dispatch(packet).startswith(b"E.the kernel never stops")
-    for kind in range(5):
-        assert dispatcher.dispatch(b"Z%d,1000,1" % kind) == b"" and dispatcher.dispatch(b"z%d,1000,1" % kind) == b""
+    assert dispatcher.dispatch(b"Z3,1000,1") == b"" and dispatcher.dispatch(b"z3,1000,1") == b""
+    for kind in (0, 1, 2, 4):
+        assert dispatcher.dispatch(b"Z%d,1000,1" % kind) == b"OK"
+    assert machine.control.breakpoints == [("software", 0x1000), (0, 0x1000, 1), (1, 0x1000, 1), (2, 0x1000, 1)]
     assert b"ReverseStep+" in dispatcher.dispatch(b"qSupported").split(b";")
 
 

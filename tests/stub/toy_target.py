@@ -3,9 +3,11 @@ stopped process of two threads over 64 bytes of its own memory, with writable re
 software breakpoints and a history to run backwards through. No machine, no kernel, no tracer.
 
 Its instructions are one byte each, with two exceptions: `int3` (0xcc) traps (SIGTRAP, rip after it, as on x86),
-`jmp .` (0xeb 0xfe) spins until the user's Ctrl-C (SIGINT); any other byte does nothing. A thread that runs off the
-end of the memory ends the process (exit code 0). Continuing runs the resumed threads in turn, one instruction
-each, until one arrives at a software breakpoint, traps, spins or ends; stepping runs one instruction of one thread.
+`jmp .` (0xeb 0xfe) spins until the user's Ctrl-C (SIGINT) or, stopping by itself, until `wake_spinner` (SIGTRAP,
+which the transport hears of through `notify_stops`); any other byte does nothing. A thread that runs off the end of
+the memory ends the process (exit code 0). Continuing runs the resumed threads in turn, one instruction each, until
+one arrives at a software breakpoint, traps, spins or ends; stepping runs one instruction of one thread. Each
+thread takes the first action naming it, or every thread (vCont's rule); one no action names stays put.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class ToyTarget(ToyProcess, RegisterWrites, MemoryWrites, Resume, Breakpoints):
     breakpoints: set[int] = field(default_factory=set)
     history: list[tuple[int, int]] = field(default_factory=list)  # (thread, rip) before each instruction run
     spinning: int | None = None
+    woke: Stop | None = None  # the stop a spinner made by itself, until polled
+    notify: object = None
 
     def support_register_writes(self) -> RegisterWrites:
         return self
@@ -127,12 +131,12 @@ class ToyTarget(ToyProcess, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         return Signal(SIGTRAP, thread) if code[:1] == INT3 else None
 
     def resume(self, actions: Sequence[ResumeAction]) -> Stop | Running:
-        (action,) = actions
-        every = action.thread in (ANY_THREAD, ALL_THREADS)
-        if action.step:
-            thread = self.threads()[0] if every else action.thread
-            return self._execute(thread) or Signal(SIGTRAP, thread)
-        resumed = self.threads() if every else [action.thread]
+        plan = {thread: next((a for a in actions if a.thread in (thread, ANY_THREAD, ALL_THREADS)), None)
+                for thread in self.threads()}
+        stepping = [thread for thread, action in plan.items() if action is not None and action.step]
+        if stepping:
+            return self._execute(stepping[0]) or Signal(SIGTRAP, stepping[0])
+        resumed = [thread for thread, action in plan.items() if action is not None]
         for _ in range(SIZE + 1):
             for thread in resumed:
                 outcome = self._execute(thread)
@@ -145,6 +149,20 @@ class ToyTarget(ToyProcess, RegisterWrites, MemoryWrites, Resume, Breakpoints):
     def interrupt(self) -> Stop:
         thread, self.spinning = self.spinning, None
         return Signal(SIGINT, thread)
+
+    def notify_stops(self, notify) -> None:
+        self.notify = notify
+
+    def wake_spinner(self) -> None:
+        """The spinning thread stops by itself (as at a breakpoint hit while the process runs)."""
+        thread, self.spinning = self.spinning, None
+        self.woke = Signal(SIGTRAP, thread)
+        if self.notify is not None:
+            self.notify()
+
+    def poll_stop(self) -> Stop | None:
+        stop, self.woke = self.woke, None
+        return stop
 
 
 @dataclass

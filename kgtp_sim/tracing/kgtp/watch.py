@@ -302,8 +302,11 @@ class Watches:
 
     @property
     def registers(self) -> DebugRegisters:
+        """The machine's debug registers, shared with the debugger's hardware breakpoints and watchpoints
+        (machine/runcontrol.py): the tracer's own code never traps, for either."""
         if self._registers is None:
-            self._registers = DebugRegisters(self.tracer.machine.cpu, ignore=self._own_code)
+            self._registers = self.tracer.machine.debug_registers
+            self._registers.ignore = self._own_code
         return self._registers
 
     # ---- tstart and tstop --------------------------------------------------------------------------------
@@ -322,8 +325,15 @@ class Watches:
         return True
 
     def check_run(self, tracepoints: list[Tracepoint]) -> None:
-        if self.plans and any(tp.step_count for tp in tracepoints):
+        """Data breakpoints and while-stepping take the CPU's one single-step trap: not in one run, the watch
+        tracepoints' nor GDB's watchpoints (machine/runcontrol.py), which hold the same debug registers."""
+        if not any(tp.step_count for tp in tracepoints):
+            return
+        if self.plans:
             raise TraceError("watch tracepoints cannot work together with while-stepping in one run")
+        if any(watch is not None and watch.kind != EXECUTE for watch in self.registers.slots):
+            raise TraceError("while-stepping cannot work together with GDB's watchpoints (they hold debug "
+                             "registers): delete them first")
 
     def tracepoints(self) -> list[Tracepoint]:
         return [plan.tracepoint for plan in self.plans.values()]
@@ -348,17 +358,22 @@ class Watches:
         tp = plan.tracepoint
         result = self._register(plan, tp.address, plan.size, plan.type, tp.number, tp.address)
         if result == -EBUSY:
-            holders = ", ".join(str(s.watch.tracepoint.number) for s in self.slots if s is not None)
+            mine = [str(s.watch.tracepoint.number) for s in self.slots if s is not None]
+            holders = [f"tracepoints {', '.join(mine)}"] if mine else []
+            debugger = self.registers.in_use - len(mine)
+            holders += [f"{debugger} by GDB's hardware breakpoints and watchpoints"] if debugger else []
             raise ArmError(f"tracepoint {tp.number}: no free hardware breakpoint for the watch at {tp.address:#x}: "
-                           f"x86 has {COUNT} debug registers, all in use (tracepoints {holders})", EBUSY)
+                           f"x86 has {COUNT} debug registers, all in use ({'; '.join(holders)})", EBUSY)
         if result:
             raise ArmError(f"tracepoint {tp.number}: cannot watch {tp.address:#x}: not mapped", -result)
 
     def stop(self) -> None:
-        """tstop: every breakpoint goes, with its hooks; plans stay for qTP."""
+        """tstop: every breakpoint of the run goes (the debugger's stay), and the hooks with the last one; plans
+        stay for qTP."""
+        own = [slot.index for slot in self.slots if slot is not None]
         self.slots = [None] * COUNT
         if self._registers is not None:
-            self._registers.clear_all()
+            self._registers.release(own)
 
     def arm(self, tp: Tracepoint, tsv_slots: int) -> bool:
         """A watch tracepoint enabled or defined during the run (server thread; the change is made on the CPU

@@ -138,6 +138,14 @@ def _function_instructions(source: CodeSource, address: int) -> tuple[str, int, 
     return name, start, end, instructions
 
 
+def instruction_at(source: CodeSource, address: int) -> Instruction:
+    """The instruction of a kernel function that starts at `address`; ProbePlacementError (saying why) when no
+    instruction does: outside kernel text or any function, or in the middle of an instruction. The first rule of
+    every probe, and what a debugger's breakpoint needs too."""
+    _name, _start, _end, instructions = _function_instructions(source, address)
+    return next(insn for insn in instructions if insn.address == address)
+
+
 def plan_probe(source: CodeSource, address: int, kind: str) -> ProbeSite:
     """Check `address` for a probe of `kind` ("jump" or "int3") and return what it displaces."""
     name, _start, end, instructions = _function_instructions(source, address)

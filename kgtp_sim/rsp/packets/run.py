@@ -1,0 +1,72 @@
+"""Packets that resume threads with an action each: `vCont?` and `vCont` (remote.c: remote_target::remote_vcont_probe,
+remote_resume_with_vcont).
+
+GDB asks `vCont?` once per connection, before its first resumption; when the reply lists `c`, `C`, `s` and `S`, it
+resumes with `vCont;ACTION[:THREAD];...` from then on instead of `Hc` + `c`/`s`, and with `r` listed it steps
+through a source line with one range step (`rSTART,END`: step while the PC stays in [START, END)). For each thread
+the leftmost action naming it, or naming no thread, applies; a thread no action names stays stopped (GDB's
+scheduler-locking). `t` (stop a thread) belongs to non-stop mode, which no target here offers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Self
+
+from .base import Packet, PacketError, parse_hex, split_exact
+from .connect import ALL_THREADS, parse_thread_id
+
+#: the actions of a vCont packet (gdbserver: server.cc handle_v_cont)
+CONTINUE, STEP, STOP, RANGE = "c", "s", "t", "r"
+
+
+@dataclass(frozen=True)
+class VContQuery(Packet):
+    """`vCont?`: which actions the stub's vCont knows."""
+
+    PREFIX = b"vCont?"
+    EXACT = True
+
+
+@dataclass(frozen=True)
+class VContAction:
+    """One action: `kind` is c (continue), s (step), t (stop) or r (step while the PC is in [start, end)); C and S
+    are c and s with a signal. `thread` is the one it names, -1 (all threads) when it names none."""
+
+    kind: str
+    thread: int = ALL_THREADS
+    signal: int = 0
+    start: int = 0
+    end: int = 0
+
+
+@dataclass(frozen=True)
+class VCont(Packet):
+    """`vCont;ACTION[:THREAD][;ACTION[:THREAD]]...`."""
+
+    PREFIX = b"vCont;"
+    actions: tuple[VContAction, ...] = ()
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        actions = []
+        for text in body.split(b";"):
+            action, colon, thread = text.partition(b":")
+            if colon and not thread:
+                raise PacketError("vCont: empty thread id")
+            actions.append(_action(action, parse_thread_id(thread) if colon else ALL_THREADS))
+        return cls(tuple(actions))
+
+
+def _action(text: bytes, thread: int) -> VContAction:
+    kind, rest = text[:1].decode("latin-1"), text[1:]
+    if kind in (CONTINUE, STEP, STOP):
+        if rest:
+            raise PacketError(f"vCont: unexpected {rest[:16]!r} after {kind}")
+        return VContAction(kind, thread)
+    if kind in ("C", "S"):
+        return VContAction(kind.lower(), thread, signal=parse_hex(rest, "signal", bits=8))
+    if kind == RANGE:
+        start, end = (parse_hex(value, "range") for value in split_exact(rest, b",", 2, "vCont;r"))
+        return VContAction(RANGE, thread, start=start, end=end)
+    raise PacketError(f"vCont: unknown action {text[:16]!r}")

@@ -1,0 +1,83 @@
+"""The transports: a stop the target makes by itself on another thread (a breakpoint hit while `c` waits) wakes
+the serving thread, which sends the session's stop reply, over TCP and over a pipe."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+from kgtp_sim.rsp.codec import Decoder, EventKind, encode_packet
+from kgtp_sim.rsp.dispatch import Deferred, Dispatcher, handles
+from kgtp_sim.rsp.packets import connect as c
+from kgtp_sim.rsp.server import RspServer
+from kgtp_sim.rsp.session import Session
+
+
+class Target:
+    """`c` runs until `stop_itself`, called from any thread."""
+
+    def __init__(self) -> None:
+        self.stopped: bytes | None = None
+        self.server: RspServer | None = None
+
+    @handles(c.Continue)
+    def cont(self, packet):
+        self.stopped = None
+        return Deferred()
+
+    def stop_itself(self) -> None:
+        self.stopped = b"T05thread:2;"
+        assert self.server is not None
+        self.server.wake()
+
+
+def _server(target: Target) -> RspServer:
+    dispatcher = Dispatcher((target,))
+    server = RspServer(lambda: Session(dispatcher, async_stop=lambda: target.stopped), port=0)
+    target.server = server
+    return server
+
+
+def _next_packet(read) -> bytes:
+    decoder = Decoder()
+    while True:
+        for event in decoder.feed(read()):
+            if event.kind is EventKind.PACKET:
+                return event.payload
+
+
+def test_over_tcp():
+    target = Target()
+    server = _server(target)
+    _, port = server.bind()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(encode_packet(b"c"))
+            assert sock.recv(1) == b"+"  # acknowledged; no reply while the target runs
+            threading.Thread(target=target.stop_itself).start()
+            assert _next_packet(lambda: sock.recv(4096)) == b"T05thread:2;"
+    finally:
+        server.shutdown()
+
+
+def test_over_a_pipe():
+    target = Target()
+    server = _server(target)
+    to_stub, from_gdb = os.pipe()
+    to_gdb, from_stub = os.pipe()
+    thread = threading.Thread(target=server.serve_pipe, args=(to_stub, from_stub), daemon=True)
+    thread.start()
+    try:
+        os.write(from_gdb, encode_packet(b"c"))
+        assert os.read(to_gdb, 1) == b"+"
+        threading.Thread(target=target.stop_itself).start()
+        assert _next_packet(lambda: os.read(to_gdb, 4096)) == b"T05thread:2;"
+    finally:
+        server.shutdown()
+        os.close(from_gdb)
+        thread.join(5)
+        for fd in (to_stub, to_gdb, from_stub):
+            os.close(fd)
