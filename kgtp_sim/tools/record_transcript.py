@@ -1,6 +1,6 @@
 """Record a real GDB session against a freshly started stub as a transcript (see transcript.py).
 
-    python -m kgtp_sim.tools.record_transcript OUT.rsp --gdb /usr/bin/gdb -- -ex 'info registers rip' ...
+    python -m kgtp_sim.tools.record_transcript [--gdb /usr/bin/gdb] OUT.rsp -ex 'info registers rip' ...
 
 Starts `kgtp-sim serve` on a free port, puts the recording proxy in front of it, runs GDB in batch mode with
 the bundled kernel's symbols and the given GDB arguments, and writes what went over the wire. The stub has one
