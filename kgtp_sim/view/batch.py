@@ -36,13 +36,76 @@ def as_bytes_array(data: bytes | bytearray | memoryview | np.ndarray) -> np.ndar
     return np.frombuffer(data, dtype=np.uint8)
 
 
+def rows_at(data: np.ndarray, offsets: np.ndarray, width: int) -> np.ndarray:
+    """The `width` bytes at each of `offsets` in `data`, one row each: a view of `data` when the offsets are
+    evenly spaced (a run of frames of one size, as a ring or a recorded packet holds them), else a copy."""
+    count = len(offsets)
+    if count > 1:
+        first, step = int(offsets[0]), int(offsets[1]) - int(offsets[0])
+        if step > 0 and first >= 0 and first + step * (count - 1) + width <= len(data) and \
+                (count == 2 or (np.diff(offsets) == step).all()):
+            return np.lib.stride_tricks.as_strided(data[first:], shape=(count, width), strides=(step, 1),
+                                                   writeable=False)
+    return data[offsets[:, None] + np.arange(width)]
+
+
+class FrameRows:
+    """Frames of one size as rows of bytes, read a field at a time (decode.py). Frames that lie evenly spaced in
+    their buffer (a ring read's or a packet's run of one tracepoint) are views of it: a field of all of them is
+    one strided copy per run, not a gather per byte."""
+
+    MAX_RUNS = 64
+
+    def __init__(self, data: np.ndarray, body: np.ndarray, size: int) -> None:
+        self.count = len(body)
+        order = np.argsort(body, kind="stable")
+        ordered = body[order]
+        self.inverse = None if (order == np.arange(self.count)).all() else np.argsort(order)
+        gaps = np.diff(ordered)
+        step = int(np.bincount(gaps).argmax()) if len(gaps) and gaps.min() >= 0 and gaps.max() < 1 << 24 else size
+        breaks = np.flatnonzero(gaps != step) + 1 if len(gaps) else np.zeros(0, dtype=_I64)
+        if len(breaks) < self.MAX_RUNS and step >= 1 and int(ordered[-1]) + size <= len(data):
+            self.data, self.step = data, step
+            bounds = np.concatenate(([0], breaks, [self.count])).tolist()
+            self.runs = [(int(ordered[a]), b - a) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        else:  # scattered: one gather of every frame, then one run
+            self.data = data[ordered[:, None] + np.arange(size)].ravel()
+            self.step = size
+            self.runs = [(0, self.count)]
+
+    def _sorted(self, offset: int, width: int) -> np.ndarray:
+        parts = [np.lib.stride_tricks.as_strided(self.data[start + offset :], shape=(count, width),
+                                                 strides=(self.step, 1), writeable=False)
+                 for start, count in self.runs]
+        return np.ascontiguousarray(parts[0]) if len(parts) == 1 else np.concatenate(parts)
+
+    def field(self, offset: int, width: int) -> np.ndarray:
+        """The `width` bytes at `offset` of every frame, a row each, in the frames' order."""
+        rows = self._sorted(offset, width)
+        return rows if self.inverse is None else rows[self.inverse]
+
+    def uint(self, offset: int, width: int) -> np.ndarray:
+        """The little-endian unsigned integers of `width` bytes (1, 2, 4 or 8) at `offset`, as uint64."""
+        kind = np.dtype(f"<u{width}")
+        parts = [np.ndarray((count,), kind, self.data, start + offset, (self.step,)).astype(np.uint64)
+                 for start, count in self.runs]
+        values = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return values if self.inverse is None else values[self.inverse]
+
+
 def read_uint(data: np.ndarray, offsets: np.ndarray, width: int) -> np.ndarray:
     """The little-endian unsigned integers of `width` bytes (1..8) at each of `offsets` in `data`, as uint64."""
     offsets = np.asarray(offsets, dtype=_I64)
+    count = len(offsets)
+    if width in (1, 2, 4, 8) and count > 1:
+        first, step = int(offsets[0]), int(offsets[1]) - int(offsets[0])
+        if step > 0 and first >= 0 and first + step * (count - 1) + width <= len(data) and \
+                (count == 2 or (np.diff(offsets) == step).all()):
+            return np.ndarray((count,), f"<u{width}", data, first, (step,)).astype(np.uint64)
+    rows = rows_at(data, offsets, width)
     if width in (1, 2, 4, 8):
-        rows = data[offsets[:, None] + np.arange(width)]
-        return rows.view(f"<u{width}")[:, 0].astype(np.uint64)
-    rows = data[offsets[:, None] + np.arange(width)].astype(np.uint64)
+        return np.ascontiguousarray(rows).view(f"<u{width}")[:, 0].astype(np.uint64)
+    rows = rows.astype(np.uint64)
     return (rows << (np.arange(width, dtype=np.uint64) * np.uint64(8))).sum(axis=1, dtype=np.uint64)
 
 

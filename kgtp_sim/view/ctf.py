@@ -70,7 +70,7 @@ class StreamWriter:
 
     def _open(self) -> None:
         path = self._path()
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         self._size = os.fstat(self._fd).st_size
         self._parts.append(path)
 
@@ -86,17 +86,20 @@ class StreamWriter:
         context = PACKET_CONTEXT.pack(begin, end, (total - tail) * 8, total * 8, self.sequence, self.discarded,
                                       self.cpu)
         data = header + context + bytes(start - PACKET_START) + bytes(events)
-        if self._fd is None:
-            self._open()
-        elif self.max_size and self._size and self._size + len(data) > self.max_size:
-            self._rotate()
         before = self._size
         try:
+            if self._fd is None:
+                self._open()
+                before = self._size
+            elif self.max_size and self._size and self._size + len(data) > self.max_size:
+                self._rotate()
+                before = self._size
             written = 0
             while written < len(data):
                 written += os.write(self._fd, data[written:])
         except OSError as error:
-            self._cut(before)
+            if self._fd is not None:
+                self._cut(before)
             self.failed += 1
             self.discarded += count
             self.error = os.strerror(error.errno) if error.errno else str(error)
@@ -245,37 +248,28 @@ class Packet:
     content: bytes  #: the events: from the packet's first event to its content end, rounded up to `align`
 
 
-def read_packets(path: Path, align: int = 1, chunk: int = 1 << 22) -> Iterator[Packet]:
-    """The packets of a stream file, in order; a packet the file cuts short ends the reading (a recorder that
-    died mid-write leaves none: packets are whole or absent)."""
+def read_packets(path: Path, align: int = 1) -> Iterator[Packet]:
+    """The packets of a stream file, in order, one read each; a packet the file cuts short ends the reading (a
+    recorder that died mid-write leaves none: packets are whole or absent)."""
     with open(path, "rb") as handle:
-        buffer = b""
         offset = 0
         while True:
-            if len(buffer) - offset < PACKET_START:
-                more = handle.read(chunk)
-                if not more:
-                    return
-                buffer = buffer[offset:] + more
-                offset = 0
-                continue
-            magic, _, _, _ = PACKET_HEADER.unpack_from(buffer, offset)
+            start = handle.read(PACKET_START)
+            if len(start) < PACKET_START:
+                return
+            magic, _, _, _ = PACKET_HEADER.unpack_from(start)
             if magic != CTF_MAGIC:
                 raise ValueError(f"{path}: no CTF packet at offset {offset}")
-            begin, end, content, size, sequence, discarded, cpu = PACKET_CONTEXT.unpack_from(
-                buffer, offset + PACKET_HEADER.size)
+            begin, end, content, size, sequence, discarded, cpu = PACKET_CONTEXT.unpack_from(start, PACKET_HEADER.size)
             size //= 8
             if size < PACKET_START or content // 8 > size:
                 raise ValueError(f"{path}: corrupt packet context at offset {offset}")
-            while len(buffer) - offset < size:
-                more = handle.read(max(chunk, size))
-                if not more:
-                    return
-                buffer = buffer[offset:] + more
-                offset = 0
-            start = offset + -(-PACKET_START // align) * align
-            stop = offset + min(size, -(-(content // 8) // align) * align)
-            yield Packet(cpu, begin, end, sequence, discarded, buffer[start:stop])
+            rest = handle.read(size - PACKET_START)
+            if len(rest) < size - PACKET_START:
+                return
+            first = -(-PACKET_START // align) * align - PACKET_START
+            stop = min(size, -(-(content // 8) // align) * align) - PACKET_START
+            yield Packet(cpu, begin, end, sequence, discarded, rest[first:stop] if first or stop < len(rest) else rest)
             offset += size
 
 

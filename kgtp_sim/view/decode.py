@@ -30,7 +30,7 @@ from ..arch import amd64
 from ..machine import Marker
 from ..machine.dwarf import DWARF_REGISTERS, INT, LONG, CType, Unavailable
 from ..tracing.core.sdata import render
-from .batch import FrameBatch, read_int, read_uint
+from .batch import FrameBatch, FrameRows, read_uint
 from .cexpr import ExpressionError, FrameContext, Value, evaluate, to_python
 from .fields import GENERAL_REGISTERS, Field, FrameReader, split_arguments
 from .layout import Layout, LayoutTable, layout_of
@@ -125,30 +125,35 @@ def value_at(column: Column, index: int):
     return [value_at(child, index) for child in column.items]
 
 
-def column_of(source: Source, data: np.ndarray, body: np.ndarray) -> Column:
-    """The values of `source` for frames whose blocks start at `body` in `data`."""
+def column_of(source: Source, rows: FrameRows) -> Column:
+    """The values of `source` for the frames of `rows`."""
     if isinstance(source, Const):
         return source
     if isinstance(source, Int):
         offsets = source.offsets
         width = len(offsets)
-        if offsets == tuple(range(offsets[0], offsets[0] + width)):
-            return Ints(read_int(data, body + offsets[0], width, source.signed))
-        raw = data[body[:, None] + np.array(offsets, dtype=np.int64)[None, :]]
-        gathered = np.zeros((len(body), 8), dtype=np.uint8)
-        gathered[:, :width] = raw
-        values = gathered.view("<u8")[:, 0]
-        if source.signed and width < 8:
-            signed = values.astype(np.int64)
-            return Ints(np.where(signed >= 1 << (8 * width - 1), signed - (1 << 8 * width), signed))
-        return Ints(values.view(np.int64) if source.signed else values)
+        if offsets == tuple(range(offsets[0], offsets[0] + width)) and width in (1, 2, 4, 8):
+            values = rows.uint(offsets[0], width)
+        else:
+            low = min(offsets)
+            raw = rows.field(low, max(offsets) + 1 - low)[:, np.array(offsets, dtype=np.int64) - low]
+            gathered = np.zeros((rows.count, 8), dtype=np.uint8)
+            gathered[:, :width] = raw
+            values = gathered.view("<u8")[:, 0]
+        if not source.signed:
+            return Ints(values)
+        if width == 8:
+            return Ints(values.view(np.int64))
+        signed = values.astype(np.int64)
+        return Ints(np.where(signed >= 1 << (8 * width - 1), signed - (1 << 8 * width), signed))
     if isinstance(source, Text):
-        rows = data[body[:, None] + np.array(source.offsets, dtype=np.int64)[None, :]]
-        return Texts([row.split(b"\0", 1)[0].decode("latin-1") for row in map(bytes, rows)])
+        low = min(source.offsets)
+        raw = rows.field(low, max(source.offsets) + 1 - low)[:, np.array(source.offsets) - low]
+        return Texts([row.split(b"\0", 1)[0].decode("latin-1") for row in map(bytes, raw)])
     if isinstance(source, Items):
-        return ItemColumns([column_of(item, data, body) for item in source.items])
+        return ItemColumns([column_of(item, rows) for item in source.items])
     if isinstance(source, Members):
-        return MemberColumns([(name, column_of(child, data, body)) for name, child in source.members])
+        return MemberColumns([(name, column_of(child, rows)) for name, child in source.members])
     raise _NotPlaced("a per-frame value has no column")
 
 
@@ -485,7 +490,7 @@ def _agrees(source: Source, frame: Frame, expected) -> bool:
     """Whether the plan gives `frame` the value the FrameReader gave it (`expected`)."""
     data = np.frombuffer(frame.raw, dtype=np.uint8)
     try:
-        got = value_at(column_of(source, data, np.zeros(1, dtype=np.int64)), 0)
+        got = value_at(column_of(source, FrameRows(data, np.zeros(1, dtype=np.int64), len(data))), 0)
     except (_NotPlaced, IndexError, ValueError):
         return False
     return _same(got, expected)
@@ -542,8 +547,9 @@ class BulkReader:
         """Every frame of `batch`, class by class (each class's rows in batch order)."""
         classes = self.table.classify(batch)
         out = []
-        for index in np.unique(classes).tolist():
-            remaining = np.flatnonzero(classes == index)
+        single = len(classes) and classes[0] == classes.min() == classes.max()
+        for index in [int(classes[0])] if single else np.unique(classes).tolist():
+            remaining = np.arange(len(classes)) if single else np.flatnonzero(classes == index)
             plans = self.plans.setdefault(index, [])
             position = 0
             while remaining.size:
@@ -560,7 +566,7 @@ class BulkReader:
         return out
 
     def _decode(self, plan: ClassPlan, batch: FrameBatch, rows: np.ndarray) -> Decoded:
-        body = batch.body[rows]
+        frames = FrameRows(batch.data, batch.body[rows], plan.layout.size)
         columns: list[Column] = []
         per_frame: list[list[Field]] | None = None
         for number, planned in enumerate(plan.fields):
@@ -569,7 +575,7 @@ class BulkReader:
                     per_frame = [self.reader.fields(batch.frame(int(row))) for row in rows]
                 columns.append(Values([fields[number].value for fields in per_frame]))
             else:
-                columns.append(column_of(planned.source, batch.data, body))
+                columns.append(column_of(planned.source, frames))
         return Decoded(plan, rows, columns, self._sdata(plan, batch, rows))
 
     def _sdata(self, plan: ClassPlan, batch: FrameBatch, rows: np.ndarray) -> list | None:

@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from .batch import FrameBatch
-from .ctf import UNKNOWN_CPU, StreamWriter, comment, identifier, packet_context, preamble, write_metadata
+from .ctf import (UNKNOWN_CPU, StreamWriter, comment, identifier, packet_context, preamble, stream_files,
+                  write_metadata)
 from .decode import (BulkReader, Column, Const, Decoded, ItemColumns, Ints, MemberColumns, Texts, Values,
                      value_at)
 from .fields import Field, FrameReader, flatten
@@ -348,6 +349,9 @@ class CtfWriter:
 
     def __init__(self, run: Run, reader: FrameReader, directory: Path, bulk: bool = True) -> None:
         directory.mkdir(parents=True, exist_ok=True)
+        for paths in stream_files(directory).values():  # an earlier trace's streams would not match this one
+            for path in paths:
+                path.unlink()
         self.run, self.reader, self.directory = run, reader, directory
         self.writer = _Writer(run, reader, bulk)
         self.classes: dict[tuple, EventClass] = {}
@@ -442,17 +446,21 @@ class CtfWriter:
         lengths = sizes[rows]
         ends = np.cumsum(lengths)
         starts = ends - lengths
-        out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.uint8)
-        position = np.full(len(batch), -1, dtype=np.int64)
-        position[rows] = starts
-        for block_rows, records in blocks:
-            at = position[block_rows]
-            keep = at >= 0
-            if keep.any():
-                out[at[keep][:, None] + np.arange(records.shape[1])] = records[keep]
-        for index, row in enumerate(rows.tolist()):
-            if events[row] is not None:
-                out[starts[index] : ends[index]] = np.frombuffer(events[row], dtype=np.uint8)
+        whole = [records for block_rows, records in blocks if len(block_rows) == len(batch)]
+        if whole:  # every frame of the batch in one class: its records, this CPU's in order
+            out = whole[0][rows].reshape(-1)
+        else:
+            out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.uint8)
+            position = np.full(len(batch), -1, dtype=np.int64)
+            position[rows] = starts
+            for block_rows, records in blocks:
+                at = position[block_rows]
+                keep = at >= 0
+                if keep.any():
+                    out[at[keep][:, None] + np.arange(records.shape[1])] = records[keep]
+            for index, row in enumerate(rows.tolist()):
+                if events[row] is not None:
+                    out[starts[index] : ends[index]] = np.frombuffer(events[row], dtype=np.uint8)
         first = 0
         while first < len(rows):
             last = int(np.searchsorted(ends, starts[first] + _PACKET_CONTENT, side="right"))

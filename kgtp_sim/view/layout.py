@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..arch import amd64
-from .batch import FrameBatch
+from .batch import FrameBatch, FrameRows
 from .model import TraceFormatError
 
 _MEMORY = struct.Struct("<QH")
@@ -175,15 +175,20 @@ class LayoutTable:
         if not len(batch):
             return out
         keys = batch.tracepoint * (1 << 32) + batch.size
-        unique, inverse = np.unique(keys, return_inverse=True)
-        for group, key in enumerate(unique.tolist()):
-            members = np.flatnonzero(inverse == group)
+        if keys[0] == keys.min() == keys.max():  # one tracepoint, one size: the usual run
+            groups = [(int(keys[0]), np.arange(len(batch)))]
+        else:
+            unique, inverse = np.unique(keys, return_inverse=True)
+            groups = [(key, np.flatnonzero(inverse == group)) for group, key in enumerate(unique.tolist())]
+        for key, members in groups:
             tracepoint, size = key >> 32, key & 0xFFFFFFFF
             while members.size:
                 for index in self._candidates.get((tracepoint, size), []):
                     layout = self.classes[index][1]
                     if layout.skeleton_at.size:
-                        bytes_at = batch.data[batch.body[members][:, None] + layout.skeleton_at[None, :]]
+                        low, high = int(layout.skeleton_at.min()), int(layout.skeleton_at.max()) + 1
+                        rows = FrameRows(batch.data, batch.body[members], size).field(low, high - low)
+                        bytes_at = rows[:, layout.skeleton_at - low]
                         match = (bytes_at == layout.skeleton[None, :]).all(axis=1)
                     else:
                         match = np.ones(members.size, dtype=bool)

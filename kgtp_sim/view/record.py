@@ -70,6 +70,7 @@ class Recorder:
 
     def __init__(self, directory: Path, kernel: Path, max_size: int | None = None, keep: int | None = None) -> None:
         self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
         self.max_size, self.keep = max_size, keep
         self.trace_uuid = uuid.uuid4()
         self.run = Run(origin="recorded")
