@@ -69,8 +69,9 @@ def _wait(condition, timeout: float, what: str) -> None:
 
 
 def _source(number: int, address: int, kind: str, text: str) -> bytes:
+    """A QTDPsrc body (the user's text of a tracepoint, as GDB sends it)."""
     data = text.encode()
-    return b"QTDPsrc:%x:%x:%s:0:%x:%s" % (number, address, kind.encode(), len(data), data.hex().encode())
+    return b"%x:%x:%s:0:%x:%s" % (number, address, kind.encode(), len(data), data.hex().encode())
 
 
 class Kernel:
@@ -94,14 +95,15 @@ class Kernel:
         if kind == "regs":
             address = _address(self.image, "kgtp_test_function")
             counter = _address(self.image, "kgtp_counter")
-            definitions.define(t.DefineTracepoint.parse(b"QTDP:1:%x:E:0:0-" % address))
-            definitions.add_actions(t.TracepointActions.parse(b"QTDP:-1:%x:Rffffffffff:M-1,%x,4" % (address, counter)))
+            definitions.define(t.DefineTracepoint.parse(b"1:%x:E:0:0-" % address))
+            for action in (b"Rffffffffff", b"M-1,%x,4" % counter):  # what GDB sends for `collect $regs, kgtp_counter`
+                definitions.add_actions(t.TracepointActions.parse(b"1:%x:%s" % (address, action)))
             sources = [("at", "kgtp_test_function"), ("cmd", "collect $regs, kgtp_counter")]
         else:
             definition, actions = packets(Config("dynamic-jump", "cond+expr", "opt"), self.image, load(FIXTURE))
-            definitions.define(t.DefineTracepoint.parse(b"QTDP:" + definition))
+            definitions.define(t.DefineTracepoint.parse(definition))
             for action in actions:
-                definitions.add_actions(t.TracepointActions.parse(b"QTDP:-" + action))
+                definitions.add_actions(t.TracepointActions.parse(action))
             address = int(definition.split(b":")[1], 16)
             sources = [("at", "kgtp_test_function"), ("cond", "(2*counter1+3*counter2)>0"),
                        ("cmd", "collect (2*counter1+3*counter2)")]

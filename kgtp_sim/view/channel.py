@@ -71,8 +71,8 @@ def messages(host: str, port: int, request: dict, timeout: float | None = None, 
                 raise ChannelError(message.get("message", "refused"))
             if raw and message.get("t") == "entries":
                 length = sum(item["bytes"] for item in message["cpus"])
-                message["data"] = reader.read(length)
-                if len(message["data"]) != length:
+                message["data"] = bytearray(length)
+                if reader.readinto(message["data"]) != length:
                     raise ChannelError(f"the follow channel at {host}:{port} closed in the middle of a message")
             yield message
     finally:

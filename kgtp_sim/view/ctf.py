@@ -81,22 +81,24 @@ class StreamWriter:
         failed (its events are then counted as discarded)."""
         self.discarded += lost
         start = -(-PACKET_START // self.align) * self.align
+        events = memoryview(events).cast("B")
         total = start + len(events)
         header = PACKET_HEADER.pack(CTF_MAGIC, self.trace_uuid.bytes, 0, self.cpu)
         context = PACKET_CONTEXT.pack(begin, end, (total - tail) * 8, total * 8, self.sequence, self.discarded,
                                       self.cpu)
-        data = header + context + bytes(start - PACKET_START) + bytes(events)
+        head = header + context + bytes(start - PACKET_START)
         before = self._size
         try:
             if self._fd is None:
                 self._open()
                 before = self._size
-            elif self.max_size and self._size and self._size + len(data) > self.max_size:
+            elif self.max_size and self._size and self._size + total > self.max_size:
                 self._rotate()
                 before = self._size
-            written = 0
-            while written < len(data):
-                written += os.write(self._fd, data[written:])
+            written = os.writev(self._fd, [head, events])
+            while written < total:  # a short write: the rest, from where it stopped
+                rest = (head + events.tobytes())[written:] if written < len(head) else events[written - len(head):]
+                written += os.write(self._fd, rest)
         except OSError as error:
             if self._fd is not None:
                 self._cut(before)
@@ -104,7 +106,7 @@ class StreamWriter:
             self.discarded += count
             self.error = os.strerror(error.errno) if error.errno else str(error)
             return False
-        self._size += len(data)
+        self._size += total
         self.sequence += 1
         self.written += count
         self.reported, self.last_end = self.discarded, end

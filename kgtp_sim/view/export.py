@@ -466,7 +466,7 @@ class CtfWriter:
             last = int(np.searchsorted(ends, starts[first] + _PACKET_CONTENT, side="right"))
             last = max(last, first + 1)
             ns = batch.ns[rows[first:last]]
-            stream.packet(out[starts[first] : ends[last - 1]].tobytes(), last - first, max(int(ns[0]), 0),
+            stream.packet(memoryview(out[starts[first] : ends[last - 1]]), last - first, max(int(ns[0]), 0),
                           max(int(ns[-1]), 0))
             first = last
 

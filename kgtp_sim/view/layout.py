@@ -73,6 +73,21 @@ class Layout:
         """What identifies the layout: everything but memory blocks' addresses."""
         return (self.size, tuple((b.kind, b.at, b.length, b.number, b.mask) for b in self.blocks))
 
+    @property
+    def skeleton_runs(self) -> list[tuple[int, np.ndarray]]:
+        """The skeleton as runs of consecutive bytes: (offset, their values)."""
+        runs = self.__dict__.get("_runs")
+        if runs is None:
+            runs = []
+            for offset, value in zip(self.skeleton_at.tolist(), self.skeleton.tolist()):
+                if runs and runs[-1][0] + len(runs[-1][1]) == offset:
+                    runs[-1][1].append(value)
+                else:
+                    runs.append((offset, [value]))
+            runs = [(offset, np.array(values, dtype=np.uint8)) for offset, values in runs]
+            object.__setattr__(self, "_runs", runs)
+        return runs
+
     def last(self, *kinds: str) -> BlockAt | None:
         """The last block of these kinds (the view's rule for registers and static data: the last one wins)."""
         return next((b for b in reversed(self.blocks) if b.kind in kinds), None)
@@ -186,10 +201,10 @@ class LayoutTable:
                 for index in self._candidates.get((tracepoint, size), []):
                     layout = self.classes[index][1]
                     if layout.skeleton_at.size:
-                        low, high = int(layout.skeleton_at.min()), int(layout.skeleton_at.max()) + 1
-                        rows = FrameRows(batch.data, batch.body[members], size).field(low, high - low)
-                        bytes_at = rows[:, layout.skeleton_at - low]
-                        match = (bytes_at == layout.skeleton[None, :]).all(axis=1)
+                        rows = FrameRows(batch.data, batch.body[members], size)
+                        match = np.ones(members.size, dtype=bool)
+                        for at, expected in layout.skeleton_runs:
+                            match &= (rows.field(at, len(expected)) == expected).all(axis=1)
                     else:
                         match = np.ones(members.size, dtype=bool)
                     out[members[match]] = index

@@ -108,7 +108,7 @@ class Recorder:
         if message.get("kret"):
             self.kret.update({int(k): v for k, v in message["kret"].items()})
             self.dirty = True
-        data = np.frombuffer(bytearray(message["data"]), dtype=np.uint8)
+        data = np.frombuffer(message["data"], dtype=np.uint8)  # writable: the channel reads into a bytearray
         taken, at = 0, 0
         for item in message["cpus"]:
             taken += self._take(item, data[at : at + item["bytes"]])
@@ -143,15 +143,15 @@ class Recorder:
         reordered = data[frames[:, None] + _ORDER[None, :]]
         data[frames[:, None] + np.arange(2)] = ids.view(np.uint8).reshape(-1, 2)
         data[frames[:, None] + np.arange(2, BLOCKS_AT)] = reordered
-        if len(pads):  # padding entries (at the ring's physical end) are left out: the frames back to back
-            keep = np.ones(len(data), dtype=bool)
-            for start, length in zip(pads.tolist(), read_uint(data, pads, 4).astype(np.int64).tolist()):
-                keep[start : start + length] = False
-            frames = frames - np.cumsum(~keep)[frames]
-            data = data[keep]
-        self.pending.setdefault(cpu, []).append((data, frames))
-        self.pending_bytes[cpu] = self.pending_bytes.get(cpu, 0) + len(data)
-        if self.pending_bytes[cpu] >= PACKET_BYTES:
+        # the runs of frames between padding entries (at the ring's physical end), each written as it lies
+        cuts = [0] + [int(x) for pad, length in zip(pads.tolist(), read_uint(data, pads, 4).tolist())
+                      for x in (pad, pad + length)] + [len(data)]
+        for low, high in zip(cuts[::2], cuts[1::2]):
+            inside = frames[(frames >= low) & (frames < high)]
+            if len(inside):
+                self.pending.setdefault(cpu, []).append((data[low:high], inside - low))
+                self.pending_bytes[cpu] = self.pending_bytes.get(cpu, 0) + high - low
+        if self.pending_bytes.get(cpu, 0) >= PACKET_BYTES:
             self._flush_cpu(cpu)
         return len(frames)
 
@@ -183,8 +183,7 @@ class Recorder:
                 lines.append(f"{integer(8, text=True)} {prefix}[1];")
                 if block.kind == "r":
                     lines.append(f"{integer(32, base=16)} {names.take('regs_mask')};")
-                for register in _registers(block):
-                    lines.append(register(names))
+                lines += _registers(block, names)
             elif block.kind == "M":
                 name, kind = known.get((block.address, block.length), (None, None))
                 if name is None:
@@ -260,25 +259,34 @@ class Recorder:
         self.flushed = time.monotonic()
 
     def _flush_cpu(self, cpu: int) -> None:
-        pieces = self.pending.pop(cpu, [])
+        """Write a CPU's waiting frames as packets of at most PACKET_BYTES (a run of frames as it lies, without a
+        copy; small runs joined first)."""
+        pending = self.pending.pop(cpu, [])
         self.pending_bytes[cpu] = 0
-        if not pieces:
-            return
-        bases = np.cumsum([0] + [len(d) for d, _ in pieces[:-1]])
-        data = np.concatenate([d for d, _ in pieces]) if len(pieces) > 1 else pieces[0][0]
-        starts = np.concatenate([s + b for (_, s), b in zip(pieces, bases)])
-        lengths = read_uint(data, starts + RECORDED.length, 4).astype(np.int64)
-        ends = starts + lengths
+        pieces, small = [], []
+        for piece in pending + [None]:  # consecutive small reads joined: one packet rather than one each
+            if piece is not None and len(piece[0]) < PACKET_BYTES // 16:
+                small.append(piece)
+                continue
+            if len(small) > 1:
+                bases = np.cumsum([0] + [len(d) for d, _ in small[:-1]])
+                small = [(np.concatenate([d for d, _ in small]),
+                          np.concatenate([s + b for (_, s), b in zip(small, bases)]))]
+            pieces += small + ([piece] if piece is not None else [])
+            small = []
         stream = self._stream(cpu)
-        first = 0
-        while first < len(starts):
-            last = max(int(np.searchsorted(ends, starts[first] + PACKET_BYTES, side="right")), first + 1)
-            size = int(read_uint(data, starts[last - 1 : last] + RECORDED.size, 4)[0])
-            tail = int(lengths[last - 1]) - BLOCKS_AT - size
-            stamps = read_uint(data, np.array([starts[first], starts[last - 1]]) + RECORDED.stamp, 8)
-            stream.packet(data[int(starts[first]) : int(ends[last - 1])].tobytes(), last - first, int(stamps[0]),
-                          int(stamps[1]), tail)
-            first = last
+        for data, starts in pieces:
+            lengths = read_uint(data, starts + RECORDED.length, 4).astype(np.int64)
+            ends = starts + lengths
+            first = 0
+            while first < len(starts):
+                last = max(int(np.searchsorted(ends, starts[first] + PACKET_BYTES, side="right")), first + 1)
+                size = int(read_uint(data, starts[last - 1 : last] + RECORDED.size, 4)[0])
+                tail = int(lengths[last - 1]) - BLOCKS_AT - size
+                stamps = read_uint(data, np.array([starts[first], starts[last - 1]]) + RECORDED.stamp, 8)
+                stream.packet(memoryview(data[int(starts[first]) : int(ends[last - 1])]), last - first,
+                              int(stamps[0]), int(stamps[1]), tail)
+                first = last
 
     # ---- metadata
 
@@ -364,20 +372,16 @@ class _Names:
         return name
 
 
-_SMALL = {"eflags", "cs", "ss", "ds", "es", "fs", "gs"}
-
-
-def _registers(block: BlockAt):
-    """TSDL field makers for a register block's registers, in order."""
+def _registers(block: BlockAt, names: _Names) -> list[str]:
+    """The TSDL fields of a register block's registers, in order: a `g` block's general registers then its x87
+    state as one text field, or a compact block's registers (8 bytes each)."""
     if block.kind == "R":
-        general = [reg for reg in amd64.GENERAL_REGISTERS]
+        general = amd64.GENERAL_REGISTERS
         rest = amd64.G_PACKET_SIZE - sum(reg.size for reg in general)
-        makers = [lambda names, r=reg: f"{integer(8 * r.size, base=16)} {names.take('regs_' + r.name)};"
-                  for reg in general]
-        makers.append(lambda names: f"{integer(8, text=True)} {names.take('regs_x87')}[{rest}];  /* st0-7, fctrl.. */")
-        return makers
+        return [f"{integer(8 * reg.size, base=16)} {names.take('regs_' + reg.name)};" for reg in general] + [
+            f"{integer(8, text=True)} {names.take('regs_x87')}[{rest}];  /* st0-st7, fctrl-fop */"]
     present = [reg for index, reg in enumerate(amd64.GENERAL_REGISTERS) if block.mask >> index & 1]
-    return [lambda names, r=reg: f"{integer(64, base=16)} {names.take('regs_' + r.name)};" for r in present]
+    return [f"{integer(64, base=16)} {names.take('regs_' + reg.name)};" for reg in present]
 
 
 def _typed(kind, length: int) -> str:
