@@ -5,7 +5,7 @@ the ring), and *compact*, the thesis' `if (2*counter1+3*counter2)>0` / `collect 
 bytes of compact registers, 64 in the ring: what `--smp` measures). The rows:
 
 - *production*: frames a second the kernel commits at full pace (every CPU's workload thread calling
-  kgtp_test_function without sleeping), 1 and 2 CPUs, a circular 8 MiB ring per CPU, nobody reading;
+  kgtp_test_function without sleeping), 1 and 2 CPUs, a circular 5 MiB ring per CPU (serve's), nobody reading;
 - *recording*: `kgtp-sim record` (a child process) beside the stub (this process: the machine, the tracer and the
   follow channel, as `kgtp-sim serve` runs them): the regs tracepoint at serve's default pace (the recorder
   should lose nothing), and the compact one at full pace (frames recorded a second; every frame is recorded or
@@ -42,6 +42,7 @@ from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.stub.follow import FollowServer
 from kgtp_sim.tracing import Tracer
+from kgtp_sim.tracing.core.model import DEFAULT_BUFFER_SIZE
 from kgtp_sim.view.batch import FrameBatch
 from kgtp_sim.view.ctf import stream_files
 from kgtp_sim.view.decode import BulkReader
@@ -54,7 +55,7 @@ from .record import FIXTURE, load
 from .runner import Config, packets
 from .smp import FULL_SPEED_PACE
 
-BUFFER_PER_CPU = 8 << 20
+BUFFER_PER_CPU = DEFAULT_BUFFER_SIZE  #: `kgtp-sim serve`'s ring per CPU
 SERVE_PACE = 100  #: `kgtp-sim serve`'s pace (machine.DEFAULT_PACE): kgtp_test_function calls per tick
 SIZES = (10_000, 100_000, 1_000_000)
 FORMATS = ("ctf", "jsonl", "chrome")
@@ -93,8 +94,8 @@ class Kernel:
         definitions = self.tracer.definitions
         definitions.clear_tracepoints()
         if kind == "regs":
-            address = _address(self.image, "kgtp_test_function")
-            counter = _address(self.image, "kgtp_counter")
+            address = self.image.address_of("kgtp_test_function")
+            counter = self.image.address_of("kgtp_counter")
             definitions.define(t.DefineTracepoint.parse(b"1:%x:E:0:0-" % address))
             for action in (b"Rffffffffff", b"M-1,%x,4" % counter):  # what GDB sends for `collect $regs, kgtp_counter`
                 definitions.add_actions(t.TracepointActions.parse(b"1:%x:%s" % (address, action)))
@@ -118,15 +119,6 @@ class Kernel:
             self.tracer.stop(t.StopReason.STOP_COMMAND)
         self.follow.shutdown()
         self.machine.shutdown()
-
-
-def _address(image: KernelImage, name: str) -> int:
-    from kgtp_sim.machine.dwarf import KernelDwarf
-
-    dwarf = KernelDwarf(image.path)
-    if name == "kgtp_test_function":
-        return dwarf.address_of(name)
-    return dwarf.global_variable(name)[0]
 
 
 # ---- production ---------------------------------------------------------------------------------------------
