@@ -10,11 +10,10 @@ bytes of compact registers, 64 in the ring: what `--smp` measures). The rows:
   follow channel, as `kgtp-sim serve` runs them): the regs tracepoint at serve's default pace (the recorder
   should lose nothing), and the compact one at full pace (frames recorded a second; every frame is recorded or
   counted lost: recorded + lost = created is checked);
-- *reading*: recorded traces of 10^4, 10^5, 10^6 regs frames (a real recorded run's frames, repeated with
-  their times and sequences moved on, written by the recorder's own writer): `kgtp-sim export` to each format
-  (frames a second, peak RSS), follow's decoding and line formatting, babeltrace2 reading the recorded trace and
-  the exported CTF (events a second, its text output to /dev/null), the yardstick;
-- *record RSS*: the recorder's peak RSS recording 10^4, 10^5, 10^6 regs frames at full pace (`--count`).
+- *record RSS*: the recorder's peak RSS recording 10^4, 10^5, 10^6 regs frames at full pace (`--count`);
+- *reading*: those traces: `kgtp-sim export` to each format (frames a second, peak RSS), babeltrace2 reading the
+  recorded trace and the exported CTF (events a second, its text output to /dev/null), the yardstick; and
+  `kgtp-sim follow` beside the stub at full pace (the frames a second it decodes and prints).
 
 Host time, reported, never asserted: the machine interleaves its CPUs on one host thread, and the host may be
 shared. Runs in the caller's thread; the machine has its own threads, the recorder and the exports are child
@@ -23,7 +22,6 @@ processes (their peak RSS from wait4).
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -34,8 +32,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
-
 from kgtp_sim.client.paths import ROOT, VMLINUX
 from kgtp_sim.client.stub import kgtp_command
 from kgtp_sim.machine import KernelImage, Machine
@@ -43,13 +39,6 @@ from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.stub.follow import FollowServer
 from kgtp_sim.tracing import Tracer
 from kgtp_sim.tracing.core.model import DEFAULT_BUFFER_SIZE
-from kgtp_sim.view.batch import FrameBatch
-from kgtp_sim.view.ctf import stream_files
-from kgtp_sim.view.decode import BulkReader
-from kgtp_sim.view.fields import FrameReader
-from kgtp_sim.view.follow import batch_lines
-from kgtp_sim.view.record import Recorder
-from kgtp_sim.view.sources import batches, open_recorded, recording_note
 
 from .record import FIXTURE, load
 from .runner import Config, packets
@@ -215,7 +204,8 @@ def live_recording(image: KernelImage, kind: str, pace: int, seconds: float, dir
 
 
 def record_rss(image: KernelImage, frames: int, directory: Path) -> dict:
-    """The recorder's peak RSS for `frames` regs frames, recorded at full pace."""
+    """The recorder's peak RSS for `frames` regs frames, recorded at full pace (the trace is kept for the
+    reading rows: it has `frames` frames, and gaps where the recorder lost some)."""
     kernel = Kernel(2, FULL_SPEED_PACE, image)
     try:
         kernel.define("regs")
@@ -235,51 +225,6 @@ def record_rss(image: KernelImage, frames: int, directory: Path) -> dict:
 # ---- reading ------------------------------------------------------------------------------------------------
 
 
-def replicate(source: Path, frames: int, directory: Path, kernel: Path = VMLINUX) -> None:
-    """A recorded trace of `frames` frames in `directory`: the frames of the recorded trace `source`, one CPU's
-    worth repeated on every CPU with their times and sequences moved on (written by the recorder's writer)."""
-    note = recording_note((source / "metadata").read_text(), source)
-    run = open_recorded(source)
-    template = next(b for b in batches(run) if len(b))
-    size = int(template.size[0])
-    keep = np.flatnonzero(template.size == size)
-    template = template.take(keep)
-    length = -(-(30 + size) // 8) * 8
-    cpus = 2
-    recorder = Recorder(directory, kernel)
-    recorder.on_run({**note["run"], "tsc_origin": note["tsc_origin"], "ticks_per_ns": note["ticks_per_ns"]})
-    blocks = template.data[template.body[:, None] + np.arange(size)]
-    step = max(1, int(np.median(np.diff(template.stamp))) if len(template) > 1 else 1000)
-    chunk = 1 << 15
-    made = 0
-    stamp0 = int(template.stamp[0])
-    while made < frames:
-        count = min(chunk, frames - made)
-        per_cpu = -(-count // cpus)
-        message = {"cpus": [], "data": b""}
-        parts = []
-        for cpu in range(cpus):
-            n = min(per_cpu, count - cpu * per_cpu)
-            if n <= 0:
-                break
-            first = made // cpus
-            entries = np.zeros((n, length), dtype=np.uint8)
-            rows = np.arange(first, first + n) % len(blocks)
-            entries[:, 30 : 30 + size] = blocks[rows]
-            head = np.zeros(n, dtype=[("length", "<u4"), ("cpu", "<u4"), ("stamp", "<u8"), ("seq", "<u8"),
-                                      ("tracepoint", "<u2"), ("size", "<u4")])
-            head["length"], head["cpu"], head["tracepoint"], head["size"] = length, cpu, 1, size
-            head["stamp"] = stamp0 + step * (np.arange(first, first + n) * cpus + cpu)
-            head["seq"] = np.arange(first, first + n)
-            entries[:, :30] = head.view(np.uint8).reshape(n, 30)
-            parts.append(entries.tobytes())
-            message["cpus"].append({"cpu": cpu, "bytes": n * length, "first_seq": first, "frames": n, "lost": 0})
-        message["data"] = b"".join(parts)
-        recorder.on_entries(message)
-        made += count
-    recorder.close()
-
-
 def export_row(trace: Path, frames: int, form: str, out: Path) -> dict:
     """`kgtp-sim export` of a recorded trace in a child: frames a second (wall time) and peak RSS."""
     started = time.monotonic()
@@ -293,21 +238,26 @@ def export_row(trace: Path, frames: int, form: str, out: Path) -> dict:
             "frames_per_s": round(frames / elapsed), "peak_rss_mb": round(rss / 1024, 1)}
 
 
-def follow_row(trace: Path, frames: int) -> dict:
-    """Follow's reading, decoding and line formatting of a recorded trace's frames (in this process)."""
-    run = open_recorded(trace)
-    decoder = BulkReader(FrameReader.open(run, VMLINUX))
-    sink = io.StringIO()
-    started = time.monotonic()
-    count = 0
-    for batch in batches(run):
-        lines = batch_lines(decoder, batch)
-        sink.write("\n".join(lines))
-        sink.seek(0)
-        sink.truncate()
-        count += len(batch)
-    elapsed = time.monotonic() - started
-    return {"row": "follow", "frames": count, "seconds": round(elapsed, 2), "frames_per_s": round(count / elapsed)}
+def follow_row(image: KernelImage, frames: int) -> dict:
+    """`kgtp-sim follow` (a child, its lines to /dev/null) beside the stub at full pace: the frames a second it
+    decodes and prints, as it reports them."""
+    import re
+
+    kernel = Kernel(2, FULL_SPEED_PACE, image)
+    try:
+        kernel.define("regs")
+        kernel.tracer.start()
+        _wait(lambda: kernel.created() > 0, 30, "the first frame")
+        with open(os.devnull, "w") as sink:
+            proc = subprocess.run(kgtp_command("follow", "--port", str(kernel.follow.port), "--count", str(frames)),
+                                  cwd=ROOT, stdout=sink, stderr=subprocess.PIPE, text=True, timeout=900)
+    finally:
+        kernel.close()
+    found = re.search(r"followed (\d+) frames \((\d+)/s\), missed (\d+)", proc.stderr)
+    if found is None:
+        raise RuntimeError(f"no summary from the follower:\n{proc.stderr}")
+    return {"row": "follow", "frames": int(found.group(1)), "frames_per_s": int(found.group(2)),
+            "missed": int(found.group(3))}
 
 
 def babeltrace_row(trace: Path, frames: int, what: str) -> dict | None:
@@ -341,23 +291,22 @@ def recording_rows(quick: bool = False, progress=None) -> list[dict]:
             for cpus in (1, 2):
                 add(production(image, cpus, kind, seconds))
         add(live_recording(image, "regs", SERVE_PACE, window, work / "serve-pace"))
+        shutil.rmtree(work / "serve-pace", ignore_errors=True)
         add(live_recording(image, "compact", FULL_SPEED_PACE, 5.0 if quick else 10.0, work / "full-pace"))
-        for frames in sizes:
-            add(record_rss(image, frames, work / f"rss-{frames}"))
-            shutil.rmtree(work / f"rss-{frames}", ignore_errors=True)
-        source = work / "serve-pace"
+        shutil.rmtree(work / "full-pace", ignore_errors=True)
         for frames in sizes:
             trace = work / f"regs-{frames}"
-            replicate(source, frames, trace)
+            add(record_rss(image, frames, trace))
+            recorded = rows[-1]["recorded"]
             for form in FORMATS:
                 out = work / f"out-{frames}.{form}"
-                add(export_row(trace, frames, form, out))
+                add(export_row(trace, recorded, form, out))
                 if form == "ctf":
-                    add(babeltrace_row(out, frames, "exported"))
+                    add(babeltrace_row(out, recorded, "exported"))
                 shutil.rmtree(out, ignore_errors=True) if out.is_dir() else out.unlink(missing_ok=True)
-            add(follow_row(trace, frames))
-            add(babeltrace_row(trace, frames, "recorded"))
+            add(babeltrace_row(trace, recorded, "recorded"))
             shutil.rmtree(trace, ignore_errors=True)
+        add(follow_row(image, sizes[-1]))
     return rows
 
 
@@ -380,7 +329,8 @@ def markdown(rows: list[dict]) -> str:
             out.append(f"- export {row['format']} of {row['frames']:,} frames: {row['frames_per_s']:,}/s "
                        f"({row['seconds']} s), peak RSS {row['peak_rss_mb']} MB")
         elif kind == "follow":
-            out.append(f"- follow (decode and format) of {row['frames']:,} frames: {row['frames_per_s']:,}/s")
+            out.append(f"- follow beside the stub at full pace: {row['frames']:,} frames printed, "
+                       f"{row['frames_per_s']:,}/s ({row['missed']:,} overwritten before it read them)")
         elif kind == "babeltrace2":
             out.append(f"- babeltrace2 reading the {row['trace']} CTF of {row['frames']:,} frames: "
                        f"{row['events_per_s']:,} events/s")
@@ -404,5 +354,3 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     raise SystemExit(main())
 
-
-__all__ = ["FrameBatch", "recording_rows", "replicate", "stream_files"]

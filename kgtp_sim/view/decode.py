@@ -376,6 +376,8 @@ class Planner:
         try:
             value = evaluate(text, context)
         except (Unavailable, ExpressionError, KeyError, IndexError):
+            if not reads and (registers is None or not registers.used):
+                return Const(None)  # refused without reading the frame: alike in every frame (`$bt`)
             raise _NotPlaced("not evaluated") from None
         if registers is not None and registers.used or value.address is None:
             raise _NotPlaced("computed from the frame")
