@@ -30,8 +30,8 @@ from .ctf import read_packets, stream_files
 from .layout import LayoutTable, show_returns
 from .model import Run, TraceFormatError, tfile_header
 
-#: Frames of a `Run` loaded whole are handed on in batches of this many.
-FRAMES_PER_BATCH = 1 << 16
+#: Frames are handed on in batches of at most this many.
+FRAMES_PER_BATCH = 1 << 12
 #: Bytes of a tsave'd file read at a time.
 FILE_CHUNK = 1 << 22
 #: Where a recorded trace's metadata keeps what kgtp-sim needs to read it back (record.py writes it).
@@ -39,12 +39,15 @@ RECORDING_NOTE = re.compile(r"/\* kgtp-sim recording: (\{.*?\}) \*/", re.S)
 
 
 def batches(run: Run) -> Iterator[FrameBatch]:
-    """The run's frames as batches, in order (a streamed run can be read once)."""
-    if run.stream is not None:
-        yield from run.stream()
+    """The run's frames as batches of at most FRAMES_PER_BATCH, in order (a streamed run can be read once):
+    what a reader holds decoded at a time does not grow with the reads a source makes."""
+    if run.stream is None:
+        for start in range(0, len(run.frames), FRAMES_PER_BATCH):
+            yield from_frames(run.frames[start : start + FRAMES_PER_BATCH])
         return
-    for start in range(0, len(run.frames), FRAMES_PER_BATCH):
-        yield from_frames(run.frames[start : start + FRAMES_PER_BATCH])
+    for batch in run.stream():
+        for start in range(0, len(batch), FRAMES_PER_BATCH):
+            yield batch if len(batch) <= FRAMES_PER_BATCH else batch.take(slice(start, start + FRAMES_PER_BATCH))
 
 
 def open_trace(path: Path) -> Run:
