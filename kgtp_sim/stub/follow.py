@@ -33,7 +33,8 @@ last sequence number it sent of each CPU; a gap in a CPU's sequence is reported 
 
 Threads: the listener runs in the thread `follow-listener`; each follower is served by its own thread
 `follow-<port>`, which polls the tracer (at most every `poll` seconds, only re-reading the buffer when its
-frame count changed). No code here runs on the CPU thread.
+frame count changed; the drain reads again at once while the rings are busy). No code here runs on the CPU
+thread (the drain's reads run there as requests, stub/stream.py).
 """
 
 from __future__ import annotations
