@@ -40,7 +40,7 @@ class Tally:
     value: str | None  #: the expression to draw the distribution of (None: the first numeric one)
     times: dict[tuple[int, int | None], list[np.ndarray]] = field(default_factory=dict)
     chosen: str | None = None
-    values: list[np.ndarray] = field(default_factory=list)
+    values: list[np.ndarray] = field(default_factory=list)  #: the drawn expression's, as numpy arrays
     folded: Counter = field(default_factory=Counter)
     frames: int = 0
 
@@ -174,14 +174,23 @@ def _chosen(found: Tally, name: str | None) -> tuple[str, list[int]]:
 
 def plot_distribution(run: Run, reader: FrameReader, path: Path, name: str | None = None,
                       found: Tally | None = None) -> Path | None:
-    name, values = _chosen(found, name) if found is not None else numeric_values(run, reader, name)
-    if not values:
+    found = found if found is not None else tally(run, reader, name)
+    parts = [part for part in found.values if len(part)]
+    if found.chosen is None or not parts:
         return None
+    name = found.chosen
+    low = min(int(part.min()) for part in parts)
+    high = max(int(part.max()) for part in parts)
+    distinct: set[int] = set()
+    for part in parts:  # only whether there are fewer than 60 matters (the bins)
+        distinct.update(np.unique(part).tolist()[:61])
+        if len(distinct) > 60:
+            break
+    values = np.concatenate([part.astype(np.float64) for part in parts])
     plt = pyplot()
     figure, axis = plt.subplots(figsize=(9, 4.5))
-    distinct = len(set(values))
-    axis.hist(values, bins=min(60, max(distinct, 1)), color="#4c72b0", edgecolor="white", linewidth=0.4)
-    axis.set_title(f"Distribution of {name} over {len(values)} frames (min {min(values)}, max {max(values)})")
+    axis.hist(values, bins=min(60, max(len(distinct), 1)), color="#4c72b0", edgecolor="white", linewidth=0.4)
+    axis.set_title(f"Distribution of {name} over {len(values)} frames (min {low}, max {high})")
     axis.set_xlabel(name)
     axis.set_ylabel("frames")
     figure.tight_layout()
