@@ -121,7 +121,8 @@ def read_int(data: np.ndarray, offsets: np.ndarray, width: int, signed: bool) ->
     return np.where(signed_values >= 1 << (bits - 1), signed_values - (1 << bits), signed_values)
 
 
-def chain(data: np.ndarray, start: int, end: int, length_at: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, int]:
+def chain(data: np.ndarray, start: int, end: int,
+          length_at: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, int]:
     """Where each record of a run starts, from `start` on: each record's length is `length_at(offsets)` (for
     many offsets at once); a length of 0 ends the run. Returns the starts of the records that end by `end`, and
     where reading stopped: `end`, a record of length 0, or a record that `end` cuts."""

@@ -21,7 +21,6 @@ Values come as columns (`Column`): `Ints` (a numpy array), `Const` (one value fo
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,7 +33,7 @@ from .batch import FrameBatch, FrameRows, read_uint
 from .cexpr import ExpressionError, FrameContext, Value, evaluate, to_python
 from .fields import GENERAL_REGISTERS, Field, FrameReader, split_arguments
 from .layout import Layout, LayoutTable, layout_of
-from .model import Frame, TracepointInfo, TraceFormatError
+from .model import Frame, TracepointInfo
 
 # ---- sources: where a value is in a frame of a layout -----------------------------------------------------------
 
@@ -597,9 +596,5 @@ class BulkReader:
         return frame
 
 
-def json_text(value) -> str:
-    return json.dumps(value)
-
-
 __all__ = ["BulkReader", "ClassPlan", "Column", "Const", "Decoded", "Each", "Ints", "ItemColumns", "MemberColumns",
-           "Texts", "TraceFormatError", "Values", "column_of", "value_at"]
+           "Texts", "Values", "column_of", "value_at"]

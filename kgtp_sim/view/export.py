@@ -37,8 +37,7 @@ import numpy as np
 from .batch import FrameBatch
 from .ctf import (UNKNOWN_CPU, StreamWriter, comment, identifier, packet_context, preamble, stream_files,
                   write_metadata)
-from .decode import (BulkReader, Column, Const, Decoded, ItemColumns, Ints, MemberColumns, Texts, Values,
-                     value_at)
+from .decode import BulkReader, Column, Const, Decoded, Ints, MemberColumns, Texts, Values
 from .fields import Field, FrameReader, flatten
 from .model import Run
 from .sources import batches

@@ -40,11 +40,10 @@ from ..tracing.core.ring import BLOCKS_AT, PAD_CPU
 from .batch import RECORDED, RING, FrameBatch, entries_at, entry_starts, read_uint
 from .cexpr import FrameContext, evaluate
 from .channel import ChannelError, messages
-from .ctf import (StreamWriter, comment, identifier, integer, packet_context, preamble, stream_files,
-                  write_metadata)
+from .ctf import StreamWriter, comment, identifier, integer, packet_context, preamble, write_metadata
 from .fields import FrameReader, split_arguments
 from .layout import BlockAt, Layout, LayoutTable, show_returns
-from .model import Run, TraceFormatError
+from .model import Run
 
 #: A CPU's frames are written as a packet once this many bytes wait, or after FLUSH_SECONDS.
 PACKET_BYTES = 1 << 20
@@ -192,7 +191,8 @@ class Recorder:
                 lines.append(f"{integer(8, text=True)} {names.take(base + '_block')}[1];")
                 lines.append(f"{integer(64, base=16)} {names.take(base + '_address')};")
                 lines.append(f"{integer(16)} {names.take(base + '_length')};")
-                lines.append(f"{_typed(kind, block.length)} {base}{_suffix(kind, block.length)};  /* {comment(name)} */")
+                data = f"{_typed(kind, block.length)} {base}{_suffix(kind, block.length)};"
+                lines.append(f"{data}  /* {comment(name)} */")
             elif block.kind == "V":
                 variable = self.run.variables.get(block.number, f"tsv{block.number}")
                 base = names.take(identifier(variable))
@@ -460,4 +460,4 @@ def record(host: str, port: int, directory: Path, kernel: Path, max_size: int | 
     return 0
 
 
-__all__ = ["Recorder", "TraceFormatError", "record", "stream_files"]
+__all__ = ["Recorder", "record"]

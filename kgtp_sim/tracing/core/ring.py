@@ -21,10 +21,11 @@ the rest and the entry starts at physical 0. Entries are 8-byte aligned:
     u64 timestamp (TSC)                           u64 sequence number
     u16 tracepoint  u32 frame size  blocks...     (GDB's trace-frame format, what qTBuffer serves)
 
-A frame may take at most half the ring. A reader that keeps up with the writers (the recorder's drain, `Rings.read_since`)
-takes each CPU's committed bytes from the logical position it reached to `head`, without parsing them. Circular mode evicts the oldest entries to make room, a page's worth
+A frame may take at most half the ring. Circular mode evicts the oldest entries to make room, a page's worth
 more than the entry needs (CTL_DISCARD); otherwise a frame that does not fit sets `full` and is dropped, which
-stops the run with `tfull`.
+stops the run with `tfull`. A reader that keeps up with the writers (the follow channel's drain,
+`Rings.read_since`) takes each CPU's committed bytes from the logical position it reached to `head`, without
+parsing them.
 """
 
 from __future__ import annotations
