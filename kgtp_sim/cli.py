@@ -1,6 +1,6 @@
 """Command line: `kgtp-sim serve` starts the kernel and the stub; GDB attaches with `target remote`.
 
-The other commands read what the stub traced (follow, export, plot), sample it (hotcode) or measure it (bench);
+The other commands read what the stub traced (follow, record, export, plot), sample it (hotcode) or measure it (bench);
 each subcommand's --help ends with examples. Runs in the main thread.
 """
 

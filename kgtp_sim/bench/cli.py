@@ -20,6 +20,7 @@ EXAMPLES = """\
 examples:
   kgtp-sim bench --quick            # about 30 s: each probe kind, case, engine
   kgtp-sim bench --json rows.json --chart chart.png --no-peer
+  kgtp-sim bench --record --quick   # recording and reading traces at pace
 """
 
 
@@ -46,6 +47,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smp-json", type=Path, default=None, metavar="FILE", help="SMP rows as JSON")
     parser.add_argument("--no-peer", action="store_true",
                         help="leave out the gdbserver rows (the same workload as a user program under gdbserver)")
+    parser.add_argument("--record", action="store_true",
+                        help="instead: recording and reading traces at the kernel's pace (kgtp-sim record, export, "
+                             "follow, babeltrace2; several minutes, --quick about one)")
+    parser.add_argument("--record-json", type=Path, default=None, metavar="FILE", help="recording rows as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     from .report import chart, markdown, write_json
     from .runner import Bench, expected_frames
 
+    if args.record or args.record_json:
+        return _recording(args)
     calls, reps = QUICK if args.quick else FULL
     calls = args.calls or calls
     reps = args.repetitions or reps
@@ -100,6 +107,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"kgtp-sim bench: {r['probe']} {r['case']} {r['engine']}: {r['frames']} frames, expected "
               f"{expected_frames(r, calls)}", file=sys.stderr)
     return 1 if bad else 0
+
+
+def _recording(args: argparse.Namespace) -> int:
+    import json
+
+    from .recording import markdown as recording_markdown, recording_rows
+
+    started = time.monotonic()
+    rows = recording_rows(quick=args.quick, progress=lambda r: print(f"  {r}", file=sys.stderr, flush=True))
+    print(recording_markdown(rows))
+    if args.record_json:
+        args.record_json.write_text(json.dumps(rows, indent=2) + "\n")
+    print(f"({time.monotonic() - started:.0f} s)", file=sys.stderr)
+    uncounted = [r for r in rows if r["row"] == "recording" and not r["every_frame_counted"]]
+    for r in uncounted:
+        print(f"kgtp-sim bench: {r['tracepoint']} recording: {r['recorded']} recorded + {r['lost']} lost != "
+              f"{r['created']} created", file=sys.stderr)
+    return 1 if uncounted else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,12 +3,14 @@
 The RSP port serves one debugger at a time, because two debuggers would interleave tracepoint downloads. Reading
 frames changes nothing, so it gets a listener of its own beside the RSP one (`kgtp-sim serve --follow-port`,
 by default the RSP port + 1): any number of followers may be connected while GDB is attached and tracing. The
-channel cannot change the target. It speaks newline-delimited JSON, not RSP, and knows two requests:
+channel cannot change the target. It speaks newline-delimited JSON, not RSP, and knows three requests:
 
     {"op": "follow", "from": "now" | "start", "consume": false}
                                                   stream frames as they are committed, until the client leaves;
                                                   with "consume": true the frames sent leave the buffer
     {"op": "snapshot"}                            every frame in the buffer now, then {"t": "end", ...}
+    {"op": "stream", ...}                         the drain: every CPU's ring entries unparsed, in bulk, for
+                                                  readers at the kernel's pace and recorders (stub/stream.py)
 
 A request's other keys are ignored. Clients send GDB's `vMustReplyEmpty` packet as the value of their first key,
 `rsp_probe`: an RSP server given the request by mistake drops the JSON around it as noise and answers the packet
@@ -31,7 +33,8 @@ last sequence number it sent of each CPU; a gap in a CPU's sequence is reported 
 
 Threads: the listener runs in the thread `follow-listener`; each follower is served by its own thread
 `follow-<port>`, which polls the tracer (at most every `poll` seconds, only re-reading the buffer when its
-frame count changed). No code here runs on the CPU thread.
+frame count changed; the drain reads again at once while the rings are busy). No code here runs on the CPU
+thread (the drain's reads run there as requests, stub/stream.py).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..rsp.server import listener
+from .stream import stream
 
 log = logging.getLogger(__name__)
 
@@ -193,9 +197,12 @@ class FollowServer:
                 self._follow(conn, request.get("from", "now") == "start", request.get("consume") is True)
             elif op == "snapshot":
                 self._snapshot(conn)
+            elif op == "stream":
+                stream(self, conn, request, lambda tracer: {**run_message(tracer), "tsc_origin": tsc_at_start(tracer)})
             else:
                 self._send(conn, {"t": "error", "message": "read-only follow channel: the requests are "
-                                  "{\"op\": \"follow\"} and {\"op\": \"snapshot\"}; debug through the RSP port"})
+                                  "{\"op\": \"follow\"}, {\"op\": \"snapshot\"} and {\"op\": \"stream\"}; debug "
+                                  "through the RSP port"})
         except _Gone:
             pass
         except Exception:  # a bug here must not take the stub down; the follower sees its connection close
@@ -232,6 +239,23 @@ class FollowServer:
             return None
         conn.settimeout(None)
         return request
+
+    # what stub/stream.py's drain uses of its server
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def send(self, conn: socket.socket, *messages: dict) -> None:
+        self._send(conn, *messages)
+
+    @staticmethod
+    def send_raw(conn: socket.socket, data: bytes) -> None:
+        try:
+            conn.sendall(data)
+        except OSError:
+            raise _Gone from None
+
+    def peer_closed(self, conn: socket.socket) -> bool:
+        return self._peer_closed(conn)
 
     @staticmethod
     def _send(conn: socket.socket, *messages: dict) -> None:

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TypeVar
 
 from unicorn import Uc
 from unicorn.x86_const import UC_X86_REG_RIP
@@ -30,7 +31,7 @@ from .core.clock import Tsc
 from .core.frames import CompactRegisters, StaticBlock, TraceFrame, TsvBlock, encode_frame
 from .core.model import Definitions, ProbeRow, StopReason, TraceError, Tracepoint, TraceStatus
 from .core.percpu import PerCpuVariables
-from .core.ring import BLOCKS_AT, Rings
+from .core.ring import BLOCKS_AT, RawEntries, Rings
 from .core.sdata import render
 from .engines.fastregs import RegisterReader
 from .engines.hits import MAX_COLLECT, HitContext, Stepper
@@ -43,6 +44,7 @@ from .patching.placement import prepare, resolve_overlaps
 from .patching.retire import RetiredCode
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Bound on the runs that let a hit leave the tracer's code before a run changes (each ends at a block boundary;
 #: only requests of other threads can end one early, so a few suffice).
@@ -65,6 +67,11 @@ class MachineMemory:
     def read_many(self, ranges: list[tuple[int, int]]) -> list[bytes]:
         """Several ranges read between the same two instructions (one trip to the CPU thread)."""
         return self.machine.run_on_cpu(lambda uc: [bytes(uc.mem_read(a, n)) for a, n in ranges])
+
+    def atomically(self, reads: Callable[[Callable[[int, int], bytes]], T]) -> T:
+        """`reads(read)` between the same two instructions (one trip to the CPU thread): what it reads first may
+        decide what it reads next (the rings' control fields, then their new bytes)."""
+        return self.machine.run_on_cpu(lambda uc: reads(lambda address, length: bytes(uc.mem_read(address, length))))
 
 
 class Tracer:
@@ -109,6 +116,11 @@ class Tracer:
         self.watches = Watches(self)  # watch tracepoints and the hardware breakpoints they hold (watch.py)
         self.per_cpu = PerCpuVariables(machine.cpu_count)  # KGTP's `$p_*` / `$per_cpu_*` (percpu.py)
         self._dwarf: KernelDwarf | None = None  # the kernel's DWARF, read on the first `$dump_stack`
+        #: recorders attached now (`attach_recorder`), whether this run's ring is a flight recorder because one
+        #: was, and what tstatus says about them (set by the follow channel's drain, stub/stream.py)
+        self.recorders = 0
+        self.flight_recorder = False
+        self.recorder_note: str | None = None
         for variable in BUILTIN_VARIABLES:
             self.definitions.variables[variable.number] = variable.definition()
         cpu_number = BUILTIN_VARIABLES.by_name("cpu_number")  # KGTP's gtp_cpu_number, uploaded as its value
@@ -175,10 +187,37 @@ class Tracer:
         self.engine = engine
 
     def set_circular(self, circular: bool) -> None:
-        """QTBuffer:circular: also applies to a running buffer."""
+        """QTBuffer:circular: also applies to a running buffer (which stays circular while it is a recorder's
+        flight recorder)."""
         self.definitions.circular = circular
         if self.ring is not None and self.running:
-            self.ring.set_circular(circular)
+            self.ring.set_circular(circular or self.flight_recorder)
+
+    # ---- recorders ----------------------------------------------------------------------------------------
+
+    def attach_recorder(self) -> None:
+        """A recorder (`kgtp-sim record`) drains every CPU's committed frames through the follow channel as they
+        are written, as LTTng's consumer daemon drains its per-CPU buffers. From now until the run ends, even if
+        the recorder leaves, the ring is GDB's flight recorder: circular, so tfind and tsave see the latest
+        frames and a full buffer never stops the run; a recorder that falls behind loses what the ring
+        overwrites before it read it, and counts it. The next tstart without a recorder is as GDB set it."""
+        self.recorders += 1
+        if self.ring is not None and self.running:
+            self.flight_recorder = True
+            self.ring.set_circular(True)
+
+    def detach_recorder(self) -> None:
+        """A recorder left (the ring stays a flight recorder until the run ends)."""
+        self.recorders = max(0, self.recorders - 1)
+
+    def report_recorder(self, note: str) -> None:
+        """What tstatus says about this run's recorder, in its notes (the drain updates it as it goes)."""
+        self.recorder_note = note
+
+    def read_entries(self, positions: dict[int, int]) -> list[RawEntries]:
+        """Each CPU's entries committed since `positions` (cpu -> logical position), unparsed, read at one instant
+        (`Rings.read_since`): the recorder's drain."""
+        return self.ring.read_since(positions) if self.ring is not None else []
 
     def set_stop_note(self, note: str) -> None:
         """QTNotes' tstop note: also the note of a run already stopped by tstop."""
@@ -337,7 +376,9 @@ class Tracer:
             self._ring_control = self.machine.alloc_code(0x10, data_pages=1)
         base, size = self._ring_memory
         self.ring = Rings(MachineMemory(self.machine), self._ring_control, count)
-        self.ring.initialize(base, size, self.definitions.circular)
+        self.flight_recorder = self.recorders > 0
+        self.recorder_note = None
+        self.ring.initialize(base, size, self.definitions.circular or self.flight_recorder)
 
     def arm(self, tp: Tracepoint) -> None:
         """Install one location during a run (InstallInTrace, QTEnable): verified, placed, compiled and patched on
@@ -404,13 +445,18 @@ class Tracer:
             created=state.created if state else 0,
             buffer_free=state.free if state else self.definitions.buffer_size * self.machine.cpu_count,
             buffer_size=state.size if state else self.definitions.buffer_size * self.machine.cpu_count,
-            circular=self.definitions.circular,
+            circular=self.definitions.circular or self.flight_recorder,
             disconnected=self.definitions.disconnected_tracing,
             start_time=self.start_time,
             stop_time=self.stop_time,
             user=self.definitions.user,
-            notes=self.definitions.notes,
+            notes=self._notes(),
         )
+
+    def _notes(self) -> str | None:
+        """GDB's trace notes, then what a recorder of this run did (tstatus prints both as `Trace notes:`)."""
+        parts = [text for text in (self.definitions.notes, self.recorder_note) if text]
+        return "; ".join(parts) if parts else self.definitions.notes
 
     def location_status(self, number: int, address: int) -> tuple[int, int] | None:
         """(hits, bytes) of a location for qTP; None for a location GDB never defined."""

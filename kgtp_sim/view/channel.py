@@ -52,7 +52,9 @@ def _check_answer(sock: socket.socket, host: str, port: int) -> None:
     raise ChannelError(f"{host}:{port} answered {first!r}..., not as the follow channel does ({_WHERE})")
 
 
-def messages(host: str, port: int, request: dict, timeout: float | None = None) -> Iterator[dict]:
+def messages(host: str, port: int, request: dict, timeout: float | None = None, raw: bool = False) -> Iterator[dict]:
+    """The messages the follow channel sends for `request`; with `raw`, an `entries` message of the drain
+    (stub/stream.py) carries the bytes that follow it as its "data"."""
     try:
         sock = socket.create_connection((host, port), timeout=10)
     except OSError as error:
@@ -67,6 +69,11 @@ def messages(host: str, port: int, request: dict, timeout: float | None = None) 
             message = json.loads(line)
             if message.get("t") == "error":
                 raise ChannelError(message.get("message", "refused"))
+            if raw and message.get("t") == "entries":
+                length = sum(item["bytes"] for item in message["cpus"])
+                message["data"] = bytearray(length)
+                if reader.readinto(message["data"]) != length:
+                    raise ChannelError(f"the follow channel at {host}:{port} closed in the middle of a message")
             yield message
     finally:
         sock.close()

@@ -1,4 +1,4 @@
-"""The `kgtp-sim follow | export | plot | hotcode` commands: argument parsing and dispatch (main thread)."""
+"""The `kgtp-sim follow | record | export | plot | hotcode` commands: argument parsing and dispatch (main thread)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from ..client import paths
 from .channel import DEFAULT_FOLLOW_PORT
 
-COMMANDS = ("follow", "export", "plot", "hotcode")
+COMMANDS = ("follow", "record", "export", "plot", "hotcode")
 
 # Each command's --help ends with examples (kept to 80 columns, printed as written).
 _FOLLOW_EXAMPLES = f"""\
@@ -19,17 +19,29 @@ examples (beside a stub that `kgtp-sim serve` or scripts/serve started):
 The follow channel is the RSP port + 1 unless serve was given --follow-port;
 serve prints its port when it starts.
 """
+_RECORD_EXAMPLES = f"""\
+examples (beside a stub that `kgtp-sim serve` or scripts/serve started):
+  kgtp-sim record -o run1           # this run, or the next tstart, until tstop
+  babeltrace2 run1                  # afterwards; or kgtp-sim export/plot run1
+  kgtp-sim record -o run2 --max-size 64M --rotate 4   # the newest 256 MiB/CPU
+While it records, the trace buffer is GDB's flight recorder (circular: tfind
+sees the latest frames) and the run never stops on a full buffer; frames the
+recorder could not keep up with are counted (babeltrace2 reports them).
+"""
 _EXPORT_EXAMPLES = """\
 examples:
   kgtp-sim export run.tf --format ctf -o run-ctf     # then: babeltrace2 run-ctf
   kgtp-sim export run.tf --format jsonl -o run.jsonl
+  kgtp-sim export run1 --format chrome -o run.json   # a recorded trace
   kgtp-sim export --format chrome -o run.json        # the running stub's buffer
-run.tf is a file GDB's `tsave run.tf` wrote; without one, the frames come from
-the running stub's follow channel (--host, --port).
+run.tf is a file GDB's `tsave run.tf` wrote, run1 a directory `kgtp-sim record`
+wrote; without either, the frames come from the running stub's follow channel
+(--host, --port).
 """
 _PLOT_EXAMPLES = """\
 examples:
   kgtp-sim plot run.tf -o pics                       # a file GDB's tsave wrote
+  kgtp-sim plot run1 -o pics                         # a recorded trace
   kgtp-sim plot -o pics --value '$_sdata.runtime'    # the running stub's buffer
 """
 _HOTCODE_EXAMPLES = """\
@@ -46,11 +58,11 @@ def _add(commands, name: str, summary: str, description: str, epilog: str) -> ar
 
 
 def _source(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("trace", nargs="?", type=Path, default=None, metavar="TRACE.tf",
-                        help="a file GDB's `tsave` wrote (default: read the running stub's buffer; a file has no "
-                             "$_sdata)")
-    parser.add_argument("--file", type=Path, default=None, metavar="TRACE.tf",
-                        help="the same as the TRACE.tf argument")
+    parser.add_argument("trace", nargs="?", type=Path, default=None, metavar="TRACE",
+                        help="a file GDB's `tsave` wrote (it has no $_sdata), or a directory `kgtp-sim record` "
+                             "wrote (default: read the running stub's buffer)")
+    parser.add_argument("--file", type=Path, default=None, metavar="TRACE",
+                        help="the same as the TRACE argument")
     parser.add_argument("--host", default="127.0.0.1", help="the stub's host (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=DEFAULT_FOLLOW_PORT,
                         help=f"the stub's follow channel port (default: {DEFAULT_FOLLOW_PORT}, the RSP port + 1)")
@@ -73,6 +85,26 @@ def add_parsers(commands) -> None:
     follow.add_argument("--quiet", action="store_true", help="print only missed counts and the summary")
     follow.add_argument("--consume", action="store_true",
                         help="a consuming read: frames shown leave the trace buffer (GDB no longer finds them)")
+
+    record = _add(commands, "record", "record a run to disk as CTF while GDB traces",
+                  "Drain every CPU's trace buffer through the follow channel as the frames are\n"
+                  "committed and write them as a CTF 1.8 trace (one stream file per CPU), for\n"
+                  "one run: the one running now, or the next tstart, until it stops.",
+                  _RECORD_EXAMPLES)
+    record.add_argument("-o", "--output", type=Path, required=True, help="a new directory for the trace")
+    record.add_argument("--host", default="127.0.0.1", help="the stub's host (default: 127.0.0.1)")
+    record.add_argument("--port", type=int, default=DEFAULT_FOLLOW_PORT,
+                        help=f"the follow channel port (default: {DEFAULT_FOLLOW_PORT}, the RSP port + 1)")
+    record.add_argument("--kernel", type=Path, default=paths.VMLINUX,
+                        help="the kernel ELF with DWARF, to name fields (default: the bundled one)")
+    record.add_argument("--max-size", type=_size, default=None, metavar="SIZE",
+                        help="split each CPU's stream into files of at most SIZE bytes (K, M, G suffixes), as "
+                             "LTTng's --tracefile-size")
+    record.add_argument("--rotate", type=int, default=None, metavar="COUNT",
+                        help="with --max-size: keep only the newest COUNT files of each CPU, as LTTng's "
+                             "--tracefile-count")
+    record.add_argument("--count", type=int, default=None, help="stop after this many frames")
+    record.add_argument("--quiet", action="store_true", help="print only the summary")
 
     export = _add(commands, "export", "write a trace as CTF, Chrome JSON or JSON lines",
                   "Write every frame of a trace, its values named with the kernel's DWARF,\n"
@@ -108,32 +140,46 @@ def add_parsers(commands) -> None:
                          help="also draw the hottest functions and lines (needs matplotlib)")
 
 
+def _size(text: str) -> int:
+    """`64M` -> 67108864 (K, M, G: powers of 1024)."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    value = text.strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        size = int(float(value[:-1]) * units[value[-1]]) if value and value[-1] in units else int(value)
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (a number of bytes, or with K, M, G)") from None
+    if size < 4096:
+        raise argparse.ArgumentTypeError(f"{text}: at least 4K")
+    return size
+
+
 class UsageError(ValueError):
     """The arguments contradict each other (reported with exit status 2, as argparse reports its own)."""
 
 
 def trace_file(args: argparse.Namespace) -> Path | None:
-    """The tsave'd file export and plot read, given as TRACE.tf or --file (never both); None: the live stub."""
+    """The trace export and plot read, given as TRACE or --file (never both); None: the live stub."""
     if args.trace is not None and args.file is not None:
-        raise UsageError(f"give the trace file once: {args.trace} as TRACE.tf or --file {args.file}, not both")
+        raise UsageError(f"give the trace file once: {args.trace} as TRACE or --file {args.file}, not both")
     return args.trace if args.trace is not None else args.file
 
 
 def _load(args, path: Path | None):
-    from .channel import snapshot
-    from .model import load_tfile
+    """The run to read: a tsave'd file or a recorded trace, or the running stub's buffer; read a piece at a
+    time (sources.py)."""
+    from .sources import open_stub, open_trace
 
-    if path is not None:
-        trace = load_tfile(path)
-        notes = []  # a file from a target that did not save them (GDB's format has no field for either): say so
-        if trace.cpu_source == "unknown":
-            notes.append("no CPU ($cpu_id): CPUs are unknown")
-        if trace.time_source == "frame-order":
-            notes.append("no time ($clock): frames are placed 1 us apart, in their order")
-        if trace.frames and notes:
-            print(f"kgtp-sim {args.command}: {path}: its frames carry {'; '.join(notes)}", file=sys.stderr)
-        return trace
-    return snapshot(args.host, args.port)
+    if path is None:
+        return open_stub(args.host, args.port)
+    trace = open_trace(path)
+    notes = []  # a file from a target that did not save them (GDB's format has no field for either): say so
+    if trace.cpu_source == "unknown":
+        notes.append("no CPU ($cpu_id): CPUs are unknown")
+    if trace.time_source == "frame-order":
+        notes.append("no time ($clock): frames are placed 1 us apart, in their order")
+    if notes:
+        print(f"kgtp-sim {args.command}: {path}: its frames carry {'; '.join(notes)}", file=sys.stderr)
+    return trace
 
 
 def run(args: argparse.Namespace) -> int:
@@ -147,6 +193,13 @@ def run(args: argparse.Namespace) -> int:
 
             return follow(args.host, args.port, args.kernel, args.from_start, limit=args.count, quiet=args.quiet,
                           consume=args.consume)
+        if args.command == "record":
+            from .record import record
+
+            if args.rotate is not None and args.max_size is None:
+                raise UsageError("--rotate keeps the newest files of each CPU: give --max-size, their size")
+            return record(args.host, args.port, args.output, args.kernel, max_size=args.max_size, keep=args.rotate,
+                          count=args.count, quiet=args.quiet)
         if args.command == "export":
             from .export import FORMATS
             from .fields import FrameReader

@@ -4,7 +4,8 @@ From a running stub the run comes through the read-only follow channel (`channel
 sequence number, CPU, time since tstart and `$_sdata`. From a file `tsave` wrote, the frames carry what GDB's
 trace-file format holds (registers, memory, trace state variables); the CPU and the time then come from the
 frame's `$cpu_id` and `$clock` variables when it collected them, and are otherwise unknown (CPU None, the frame's
-position as its time). Pure data and parsing: any thread.
+position as its time). A trace too long to hold is read a piece at a time (`Run.stream`, sources.py). Pure data
+and parsing: any thread.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..arch import amd64
 _FRAME = struct.Struct("<HI")
 _MEMORY = struct.Struct("<QH")
 _TSV = struct.Struct("<iq")
+_MASK = struct.Struct("<I")
 
 
 class TraceFormatError(ValueError):
@@ -50,6 +52,23 @@ class Blocks:
         return bytes(out)
 
 
+def _compact_registers(body: bytes, position: int) -> tuple[dict[str, int], int]:
+    """A compact register block (tracing/core/frames.py: u32 mask, u64 per register of the mask) read as GDB
+    reads it once widened to `R` (`TraceFrame.to_gdb`): the registers it holds, zero for the others."""
+    (mask,) = _MASK.unpack_from(body, position)
+    present = [reg for index, reg in enumerate(amd64.GENERAL_REGISTERS) if mask >> index & 1]
+    if mask >> len(amd64.GENERAL_REGISTERS):
+        raise TraceFormatError(f"compact register block with mask {mask:#x}")
+    start = position + _MASK.size
+    end = start + 8 * len(present)
+    if end > len(body):
+        raise TraceFormatError("truncated compact register block")
+    values = struct.unpack_from(f"<{len(present)}Q", body, start)
+    registers = {reg.name: 0 for reg in amd64.REGISTERS}
+    registers.update({reg.name: value & ((1 << 8 * reg.size) - 1) for reg, value in zip(present, values)})
+    return registers, end
+
+
 def parse_blocks(body: bytes) -> Blocks:
     registers = None
     memory: list[tuple[int, bytes]] = []
@@ -65,6 +84,8 @@ def parse_blocks(body: bytes) -> Blocks:
                 if end > len(body):
                     raise TraceFormatError("truncated register block")
                 registers = amd64.decode_registers(body[position:end])
+            elif kind == b"r":  # the ring's compact registers (the drain sends them as the ring holds them)
+                registers, end = _compact_registers(body, position)
             elif kind == b"M":
                 address, length = _MEMORY.unpack_from(body, position)
                 start = position + _MEMORY.size
@@ -148,10 +169,13 @@ class Run:
     variables: dict[int, str] = field(default_factory=dict)  # trace state variable number -> name
     frames: list[Frame] = field(default_factory=list)
     start_us: int | None = None  # tstart, wall clock (µs since the epoch)
-    origin: str = "live"  # live: from a running stub; tfile: from a saved file
+    origin: str = "live"  # live: from a running stub; tfile: from a saved file; recorded: kgtp-sim record
     time_source: str = "tsc"  # tsc, $clock, or frame-order
     cpu_source: str = "frame"  # frame, $cpu_id, or unknown
     missed: int = 0
+    #: a trace read a piece at a time: a callable giving its frames as batches (view/sources.py); the frames
+    #: are then not in `frames`, and `missed` is known once they have all been read
+    stream: object = field(default=None, repr=False, compare=False)
 
     def apply_run_message(self, message: dict) -> None:
         self.start_us = message.get("start_us")
@@ -177,10 +201,13 @@ def _unhex_text(text: str) -> str:
     return bytes.fromhex(text).decode("utf-8", "replace")
 
 
-def load_tfile(path: Path | str) -> Run:
-    """A trace file `tsave` (or `tsave -r`) wrote: its definitions and every frame."""
-    data = Path(path).read_bytes()
-    if not data.startswith(b"\x7fTRACE0\n"):
+TFILE_MAGIC = b"\x7fTRACE0\n"
+
+
+def tfile_header(data: bytes, path: Path | str) -> tuple[Run, int]:
+    """The definitions a trace file's header holds, and where its frames begin. `data` is at least the header
+    (a file's first bytes)."""
+    if not data.startswith(TFILE_MAGIC):
         raise TraceFormatError(f"{path}: not a GDB trace file")
     header_end = data.find(b"\n\n", 8)
     if header_end < 0:
@@ -206,33 +233,4 @@ def load_tfile(path: Path | str) -> Run:
         elif line.startswith("tsv "):
             parts = line[4:].split(":")
             run.variables[int(parts[0], 16)] = _unhex_text(parts[3]) if len(parts) > 3 else f"tsv{parts[0]}"
-    position = header_end + 2
-    frames = []
-    while position + 2 <= len(data):
-        (tracepoint,) = struct.unpack_from("<H", data, position)
-        if tracepoint == 0:
-            break
-        (size,) = struct.unpack_from("<I", data, position + 2)
-        body = data[position + 6 : position + 6 + size]
-        if len(body) != size:
-            raise TraceFormatError(f"{path}: truncated frame {len(frames)}")
-        frames.append(Frame(len(frames), len(frames), tracepoint, None, None, body))
-        position += 6 + size
-    run.frames = frames
-    cpu_var = run.variable_number("cpu_id")
-    clock_var = run.variable_number("clock")
-    run.cpu_source = "unknown"
-    run.time_source = "frame-order"
-    if frames and cpu_var is not None and all(cpu_var in f.blocks.variables for f in frames):
-        run.cpu_source = "$cpu_id"
-        for frame in frames:
-            frame.cpu = frame.blocks.variables[cpu_var]
-    if frames and clock_var is not None and all(clock_var in f.blocks.variables for f in frames):
-        run.time_source = "$clock"
-        origin = min(f.blocks.variables[clock_var] for f in frames)
-        for frame in frames:
-            frame.ns = frame.blocks.variables[clock_var] - origin
-    else:
-        for index, frame in enumerate(frames):
-            frame.ns = index * 1000  # 1 µs apart: the order is known, the time is not
-    return run
+    return run, header_end + 2

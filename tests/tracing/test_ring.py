@@ -1,5 +1,7 @@
 """The trace ring: native reserve/commit (run in unicorn) and the Python writer obey the same rules."""
 
+import struct
+
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -8,7 +10,8 @@ from unicorn.x86_const import UC_X86_REG_GS_BASE, UC_X86_REG_RAX, UC_X86_REG_RDI
 
 from kgtp_sim.tracing.core.frames import MemoryBlock, encode_block
 from kgtp_sim.tracing.patching.detour import Runtime
-from kgtp_sim.tracing.core.ring import BLOCKS_AT, CTL_LIMIT, CTL_PHYS, DISCARD, Rings, align8, short_path_fields
+from kgtp_sim.tracing.core.ring import (BLOCKS_AT, CTL_LIMIT, CTL_PHYS, DISCARD, ENTRY_HEADER, PAD_CPU, Rings, align8,
+                                        short_path_fields)
 
 CODE = 0xFFFFFFFFA0000000
 DATA = 0xFFFFC90000100000
@@ -256,3 +259,46 @@ def test_a_full_ring_on_one_cpu_refuses_there_only():
     on_cpu(uc, 1)
     assert native_append(uc, commit_at, 2, blocks)
     assert rings.state().full  # qTStatus: the run stops with tfull whichever CPU filled
+
+
+def drained(raw) -> list[tuple[int, int]]:
+    """(cpu, sequence) of each frame in a drain's bytes, padding entries stepped over."""
+    out, at = [], 0
+    while at < len(raw.data):
+        length, cpu = struct.unpack_from("<II", raw.data, at)
+        if cpu != PAD_CPU:
+            out.append((cpu, ENTRY_HEADER.unpack_from(raw.data, at)[3]))
+        at += length
+    assert at == len(raw.data)  # whole entries only
+    return out
+
+
+def test_the_drain_reads_each_cpus_new_entries_and_skips_what_was_overwritten():
+    """`read_since`: every CPU's committed bytes from the reader's position to head, whole entries; a position
+    a circular ring lapped reads from the tail (the gap in sequences says what was lost); a position a new run
+    no longer spans reads from the start."""
+    uc, rings, commit_at = machine(0x1000, circular=True, cpus=2)
+    blocks = encode_block(MemoryBlock(0x1000, bytes(0x40)))
+    for cpu, count in ((0, 5), (1, 3)):
+        on_cpu(uc, cpu)
+        for _ in range(count):
+            assert native_append(uc, commit_at, 1, blocks)
+    raws = rings.read_since({})
+    assert [drained(raw) for raw in raws] == [[(0, n) for n in range(5)], [(1, n) for n in range(3)]]
+    assert [(raw.start, raw.created) for raw in raws] == [(0, 5), (0, 3)]
+    positions = {raw.cpu: raw.head for raw in raws}
+    on_cpu(uc, 0)
+    assert native_append(uc, commit_at, 1, blocks)
+    raws = rings.read_since(positions)
+    assert [drained(raw) for raw in raws] == [[(0, 5)], []]
+    positions = {raw.cpu: raw.head for raw in raws}
+    for _ in range(100):  # CPU 0's ring laps past the reader
+        assert native_append(uc, commit_at, 1, blocks)
+    raw = rings.read_since(positions)[0]
+    assert raw.start == raw.tail > positions[0]
+    assert drained(raw) == [(0, f.sequence) for f in rings[0].entries()]
+    assert drained(raw)[0][1] > 6 and drained(raw)[-1][1] == raw.created - 1 == 105
+    rings.initialize(DATA, 0x1000, True)  # a new run: positions past the new head read from the start
+    on_cpu(uc, 1)
+    assert native_append(uc, commit_at, 1, blocks)
+    assert [drained(raw) for raw in rings.read_since({0: 9999, 1: 9999})] == [[], [(1, 0)]]

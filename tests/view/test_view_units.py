@@ -17,7 +17,8 @@ from kgtp_sim.view.cexpr import ExpressionError, FrameContext, evaluate, to_pyth
 from kgtp_sim.machine.dwarf import KernelDwarf, Unavailable
 from kgtp_sim.view.export import identifier, write_chrome, write_ctf, write_jsonl
 from kgtp_sim.view.fields import FrameReader, split_arguments
-from kgtp_sim.view.model import Frame, Run, Source, TracepointInfo, load_tfile
+from kgtp_sim.view.model import Frame, Run, Source, TracepointInfo
+from kgtp_sim.view.sources import load_tfile
 
 from ..conftest import VMLINUX
 

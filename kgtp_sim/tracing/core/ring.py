@@ -23,7 +23,9 @@ the rest and the entry starts at physical 0. Entries are 8-byte aligned:
 
 A frame may take at most half the ring. Circular mode evicts the oldest entries to make room, a page's worth
 more than the entry needs (CTL_DISCARD); otherwise a frame that does not fit sets `full` and is dropped, which
-stops the run with `tfull`.
+stops the run with `tfull`. A reader that keeps up with the writers (the follow channel's drain,
+`Rings.read_since`) takes each CPU's committed bytes from the logical position it reached to `head`, without
+parsing them.
 """
 
 from __future__ import annotations
@@ -377,6 +379,25 @@ def _read_together(memory: Memory, ranges: list[tuple[int, int]]) -> list[bytes]
     return [memory.read(address, length) for address, length in ranges]
 
 
+@dataclass(frozen=True)
+class RawEntries:
+    """One CPU's committed entries between two logical positions, as the ring holds them (`Rings.read_since`).
+
+    `data` is the bytes of [start, head) in logical order: whole entries, padding entries included (the ring's
+    physical end falls between entries). `start` is the reader's position, or the ring's tail when a circular
+    ring overwrote entries the reader had not read (their sequence numbers are then missing from the data).
+    `created` is how many frames the CPU had committed at the read: the last entry's sequence is `created - 1`.
+    """
+
+    cpu: int
+    start: int
+    head: int
+    tail: int
+    created: int
+    size: int  #: the ring's size
+    data: bytes
+
+
 def merge_key(frame: TraceFrame) -> tuple[int, int, int]:
     """Frames of several CPUs in one order: by timestamp, ties broken by CPU, then by sequence."""
     return frame.timestamp, frame.cpu, frame.sequence
@@ -451,6 +472,33 @@ class Rings:
             return per_cpu[0]
         merged = list(heapq.merge(*per_cpu, key=merge_key))
         return [replace(frame, number=index) for index, frame in enumerate(merged)]
+
+    def read_since(self, positions: dict[int, int]) -> list[RawEntries]:
+        """Every CPU's entries committed since its logical position in `positions` (a `head` an earlier read
+        returned; a CPU left out, or a position the ring no longer spans after a new tstart, reads from the
+        tail), read at one instant (one trip to the CPU thread when the memory can: `atomically`). A reader
+        that drains the rings this way parses nothing here; what it got ends at `head`, where its next read
+        begins. Entries a circular ring evicted before they were read are skipped: `start` is then the tail."""
+
+        def read_all(read) -> list[RawEntries]:
+            control = read(self.ctl, CONTROL_BYTES)
+            out = []
+            for cpu in range(self.count):
+                state = Ring._parse_state(control, cpu)
+                position = positions.get(cpu, state.tail)
+                start = position if state.tail <= position <= state.head else state.tail
+                pieces, at = [], start
+                while at < state.head:  # at most two pieces: to the ring's physical end, then from its start
+                    phys = at % state.size
+                    length = min(state.head - at, state.size - phys)
+                    pieces.append(read(state.base + phys, length))
+                    at += length
+                out.append(RawEntries(cpu, start, state.head, state.tail, state.created, state.size,
+                                      b"".join(pieces)))
+            return out
+
+        atomically = getattr(self.memory, "atomically", None)
+        return atomically(read_all) if atomically is not None else read_all(self.memory.read)
 
     def consume(self, through: dict[int, int]) -> int:
         """Drop each CPU's frames up to its sequence in `through` (cpu -> sequence). Returns the frames dropped."""
