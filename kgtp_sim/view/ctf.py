@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .model import TraceFormatError
+
 CTF_MAGIC = 0xC1FC1FC1
 PACKET_HEADER = struct.Struct("<I16sIQ")  # magic, uuid, stream_id, stream_instance_id (the CPU)
 PACKET_CONTEXT = struct.Struct("<QQQQQQI")  # timestamp_begin, _end, content_size, packet_size, seq, discarded, cpu
@@ -261,11 +263,11 @@ def read_packets(path: Path, align: int = 1) -> Iterator[Packet]:
                 return
             magic, _, _, _ = PACKET_HEADER.unpack_from(start)
             if magic != CTF_MAGIC:
-                raise ValueError(f"{path}: no CTF packet at offset {offset}")
+                raise TraceFormatError(f"{path}: no CTF packet at offset {offset}")
             begin, end, content, size, sequence, discarded, cpu = PACKET_CONTEXT.unpack_from(start, PACKET_HEADER.size)
             size //= 8
             if size < PACKET_START or content // 8 > size:
-                raise ValueError(f"{path}: corrupt packet context at offset {offset}")
+                raise TraceFormatError(f"{path}: corrupt packet context at offset {offset}")
             rest = handle.read(size - PACKET_START)
             if len(rest) < size - PACKET_START:
                 return

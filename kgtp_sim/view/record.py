@@ -442,6 +442,8 @@ def record(host: str, port: int, directory: Path, kernel: Path, max_size: int | 
                 stopped.append(f"the run stopped ({message['reason']})")
             elif kind == "end":
                 break
+        else:
+            stopped.append("the stub closed the follow channel")
     except KeyboardInterrupt:
         stopped.append("interrupted")
     except (ChannelError, OSError) as error:
