@@ -41,6 +41,7 @@ def test_do_syscall_sees_the_process_with_its_pid_and_comm(gdb, program_stub):
         "print regs->ip < 0x800000000000", "print regs->vector",
     )
     values = _values(out)
+    assert len(values) == 8, out + "".join(server.output[-20:])
     assert values[0] == str(pid), out
     assert values[1] == f'"{program.name[:15]}"', out  # comm: the program's name, as Linux cuts it
     assert values[2:] == ["110", "1", "51", "43", "1", "256"], out  # getppid; USER_CS 0x33, USER_DS 0x2b
