@@ -425,7 +425,8 @@ class Tracer:
         """The ring's frames, parsed once per change of the ring (tfind asks again and again)."""
         if self.ring is None:
             return []
-        key = tuple((state.base, state.head, state.tail, state.created) for state in self.ring.states())
+        key = (self.start_tsc,) + tuple((state.base, state.head, state.tail, state.created)  # a new run may
+                                        for state in self.ring.states())  # fill a new ring to the same place
         if self._frames_cache is None or self._frames_cache[0] != key:
             self._frames_cache = (key, self.kret.visible(self.ring.entries()))
         return self._frames_cache[1]

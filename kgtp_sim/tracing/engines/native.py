@@ -252,11 +252,13 @@ class CompiledRun:
         tail_bound = relocated_size_bound(site.displaced) + JUMP_SIZE
         if fast is not None:
             plan = replace(plan, fast=fast)
-            trial = d.build(replace(plan, fast=replace(fast, tail=bytes(tail_bound))), _TRIAL_BASE)
+            # nops hold the tail's place: build finds its hypercalls by decoding, and zeros (`add %al, (%rax)`,
+            # two bytes) can leave the decoder out of step past an odd-sized tail
+            trial = d.build(replace(plan, fast=replace(fast, tail=b"\x90" * tail_bound)), _TRIAL_BASE)
             base = self._alloc_detour(len(trial.code) + 16)
             tail_at = base + d.fast_path_offset(plan, base, "tail")
             tail = self._tail(site, tail_at, continue_to)
-            if fast.inline:  # the condition's branch, linked where it goes, to fast_slow right after the tail
+            if fast.inline is not None:  # the condition's branch, linked where it goes, to fast_slow after the tail
                 inline_at = base + d.fast_path_offset(plan, base, "inline")
                 branch = compile_opt(condition, inline_at, fastpath.regnums_read(condition), pointerless=True,
                                      true_exit=tail_at + len(tail))
