@@ -140,7 +140,8 @@ class Tracer:
         """QTDV: a per-CPU variable may not name a CPU the machine lacks, nor a perf-event variable a field KGTP
         does not know (ValueError), as KGTP refuses them."""
         self.per_cpu.check(name)
-        self.perf.check(name)
+        if not any(builtin.name == name for builtin in BUILTIN_VARIABLES):  # GDB re-sends them ($p_pe_en ...)
+            self.perf.check(name)
 
     def _stored_value(self, number: int) -> int | None:
         if self.native is not None and number < self.native.tsv_slots and self._has_run:

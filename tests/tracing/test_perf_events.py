@@ -173,6 +173,7 @@ def test_kgtps_access_rules_are_enforced_at_qtdv_and_tstart():
     for bad in ("pe_foo_x", "pe_val_", "p_pe_cpu_", "perf_event_size_x"):
         with pytest.raises(ValueError):
             run.tracer.check_variable(bad)
+    run.tracer.check_variable("p_pe_en")  # KGTP's own special variable, which GDB sends back at each tstart
     run.variable("perf_event_type_y", 1)  # the long prefix
     run.variable("pe_type_x", 0)
     run.variable("pe_cpu_x", 0)
