@@ -393,7 +393,7 @@ def upload_variables(definitions: Definitions) -> list[bytes]:
 
 
 def register_trace_commands(monitor, tracer: TracerApi) -> None:
-    """`monitor engine` and `monitor probes`."""
+    """`monitor engine`, `frames`, `sdata`, `fbt` and `probes`."""
     from .monitor import MonitorUsageError
 
     @monitor.register("engine", "engine [interp|naive|opt]", "show or set how conditions and actions run (next tstart)")
@@ -437,6 +437,16 @@ def register_trace_commands(monitor, tracer: TracerApi) -> None:
             if text is not None:
                 rows.append(f"frame {frame.number:>5}  tp {frame.tracepoint:>3}  {text}")
         return "\n".join(rows) if rows else "no static tracepoint data in those frames"
+
+    @monitor.register("fbt", "fbt", "every kernel function: its entry's probe, whether its return takes one, why not")
+    def fbt(args: list[str]) -> str:
+        rows = []
+        for row in tracer.function_probes():
+            notes = [f"{where}: {note}" for where, note in (("entry", row.entry_note), ("return", row.return_note))
+                     if note]
+            rows.append(f"{row.address:#x}  entry {row.entry or 'none':4}  return {'yes' if row.returns else 'no':3}"
+                        f"  {row.name}" + (f"  -- {'; '.join(notes)}" if notes else ""))
+        return "\n".join(rows)
 
     @monitor.register("probes", "probes", "armed tracepoint locations: probe kind, engine, fired/hit counts")
     def probes(args: list[str]) -> str:

@@ -13,6 +13,7 @@ from ..machine import Marker
 from .core.clock import Tsc
 from .core.frames import TraceFrame
 from .core.model import Definitions, ProbeRow, StopReason, Tracepoint, TraceStatus
+from .kgtp.fbt import FunctionProbes
 
 
 class TracerApi(Protocol):
@@ -74,3 +75,6 @@ class TracerApi(Protocol):
         """The frame's `$_sdata` rendered by its marker's format; None without static data."""
 
     def probe_rows(self) -> list[ProbeRow]: ...
+
+    def function_probes(self) -> list[FunctionProbes]:
+        """Every function of the kernel, the probe its entry takes and whether its return takes one (FBT)."""

@@ -37,6 +37,7 @@ from .engines.fastregs import RegisterReader
 from .engines.hits import MAX_COLLECT, HitContext, Stepper
 from .engines.installer import ProbeSet
 from .engines.native import ENGINES, CompiledRun, faults_lose_a_block
+from .kgtp.fbt import FunctionProbes, function_probes
 from .kgtp.kret import KretRun
 from .kgtp.printk import attach, dump_stack
 from .kgtp.watch import Watches
@@ -110,7 +111,8 @@ class Tracer:
         self.watches = Watches(self)  # watch tracepoints and the hardware breakpoints they hold (watch.py)
         self.per_cpu = PerCpuVariables(machine.cpu_count)  # KGTP's `$p_*` / `$per_cpu_*` (percpu.py)
         self.perf = PerfEvents(machine)  # KGTP's `$pe_*` / `$p_pe_*` on the machine's counters (perf.py)
-        self._dwarf: KernelDwarf | None = None  # the kernel's DWARF, read on the first `$dump_stack`
+        self._dwarf: KernelDwarf | None = None  # the kernel's DWARF, read on the first `$dump_stack` or `fbt`
+        self._functions: list[FunctionProbes] | None = None  # `function_probes`, once per image
         for variable in BUILTIN_VARIABLES:
             self.definitions.variables[variable.number] = variable.definition()
         cpu_number = BUILTIN_VARIABLES.by_name("cpu_number")  # KGTP's gtp_cpu_number, uploaded as its value
@@ -395,11 +397,22 @@ class Tracer:
         self.stop(StopReason.ERROR, note=f"tracepoint {tp.number}: {error}", tracepoint=tp.number)
         return False
 
-    def dump_stack(self, ctx: BuiltinContext) -> None:
-        """`$dump_stack` (core.run.Run): the hit's backtrace on the kernel's console, unwound with its DWARF."""
+    def function_probes(self) -> list[FunctionProbes]:
+        """Every function of the kernel and the probes it takes at its entry and return (`monitor fbt`)."""
+        if self._functions is None:
+            dwarf = self._kernel_dwarf()
+            self._functions = function_probes(self.machine.image, lambda address: (dwarf.line_at(address)
+                                                                                 or (None,))[0])
+        return self._functions
+
+    def _kernel_dwarf(self) -> KernelDwarf:
         if self._dwarf is None:
             self._dwarf = KernelDwarf(self.machine.image.path)
-        dump_stack(ctx, self._dwarf)
+        return self._dwarf
+
+    def dump_stack(self, ctx: BuiltinContext) -> None:
+        """`$dump_stack` (core.run.Run): the hit's backtrace on the kernel's console, unwound with its DWARF."""
+        dump_stack(ctx, self._kernel_dwarf())
 
     # ---- what GDB asks about the run ----------------------------------------------------------------------
 
