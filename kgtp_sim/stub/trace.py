@@ -16,6 +16,7 @@ from ..rsp.dispatch import E_TRACE, Binary, Reply, RspError, handles
 from ..rsp.packets import trace as t
 from ..tracing import TraceError
 from ..tracing.api import TracerApi
+from ..tracing.core.builtins import CPU_ID
 from ..arch import amd64
 from ..tracing.core.frames import FrameView, TraceFrame
 from ..tracing.core.tfile import SavePathError, resolve_save_path, write_tfile
@@ -222,6 +223,8 @@ class TraceHandlers:
             for number, value in frame.tsv_values():
                 if number == packet.number:
                     return t.encode_trace_variable_value(value)
+            if packet.number == CPU_ID:  # KGTP answers $cpu_id from the frame itself (gtp_rb_traceframe_get_tv)
+                return t.encode_trace_variable_value(frame.cpu)
             return t.encode_trace_variable_value(None)
         return t.encode_trace_variable_value(self.tracer.variable_value(packet.number))
 
