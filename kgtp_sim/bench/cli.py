@@ -51,6 +51,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="instead: recording and reading traces at the kernel's pace (kgtp-sim record, export, "
                              "follow, babeltrace2; several minutes, --quick about one)")
     parser.add_argument("--record-json", type=Path, default=None, metavar="FILE", help="recording rows as JSON")
+    parser.add_argument("--no-probe-effect", action="store_true",
+                        help="leave out the probe effect of tracing every function (entry, entry and return)")
+    parser.add_argument("--probe-effect-json", type=Path, default=None, metavar="FILE",
+                        help="probe-effect rows as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,6 +88,18 @@ def run(args: argparse.Namespace) -> int:
         write_json(rows, args.json)
     if args.chart:
         chart(rows, args.chart)
+    if not args.no_probe_effect:
+        from .probe_effect import markdown as effect_markdown, probe_effect_rows
+
+        effect = probe_effect_rows(calls=calls, repetitions=reps, progress=lambda r: print(
+            f"  {r['probes']:>15} {r['engine']:>6}: {r['insns_per_call']} insns/call", file=sys.stderr))
+        print(f"Probe effect of function-boundary tracing: kgtp_bench_loop({calls}), every function probed "
+              "(`kgtp-fbt *` with `if 0`)\n")
+        print(effect_markdown(effect))
+        if args.probe_effect_json:
+            import json
+
+            args.probe_effect_json.write_text(json.dumps(effect, indent=2) + "\n")
     if args.scaling or args.scaling_json:
         from .scaling import markdown as scaling_markdown, scaling_rows
 

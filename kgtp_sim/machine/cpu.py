@@ -39,7 +39,7 @@ import ctypes
 import enum
 import struct
 from collections import Counter
-from typing import Callable
+from typing import Callable, Protocol
 
 from unicorn import (
     UC_ARCH_X86,
@@ -107,6 +107,27 @@ class Stop(enum.Enum):
     EXCEPTION = "a memory fault was delivered (IDT or fixup); resume"
 
 
+class CpuObserver(Protocol):
+    """What the machine's performance counters hear from the CPU (counters.Counters), on the CPU thread."""
+
+    def run_begins(self) -> None: ...
+
+    def run_ends(self) -> None: ...
+
+    def fault_at(self, rip: int) -> None:
+        """An exception stopped the instruction at `rip` before it retired."""
+
+    def page_fault(self, from_user: bool) -> None: ...
+
+    def handler_begins(self) -> None:
+        """The stub's Python handler for a breakpoint or a single-step trap begins (`handler_ends`: it ends)."""
+
+    def handler_ends(self) -> None: ...
+
+    def cpu_loaded(self, index: int) -> None:
+        """The scheduler put CPU `index`'s registers in the unicorn instance."""
+
+
 class Cpu:
     """One x86_64 CPU running the kernel image. Not thread-safe: the Machine serialises access."""
 
@@ -134,6 +155,9 @@ class Cpu:
         #: called on the CPU thread when a run ends, outside emulation, before `run` returns (the hardware
         #: breakpoints finish an instruction the stop cut in two there: watchpoints.py)
         self.after_run: BreakpointHandler | None = None
+        #: told of runs, exceptions, page faults and the stub's handlers while a performance counter is open
+        #: (counters.Counters; None otherwise, so that counting costs nothing when no counter is)
+        self.observer: CpuObserver | None = None
         self.fault_fixups = FaultFixups()
         self.delivered: Counter[int] = Counter()  # vector -> times delivered through the IDT
         self.breakpoint_hits = 0
@@ -236,6 +260,8 @@ class Cpu:
         regs.write(X.UC_X86_REG_EFLAGS, rflags)
         regs.write(X.UC_X86_REG_RIP, low | middle << 16 | high << 32)
         self.delivered[vector] += 1
+        if vector == PAGE_FAULT and self.observer is not None:
+            self.observer.page_fault(from_user=cs & 3 == 3)
 
     # ---- hooks (run on the CPU thread, inside emu_start) ---------------------------------------------------
 
@@ -246,8 +272,11 @@ class Cpu:
 
     def _on_interrupt(self, uc: Uc, intno: int, _data: object) -> None:
         try:
+            observer = self.observer
+            if observer is not None:
+                observer.fault_at(self.regs.read(X.UC_X86_REG_RIP))
             if intno == 1 and self.debug_trap is not None:
-                self.debug_trap(uc)
+                self._handle(self.debug_trap, uc)
                 return
             if intno == 3:
                 address = self.regs.read(X.UC_X86_REG_RIP) - 1
@@ -255,7 +284,7 @@ class Cpu:
                 if handler is not None:
                     self.breakpoint_hits += 1
                     uc.reg_write(X.UC_X86_REG_RIP, address)
-                    handler(uc)
+                    self._handle(handler, uc)
                     return
                 target = self.jumps.target(address)
                 if target is not None:  # the native dispatch is off (no W+X pages): same effect, in Python
@@ -270,6 +299,18 @@ class Cpu:
                 self._forget_exception_in_flight()
         except BaseException as error:  # noqa: BLE001 - surfaced by run()
             self._fail(error)
+
+    def _handle(self, handler: BreakpointHandler, uc: Uc) -> None:
+        """The stub's handler of a breakpoint or a single-step trap; the performance counters pause meanwhile."""
+        observer = self.observer
+        if observer is None:
+            handler(uc)
+            return
+        observer.handler_begins()
+        try:
+            handler(uc)
+        finally:
+            observer.handler_ends()
 
     def _memory_fault(self, vector: int) -> None:
         """A #PF from the MMU (RIP at the faulting instruction, CR2 set) or a #GP (a non-canonical address):
@@ -304,6 +345,8 @@ class Cpu:
 
     def _on_invalid(self, uc: Uc, _data: object) -> bool:
         try:
+            if self.observer is not None:
+                self.observer.fault_at(self.regs.read(X.UC_X86_REG_RIP))
             self.deliver(6)
             return True
         except BaseException as error:  # noqa: BLE001
@@ -356,6 +399,9 @@ class Cpu:
             # hook goes (the next run without a budget).
             uc.ctl_flush_tb()
         self._counted = bool(count)
+        observer = self.observer
+        if observer is not None:
+            observer.run_begins()
         self._in_emulation = True
         try:
             uc.emu_start(begin, until, 0, count)
@@ -365,6 +411,8 @@ class Cpu:
             self._in_emulation = False
             if until != NO_EXIT:
                 uc.ctl_set_exits([])
+            if self.observer is not None:  # (one may have come or gone during the run)
+                self.observer.run_ends()
         if self.after_run is not None and failure is None and self._error is None and self._fault is None:
             try:
                 self.after_run(uc)
@@ -393,6 +441,8 @@ class Cpu:
         fixup table, else a #PF (present: the entry exists) for the kernel."""
         self._fault = None
         rip = self.uc.reg_read(X.UC_X86_REG_RIP)
+        if self.observer is not None:
+            self.observer.fault_at(rip)
         handler = self.fault_fixups.find(rip)
         if handler is not None:
             self.fixup_hits += 1

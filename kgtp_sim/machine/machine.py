@@ -21,7 +21,8 @@ from unicorn import x86_const as X
 from ..uc_paging import AddressSpace
 from . import process, smp
 from .clock import MachineClock
-from .cpu import ARGUMENT_REGISTERS, REGISTER_IDS, Cpu, Stop
+from .counters import PERF_PORTS, Counters
+from .cpu import ARGUMENT_REGISTERS, REGISTER_IDS, Cpu, CpuObserver, Stop
 from .devices import Devices
 from .errors import MachineError, MemoryFault
 from .image import KernelImage
@@ -84,6 +85,9 @@ class Machine:
         self.processes = Processes(self)
         self.cpu_count = cpus
         self._sched = Scheduler(self.cpu, image, cpus, self.clock)
+        #: the performance counters (counters.py): call on the CPU thread (`run_on_cpu`, or from a hit)
+        self.counters = Counters(self.cpu.uc, image, cpus, lambda: self._sched.current_cpu,
+                                 lambda: self.cpu.in_emulation, self._observe)
         #: int3 address -> handler(uc), consulted before the kernel's #BP (see cpu.py)
         self.breakpoints = self.cpu.breakpoints
         #: stub-code ranges -> handler(uc, fault_address), consulted before the kernel's #PF (see cpu.py)
@@ -133,13 +137,21 @@ class Machine:
             self.processes.port_out(port, value, rdi)
         elif port in smp.SMP_PORTS:
             self._sched.port_out(port, value, rdi)
+        elif port in PERF_PORTS:
+            self.counters.port_out(port, value)
         else:
             self.devices.port_out(port, size, value, rdi)
 
     def _port_in(self, port: int, size: int) -> int:
         if port == smp.PORT_SMP_CPUS:
             return self.cpu_count
+        if port in PERF_PORTS:
+            return self.counters.port_in(port)
         return self.devices.port_in(port, size)
+
+    def _observe(self, observer: CpuObserver | None) -> None:
+        """The performance counters start or stop hearing from the CPU (counters.Counters.open / close)."""
+        self.cpu.observer = observer
 
     # ---- access from other threads -----------------------------------------------------------------------
 

@@ -192,6 +192,8 @@ class Scheduler:
         uc.context_restore(slot.context)
         self.current_cpu = index
         self.switches += 1
+        if self.cpu.observer is not None:  # the performance counters count on the CPU now loaded
+            self.cpu.observer.cpu_loaded(index)
         if slot.start_at is not None:
             uc.reg_write(X.UC_X86_REG_RIP, slot.start_at)
             uc.reg_write(X.UC_X86_REG_RDI, index)

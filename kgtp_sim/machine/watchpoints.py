@@ -323,6 +323,8 @@ class DebugRegisters:
         self._gate_cell.armed = 1
         regs.write(X.UC_X86_REG_EFLAGS, eflags | EFLAGS_TF)
         regs.write(X.UC_X86_REG_RIP, rip)  # leave the block after this access; go on at rip, in a TF block
+        if self.cpu.observer is not None:  # this first pass does not retire: the replay does
+            self.cpu.observer.fault_at(rip)
 
     def _cuttable(self, rip: int) -> bool:
         """Are the instruction's accesses translated inline (so that unicorn can leave it after one)?"""

@@ -1,5 +1,6 @@
-"""`monitor` commands about the machine itself: statistics, CPUs, tick rate, workload pace, kernel console, and a
-stop without a breakpoint (`stop`, `go`: the machine's run control, machine/runcontrol.py).
+"""`monitor` commands about the machine itself: statistics, CPUs, tick rate, workload pace, kernel console, the
+performance counters (`perf`, as `perf stat -a -A` prints them), and a stop without a breakpoint (`stop`, `go`:
+the machine's run control, machine/runcontrol.py).
 
 Runs on the server thread; the machine answers through its CPU thread (`Machine.run_on_cpu`)."""
 
@@ -9,7 +10,91 @@ import dataclasses
 import time
 
 from ..machine import Machine
-from .monitor import Monitor, parse_int
+from ..machine.counters import Counter, EventAttr, HwEvent, PerfType, SwEvent
+from .monitor import Monitor, MonitorUsageError, parse_int
+
+#: what `monitor perf on` counts on every CPU: perf stat's default events, and the user-mode share of the
+#: instructions (ring 3)
+PERF_STAT_EVENTS = (
+    EventAttr(PerfType.SOFTWARE, SwEvent.CPU_CLOCK),
+    EventAttr(PerfType.SOFTWARE, SwEvent.TASK_CLOCK),
+    EventAttr(PerfType.SOFTWARE, SwEvent.CONTEXT_SWITCHES),
+    EventAttr(PerfType.SOFTWARE, SwEvent.CPU_MIGRATIONS),
+    EventAttr(PerfType.SOFTWARE, SwEvent.PAGE_FAULTS),
+    EventAttr(PerfType.HARDWARE, HwEvent.CPU_CYCLES),
+    EventAttr(PerfType.HARDWARE, HwEvent.INSTRUCTIONS),
+    EventAttr(PerfType.HARDWARE, HwEvent.INSTRUCTIONS, exclude_kernel=True),
+    EventAttr(PerfType.HARDWARE, HwEvent.BRANCH_INSTRUCTIONS),
+)
+
+
+class PerfStat:
+    """`monitor perf`: counters of every CPU opened by `on`, printed like `perf stat -a -A`, closed by `off`."""
+
+    def __init__(self, machine: Machine) -> None:
+        self.machine = machine
+        self.counters: list[Counter] = []
+        self.since = 0.0
+
+    def on(self) -> str:
+        if self.counters:
+            return "perf: already counting (monitor perf off stops)"
+        machine = self.machine
+
+        def open_all(uc) -> list[Counter]:
+            return [machine.counters.open(cpu, attr, enabled=True) for cpu in range(machine.cpu_count)
+                    for attr in PERF_STAT_EVENTS]
+
+        self.counters = machine.run_on_cpu(open_all)
+        self.since = time.monotonic()
+        return f"perf: counting on {machine.cpu_count} CPUs (monitor perf shows the counts, monitor perf off stops)"
+
+    def off(self) -> str:
+        if not self.counters:
+            return "perf: not counting"
+        text = self.show()
+        counters, self.counters = self.counters, []
+        self.machine.run_on_cpu(lambda uc: [self.machine.counters.close(counter) for counter in counters])
+        return text + "\nperf: stopped"
+
+    def show(self) -> str:
+        if not self.counters:
+            return "perf: not counting (monitor perf on starts)"
+        values = self.machine.run_on_cpu(lambda uc: [counter.read().value for counter in self.counters])
+        elapsed = time.monotonic() - self.since
+        cpus = self.machine.cpu_count
+        lines = [f" Performance counter stats for the machine ({cpus} CPU{'s' if cpus > 1 else ''}, "
+                 f"since monitor perf on):", ""]
+        per_cpu = len(PERF_STAT_EVENTS)
+        for cpu in range(cpus):
+            counted = {attr.name: value for attr, value in zip(PERF_STAT_EVENTS, values[cpu * per_cpu:])}
+            for attr in PERF_STAT_EVENTS:
+                lines.append(_perf_line(cpu, attr.name, counted[attr.name], counted, elapsed))
+            lines.append("")
+        lines.append(f"{elapsed:14.9f} seconds time elapsed")
+        return "\n".join(lines)
+
+
+def _perf_line(cpu: int, name: str, value: int, counted: dict[str, int], elapsed: float) -> str:
+    """One row as perf stat prints it: the count (milliseconds for the clocks), the event, a ratio."""
+    note = ""
+    if name in ("cpu-clock", "task-clock"):
+        shown = f"{value / 1e6:,.2f} msec"
+        if elapsed > 0:
+            note = f"#  {value / 1e9 / elapsed:6.3f} CPUs utilized" if name == "cpu-clock" else \
+                f"#  {value / 1e9 / elapsed:6.3f} CPUs running (turns on the emulator)"
+    else:
+        shown = f"{value:,}     "
+        seconds = counted["task-clock"] / 1e9
+        if name in ("context-switches", "cpu-migrations", "page-faults") and elapsed > 0:
+            note = f"#  {value / elapsed:10.3f} /sec"
+        elif name == "cycles" and seconds > 0:
+            note = f"#  {value / 1e9 / seconds:6.3f} GHz"
+        elif name == "instructions" and counted["cycles"]:
+            note = f"#  {value / counted['cycles']:6.2f}  insn per cycle"
+        elif name == "branches" and seconds > 0:
+            note = f"#  {value / 1e6 / seconds:10.3f} M/sec"
+    return f"CPU{cpu:<3}{shown:>22}  {name:<20}{note}".rstrip()
 
 
 def register_machine_commands(monitor: Monitor, machine: Machine, started: float) -> None:
@@ -43,6 +128,18 @@ def register_machine_commands(monitor: Monitor, machine: Machine, started: float
             lines.append(f"CPU {cpu.index}  {cpu.state:<7}  rip {cpu.rip:#018x} ({name})  task {cpu.current_task:#x}"
                          f"  ticks {ticks[cpu.index] if cpu.index < len(ticks) else 0}")
         return "\n".join(lines)
+
+    perf = PerfStat(machine)
+
+    @monitor.register("perf", "perf [on|off]", "the machine's performance counters of each CPU, as perf stat -a -A")
+    def perf_stat(args: list[str]) -> str:
+        if not args:
+            return perf.show()
+        if args[0] == "on":
+            return perf.on()
+        if args[0] == "off":
+            return perf.off()
+        raise MonitorUsageError(f"perf takes on or off, not {args[0]!r}")
 
     @monitor.register("console", "console", "the kernel's recent console output")
     def console(args: list[str]) -> str:

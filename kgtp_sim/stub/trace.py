@@ -16,6 +16,7 @@ from ..rsp.dispatch import E_TRACE, Binary, Reply, RspError, handles
 from ..rsp.packets import trace as t
 from ..tracing import TraceError
 from ..tracing.api import TracerApi
+from ..tracing.core.builtins import CPU_ID
 from ..arch import amd64
 from ..tracing.core.frames import FrameView, TraceFrame
 from ..tracing.core.tfile import SavePathError, resolve_save_path, write_tfile
@@ -222,6 +223,8 @@ class TraceHandlers:
             for number, value in frame.tsv_values():
                 if number == packet.number:
                     return t.encode_trace_variable_value(value)
+            if packet.number == CPU_ID:  # KGTP answers $cpu_id from the frame itself (gtp_rb_traceframe_get_tv)
+                return t.encode_trace_variable_value(frame.cpu)
             return t.encode_trace_variable_value(None)
         return t.encode_trace_variable_value(self.tracer.variable_value(packet.number))
 
@@ -393,7 +396,7 @@ def upload_variables(definitions: Definitions) -> list[bytes]:
 
 
 def register_trace_commands(monitor, tracer: TracerApi) -> None:
-    """`monitor engine` and `monitor probes`."""
+    """`monitor engine`, `frames`, `sdata`, `fbt` and `probes`."""
     from .monitor import MonitorUsageError
 
     @monitor.register("engine", "engine [interp|naive|opt]", "show or set how conditions and actions run (next tstart)")
@@ -437,6 +440,16 @@ def register_trace_commands(monitor, tracer: TracerApi) -> None:
             if text is not None:
                 rows.append(f"frame {frame.number:>5}  tp {frame.tracepoint:>3}  {text}")
         return "\n".join(rows) if rows else "no static tracepoint data in those frames"
+
+    @monitor.register("fbt", "fbt", "every kernel function: its entry's probe, whether its return takes one, why not")
+    def fbt(args: list[str]) -> str:
+        rows = []
+        for row in tracer.function_probes():
+            notes = [f"{where}: {note}" for where, note in (("entry", row.entry_note), ("return", row.return_note))
+                     if note]
+            rows.append(f"{row.address:#x}  entry {row.entry or 'none':4}  return {'yes' if row.returns else 'no':3}"
+                        f"  {row.name}" + (f"  -- {'; '.join(notes)}" if notes else ""))
+        return "\n".join(rows)
 
     @monitor.register("probes", "probes", "armed tracepoint locations: probe kind, engine, fired/hit counts")
     def probes(args: list[str]) -> str:

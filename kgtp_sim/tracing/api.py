@@ -13,6 +13,7 @@ from ..machine import Marker
 from .core.clock import Tsc
 from .core.frames import TraceFrame
 from .core.model import Definitions, ProbeRow, StopReason, Tracepoint, TraceStatus
+from .kgtp.fbt import FunctionProbes
 
 
 class TracerApi(Protocol):
@@ -78,3 +79,7 @@ class TracerApi(Protocol):
     def refuses_breakpoint(self, address: int, *, data: bool = False) -> str | None:
         """Why a debugger's breakpoint (a watchpoint, with `data`) at `address` cannot work with the run; None
         when it can."""
+        ...
+
+    def function_probes(self) -> list[FunctionProbes]:
+        """Every function of the kernel, the probe its entry takes and whether its return takes one (FBT)."""

@@ -31,12 +31,14 @@ from .core.clock import Tsc
 from .core.frames import CompactRegisters, StaticBlock, TraceFrame, TsvBlock, encode_frame
 from .core.model import Definitions, ProbeRow, StopReason, TraceError, Tracepoint, TraceStatus
 from .core.percpu import PerCpuVariables
+from .core.perf import PerfEvents
 from .core.ring import BLOCKS_AT, RawEntries, Rings
 from .core.sdata import render
 from .engines.fastregs import RegisterReader
 from .engines.hits import MAX_COLLECT, HitContext, Stepper
 from .engines.installer import ProbeSet
 from .engines.native import ENGINES, CompiledRun, faults_lose_a_block
+from .kgtp.fbt import FunctionProbes, function_probes
 from .kgtp.kret import KretRun
 from .kgtp.printk import attach, dump_stack
 from .kgtp.watch import Watches
@@ -115,7 +117,9 @@ class Tracer:
         self.kret = KretRun(self)  # return probes (`$kret`, kret.py)
         self.watches = Watches(self)  # watch tracepoints and the hardware breakpoints they hold (watch.py)
         self.per_cpu = PerCpuVariables(machine.cpu_count)  # KGTP's `$p_*` / `$per_cpu_*` (percpu.py)
-        self._dwarf: KernelDwarf | None = None  # the kernel's DWARF, read on the first `$dump_stack`
+        self.perf = PerfEvents(machine)  # KGTP's `$pe_*` / `$p_pe_*` on the machine's counters (perf.py)
+        self._dwarf: KernelDwarf | None = None  # the kernel's DWARF, read on the first `$dump_stack` or `fbt`
+        self._functions: list[FunctionProbes] | None = None  # `function_probes`, once per image
         #: recorders attached now (`attach_recorder`), whether this run's ring is a flight recorder because one
         #: was, and what tstatus says about them (set by the follow channel's drain, stub/stream.py)
         self.recorders = 0
@@ -129,6 +133,10 @@ class Tracer:
     # ---- trace state variables --------------------------------------------------------------------------
 
     def variable_value(self, number: int, hit: HitContext | None = None) -> int | None:
+        if number in self.perf:  # the machine's counter (GDB: read on the CPU thread, the loaded CPU's)
+            if hit is not None:
+                return self.perf.get(number, self._cpu_of(hit), hit.site)
+            return self.machine.run_on_cpu(lambda uc: self.perf.get(number, self.machine.current_cpu))
         builtin = BUILTIN_VARIABLES.by_number(number)
         if builtin is not None and builtin.computed and hit is not None:
             return builtin.compute(BuiltinContext(hit.uc, self.machine, self.tsc, hit, self))
@@ -143,8 +151,11 @@ class Tracer:
         return smp.cpu_number(hit.uc) if hit is not None else self.machine.current_cpu
 
     def check_variable(self, name: str) -> None:
-        """QTDV: a per-CPU variable may not name a CPU the machine lacks (ValueError), as KGTP refuses it."""
+        """QTDV: a per-CPU variable may not name a CPU the machine lacks, nor a perf-event variable a field KGTP
+        does not know (ValueError), as KGTP refuses them."""
         self.per_cpu.check(name)
+        if not any(builtin.name == name for builtin in BUILTIN_VARIABLES):  # GDB re-sends them ($p_pe_en ...)
+            self.perf.check(name)
 
     def _stored_value(self, number: int) -> int | None:
         if self.native is not None and number < self.native.tsv_slots and self._has_run:
@@ -167,6 +178,9 @@ class Tracer:
         builtin = BUILTIN_VARIABLES.by_number(number) if hit is not None else None
         if builtin is not None and builtin.assign is not None:
             builtin.assign(BuiltinContext(hit.uc, self.machine, self.tsc, hit, self), value)
+            return
+        if number in self.perf and hit is not None:
+            self.perf.set(number, value, self._cpu_of(hit), hit.site)
             return
         value = value - (1 << 64) if value >> 63 else value
         if number in self.per_cpu and self._has_run:
@@ -236,6 +250,7 @@ class Tracer:
         self.retired.release()
         # KGTP's $ignore_error: a tracepoint that cannot be installed is left out, its error in $last_errno
         ignore_error, last_errno = bool(setting(self, IGNORE_ERROR)), 0
+        self.perf.define(self.definitions.variables)
         prepared = []
         enabled = [tp for tp in self.definitions.tracepoints.values() if tp.enabled]
         self.watches.reset()
@@ -259,7 +274,7 @@ class Tracer:
             raise TraceError(f"cannot allocate a {self.definitions.buffer_size:#x}-byte trace buffer: {error}") from None
         self.values = {n: v.initial for n, v in self.definitions.variables.items()}
         self.values[LAST_ERRNO] = last_errno
-        self.per_cpu.define(self.definitions.variables)
+        self.per_cpu.define({n: v for n, v in self.definitions.variables.items() if n not in self.perf})
         self.probes.reset()
         self.room = self.frame_room()
         self._start_native()
@@ -274,9 +289,11 @@ class Tracer:
                     log.warning("tstart left out %s", error)
                     last_errno = -EINVAL
             last_errno = self.watches.start(ignore_error) or last_errno
+            self.perf.start()  # the perf events' counters, some enabled from now (KGTP creates them last too)
         except Exception:
             self.probes.remove_all()
             self.watches.stop()
+            self.perf.stop()
             raise
         self.running = True
         self.set_variable(LAST_ERRNO, last_errno & (2**64 - 1))
@@ -295,6 +312,7 @@ class Tracer:
         item = self.kret.prepare(prepare(tp, self.machine.image, self._tsv_slots(),
                                          compiled=self.engine != "interp", probe=self.probe,
                                          marker=self.marker_at(tp.address)))
+        self.perf.check_access(item.programs(), f"tracepoint {tp.number} at {tp.address:#x}")
         attach(item, self)  # direct output, $enable/$disable, $current
         return item
 
@@ -350,6 +368,7 @@ class Tracer:
             return
         self.probes.remove_all()
         self.watches.stop()
+        self.perf.stop()
         self.running = False
         self.stop_reason = reason
         self.stop_note = note
@@ -424,11 +443,22 @@ class Tracer:
         self.stop(StopReason.ERROR, note=f"tracepoint {tp.number}: {error}", tracepoint=tp.number)
         return False
 
-    def dump_stack(self, ctx: BuiltinContext) -> None:
-        """`$dump_stack` (core.run.Run): the hit's backtrace on the kernel's console, unwound with its DWARF."""
+    def function_probes(self) -> list[FunctionProbes]:
+        """Every function of the kernel and the probes it takes at its entry and return (`monitor fbt`)."""
+        if self._functions is None:
+            dwarf = self._kernel_dwarf()
+            self._functions = function_probes(self.machine.image, lambda address: (dwarf.line_at(address)
+                                                                                 or (None,))[0])
+        return self._functions
+
+    def _kernel_dwarf(self) -> KernelDwarf:
         if self._dwarf is None:
             self._dwarf = KernelDwarf(self.machine.image.path)
-        dump_stack(ctx, self._dwarf)
+        return self._dwarf
+
+    def dump_stack(self, ctx: BuiltinContext) -> None:
+        """`$dump_stack` (core.run.Run): the hit's backtrace on the kernel's console, unwound with its DWARF."""
+        dump_stack(ctx, self._kernel_dwarf())
 
     # ---- what GDB asks about the run ----------------------------------------------------------------------
 
@@ -497,7 +527,8 @@ class Tracer:
         """The ring's frames, parsed once per change of the ring (tfind asks again and again)."""
         if self.ring is None:
             return []
-        key = tuple((state.base, state.head, state.tail, state.created) for state in self.ring.states())
+        key = (self.start_tsc,) + tuple((state.base, state.head, state.tail, state.created)  # a new run may
+                                        for state in self.ring.states())  # fill a new ring to the same place
         if self._frames_cache is None or self._frames_cache[0] != key:
             self._frames_cache = (key, self.kret.visible(self.ring.entries()))
         return self._frames_cache[1]

@@ -279,6 +279,11 @@ def _watch_set(name: str) -> Callable[[BuiltinContext, int], None]:
 _ZERO = lambda ctx: 0  # noqa: E731
 
 
+def _p_pe_en(ctx: BuiltinContext, value: int) -> None:
+    """KGTP's gtp_pc_pe_en: the hitting CPU's perf events switched (perf.py)."""
+    ctx.tracer.perf.switch(smp.cpu_number(ctx.uc), value, getattr(ctx.hit, "site", None))
+
+
 def _const(value: int) -> Callable[[BuiltinContext], int]:
     return lambda ctx: value
 
@@ -311,8 +316,8 @@ BUILTIN_VARIABLES = BuiltinTable((
     Builtin(15, "cpu_number", CPU_NUMBER, lambda ctx: ctx.machine.cpu_count,
             "number of CPUs (KGTP's gtp_cpu_number: the highest possible CPU + 1; the machine's CPU count)",
             gdb_read=lambda tracer: tracer.machine.cpu_count),
-    Builtin(16, "p_pe_en", agent_read=False, agent_write=True,
-            summary="switches per-CPU perf events; the machine has none: no effect"),
+    Builtin(16, "p_pe_en", agent_read=False, agent_write=True, assign=_p_pe_en,
+            summary="set by an action: every perf event ($pe_*, $p_pe_*) of the hitting CPU on (1) or off (0)"),
     Builtin(17, "kret", agent_read=False, agent_write=True,
             summary="set in an action: the tracepoint fires when its function returns (kret.py)"),
     Builtin(18, "xtime_sec", compute=lambda ctx: _xtime(ctx)[0], summary="time of day, seconds",
@@ -513,7 +518,10 @@ def runs_natively(tracer: Run, programs, native_builtins: tuple[str, ...]) -> bo
         return False  # two names of one variable's copies (`$p_x`, `$p_x1`): only Python sees them alias
     if any(op == "setv" and getattr(_BY_NUMBER.get(n), "assign", None) for p in programs
            for op, n in _variable_ops(p)):
-        return False  # a write Python carries out ($watch_start ...)
+        return False  # a write Python carries out ($watch_start, $p_pe_en ...)
+    perf = getattr(tracer, "perf", None)
+    if perf is not None and perf.reads_or_writes(programs):
+        return False  # a perf event's counter is the machine's, read and switched from Python (perf.py)
     return all(kind in native_builtins for _, kind in builtin_slots(programs))
 
 

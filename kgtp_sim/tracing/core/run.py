@@ -19,6 +19,7 @@ from ...machine import Machine
 from .clock import Tsc
 from .model import Definitions, StopReason, Tracepoint
 from .percpu import PerCpuVariables
+from .perf import PerfEvents
 from .ring import Rings
 
 
@@ -37,6 +38,7 @@ class Run(Protocol):
     printed: list[str]
     kgtp: Any  # core.builtins.KgtpState: what KGTP's special variables keep across hits
     per_cpu: PerCpuVariables
+    perf: PerfEvents  #: KGTP's perf-event variables on the machine's counters
     native: Any  # engines.native.CompiledRun, or None under the interpreting engine
     retired: Any  # patching.retire.RetiredCode: code freed once no CPU can be in it
     registers: Any  # engines.fastregs.RegisterReader: the registers of a hit

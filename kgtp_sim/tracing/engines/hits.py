@@ -48,6 +48,10 @@ class HitContext:
     tracepoint: t.Tracepoint | None = None  # whose hit this is ($dump_stack names it)
     step: int = 0  # while-stepping: the step's number from 1 ($step_count); 0 at the hit
     watch: Any = None  # watch.py's state of this hit: the breakpoint that trapped, or $watch_* settings
+    #: the probe site the CPU stands at, before its probed instruction (the machine's performance counters
+    #: count what the site's int3 stands for when it traps: a hit reads them as before it, perf.py); None for a
+    #: return, a step or a watch
+    site: int | None = None
 
     def try_read(self, addr: int, n: int) -> bytes | None:
         try:
@@ -112,7 +116,8 @@ def interpreted_hit(tracer: Run, uc: Uc, item: Installed) -> None:
     item.fired += 1
     tp = item.tracepoint
     hit = (item.hit_context or HitContext)(uc, hit_registers(tracer, uc, item.site.address), tracer,
-                                           room=tracer.room, marker=item.marker, tracepoint=tp)
+                                           room=tracer.room, marker=item.marker, tracepoint=tp,
+                                           site=item.site.address)
     if not hit.begin():
         return
     passed = record_hit(tracer, hit, item)
@@ -210,6 +215,7 @@ class Stepper:
         site = item.site
         uc.mem_write(site.address, site.original)
         uc.ctl_remove_cache(site.address, site.address + len(site.original))
+        machine.counters.stand_in_removed(site.address, len(INT3))  # the steps run the site's own code
         self._item = item
         self._task = smp.current_task(uc)
         self._remaining = item.tracepoint.step_count
@@ -238,6 +244,7 @@ class Stepper:
         elif item is not None and self.tracer.running and self.tracer.is_armed(item.tracepoint.key):
             uc.mem_write(item.site.address, INT3)
             uc.ctl_remove_cache(item.site.address, item.site.address + len(INT3))
+            self.tracer.machine.counters.stand_in(item.site.address, len(INT3), item.site.resume_address)
 
     def _collect(self, uc: Uc, item: Installed, address: int) -> None:
         tracer = self.tracer

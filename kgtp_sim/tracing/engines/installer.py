@@ -113,6 +113,9 @@ class ProbeSet:
             group = self.int3_sites[site.address] = (out_of_line, out_of_line + len(body), [])
             self.machine.breakpoints[site.address] = lambda uc, items=group[2]: self._hit_all(uc, items)
             self.machine.write_memory(site.address, INT3)
+            # the int3 stands for the instructions the copy runs (the machine's performance counters)
+            self.machine.run_on_cpu(lambda uc: self.machine.counters.stand_in(site.address, len(INT3),
+                                                                              site.resume_address))
         item.out_of_line = group[0]
         group[2].append(item)
         self.installed[item.tracepoint.key] = item
@@ -273,6 +276,7 @@ class ProbeSet:
                 return  # other tracepoints still use this int3
             del self.int3_sites[item.site.address]
         self.machine.write_memory(item.site.address, item.site.original)
+        self.machine.run_on_cpu(lambda uc: self.machine.counters.stand_in_removed(item.site.address, len(INT3)))
         self.machine.breakpoints.pop(item.site.address, None)
         if group is not None:  # a preempted task may still be inside the copy
             self.tracer.retired.add([(group[0], group[1])])

@@ -252,11 +252,13 @@ class CompiledRun:
         tail_bound = relocated_size_bound(site.displaced) + JUMP_SIZE
         if fast is not None:
             plan = replace(plan, fast=fast)
-            trial = d.build(replace(plan, fast=replace(fast, tail=bytes(tail_bound))), _TRIAL_BASE)
+            # nops hold the tail's place: build finds its hypercalls by decoding, and zeros (`add %al, (%rax)`,
+            # two bytes) can leave the decoder out of step past an odd-sized tail
+            trial = d.build(replace(plan, fast=replace(fast, tail=b"\x90" * tail_bound)), _TRIAL_BASE)
             base = self._alloc_detour(len(trial.code) + 16)
             tail_at = base + d.fast_path_offset(plan, base, "tail")
             tail = self._tail(site, tail_at, continue_to)
-            if fast.inline:  # the condition's branch, linked where it goes, to fast_slow right after the tail
+            if fast.inline is not None:  # the condition's branch, linked where it goes, to fast_slow after the tail
                 inline_at = base + d.fast_path_offset(plan, base, "inline")
                 branch = compile_opt(condition, inline_at, fastpath.regnums_read(condition), pointerless=True,
                                      true_exit=tail_at + len(tail))
@@ -367,7 +369,13 @@ class CompiledRun:
         synchronised, the jump's tail written if no CPU is and no task will resume inside the window,
         synchronised, the first byte written. Without a free window the site stays an int3 probe."""
         machine = self.machine
-        machine.run_on_cpu(lambda uc: self._poke_int3(uc, site.address, target))
+        counters = machine.counters  # the machine's performance counters count what the patch stands for
+
+        def to_int3(uc: Uc) -> None:
+            self._poke_int3(uc, site.address, target)
+            counters.stand_in(site.address, len(INT3), site.resume_address)
+
+        machine.run_on_cpu(to_int3)
         if not (want_jump and site.kind == "jump"):
             return "int3"
         machine.synchronize()
@@ -382,7 +390,13 @@ class CompiledRun:
         if not machine.run_on_cpu(tail):
             return "int3"
         machine.synchronize()
-        machine.run_on_cpu(lambda uc: self._poke_first(uc, site.address, patch[:1]))
+
+        def first(uc: Uc) -> None:
+            self._poke_first(uc, site.address, patch[:1])
+            counters.stand_in_removed(site.address, len(INT3))
+            counters.stand_in(site.address, JUMP_SIZE, site.resume_address)
+
+        machine.run_on_cpu(first)
         return "jump"
 
     def unpatch(self, site: ProbeSite, probe: NativeProbe) -> None:
@@ -394,17 +408,25 @@ class CompiledRun:
         on the first byte that keeps sending CPUs where the jump did, synchronised, the original tail,
         synchronised, the original first byte."""
         machine = self.machine
+        counters = machine.counters
         original = machine.image.read_code(site.address, site.length if kind == "jump" else 1)
         if kind == "jump":
             def to_int3(uc: Uc) -> None:
                 rel32 = struct.unpack("<i", bytes(uc.mem_read(site.address + 1, 4)))[0]
                 self._poke_int3(uc, site.address, (site.address + JUMP_SIZE + rel32) % (1 << 64))
+                counters.stand_in_removed(site.address, JUMP_SIZE)
+                counters.stand_in(site.address, len(INT3), site.resume_address)
 
             machine.run_on_cpu(to_int3)
             machine.synchronize()
             machine.run_on_cpu(lambda uc: self._poke(uc, site.address + 1, original[1:]))
             machine.synchronize()
-        machine.run_on_cpu(lambda uc: self._poke_first(uc, site.address, original[:1]))
+
+        def restore(uc: Uc) -> None:
+            self._poke_first(uc, site.address, original[:1])
+            counters.stand_in_removed(site.address, len(INT3))
+
+        machine.run_on_cpu(restore)
 
     def _poke_int3(self, uc: Uc, address: int, target: int) -> None:
         """The first step of a patch: an int3 the machine sends on to `target` without Python."""

@@ -89,7 +89,8 @@ class FastPath:
     flags_live: bool  # the displaced code reads flags before writing them
     save_flags: bool  # keep the site's flags for the full path (a register collection records them)
     tail: bytes  # the displaced instructions relocated to follow the fast path, and the jump back
-    inline: bytes = b""  # the condition as an inline branch (true: to `fast_slow`), if it compiles that way
+    #: the condition as an inline branch (true: to `fast_slow`), if it compiles that way (empty: never true)
+    inline: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,7 @@ def _percpu_store(plan: DetourPlan) -> list[str]:
 def _fast_path(plan: DetourPlan) -> list[str]:
     fast = plan.fast
     assert fast is not None and plan.condition is not None
-    if fast.inline:
+    if fast.inline is not None:  # (a condition that is never true compiles to no code at all)
         return _inline_fast_path(fast)
     keep = fast.flags_live or fast.save_flags
     lines = ["pushfq"] if keep else []
@@ -243,8 +244,9 @@ def _inline_fast_path(fast: FastPath) -> list[str]:
 
 
 def _expand(lines: list[str], fast: FastPath) -> list[str]:
-    blobs = {_INLINE: fast.inline, _TAIL: fast.tail}
-    return [".byte " + ",".join(f"{b:#x}" for b in blobs[line]) if line in blobs else line for line in lines]
+    blobs = {_INLINE: fast.inline or b"", _TAIL: fast.tail}
+    return [".byte " + ",".join(f"{b:#x}" for b in blobs[line]) if line in blobs else line for line in lines
+            if blobs.get(line, True)]
 
 
 def fast_path_offset(plan: DetourPlan, base: int, where: str) -> int:

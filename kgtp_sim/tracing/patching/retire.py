@@ -32,6 +32,12 @@ def stacks_point_into(machine: Machine, uc: Uc, low: int, high: int) -> bool:
     return False
 
 
+def _words(uc: Uc, low: int, high: int) -> list[int]:
+    """Every 8-byte word at any byte offset of [low, high) (an immediate need not be aligned)."""
+    data = bytes(uc.mem_read(low, high - low))
+    return [int.from_bytes(data[at:at + 8], "little") for at in range(len(data) - 7)]
+
+
 def in_use(machine: Machine, uc: Uc, low: int, high: int) -> bool:
     """Could the kernel still execute [low, high): a CPU is in it, or a task would return or resume into it."""
     return any(low <= rip < high for rip in machine.cpu_rips()) or stacks_point_into(machine, uc, low, high)
@@ -48,10 +54,22 @@ class RetiredCode:
         self.regions += regions
 
     def release(self) -> None:
-        """Free what nothing can reach any more; keep the rest for a later call (between runs)."""
+        """Free what nothing can reach any more; keep the rest for a later call (between runs). Retired code
+        kept reaches code too: a return probe's trampoline returns to the address in its own immediate, which is
+        another trampoline when two return probes caught one call (kret.py), so a region that a kept region's
+        code points into is kept as well."""
 
         def still_reachable(uc: Uc) -> list[tuple[int, int]]:
-            return [(low, high) for low, high in self.regions if in_use(self.machine, uc, low, high)]
+            kept = [(low, high) for low, high in self.regions if in_use(self.machine, uc, low, high)]
+            waiting = [region for region in self.regions if region not in kept]
+            while waiting:
+                words = [word for low, high in kept for word in _words(uc, low, high)]
+                reached = [(low, high) for low, high in waiting if any(low <= word < high for word in words)]
+                if not reached:
+                    break
+                kept += reached
+                waiting = [region for region in waiting if region not in reached]
+            return kept
 
         kept = self.machine.run_on_cpu(still_reachable)
         for low, high in self.regions:
