@@ -85,7 +85,8 @@ def test_kgtp_fbt_traces_every_probeable_functions_entry_and_return(gdb, machine
             "(info kgtp-fbt says why)") in out, out
     # the reasons: no probe at all where even an int3 cannot go, no return probe for the entry code and for a
     # function that never returns
-    assert "trap_breakpoint entry: 0xffffffff81000f90: int3 in trap_breakpoint is already a breakpoint" in out, out
+    trap = IMAGE.address_of("trap_breakpoint")
+    assert f"trap_breakpoint entry: {trap:#x}: int3 in trap_breakpoint is already a breakpoint" in out, out
     assert "trap_invalid_op entry: " in out and "is in the kernel's exception table" in out, out
     assert "common_entry return: entry code in assembly (boot.S)" in out, out
     assert "cpu_idle return: never returns" in out, out
@@ -109,7 +110,7 @@ def test_kgtp_fbt_entry_or_return_with_a_collection(gdb, machine):
     value in %rax, read at the caller's instruction after the call; `delete kgtp-fbt PATTERN` removes some."""
     stub, _ = machine
     out = run_gdb(
-        gdb, stub, f"source {ROOT}/scripts/gdb/kgtp_fbt.py", "kgtp-fbt do_sys* return collect $rax",
+        gdb, stub, f"source {ROOT}/scripts/gdb/kgtp_fbt.py", "kgtp-fbt do_sys*ll return collect $rax",  # do_syscall, not do_syscall_64
         "kgtp-fbt kgtp_test_* entry", "info kgtp-fbt",
         "tstart", *wait_for_hits(1, 2), "tstop",  # do_syscall's returns (a fresh stub: GDB numbers from 1)
         "python",
