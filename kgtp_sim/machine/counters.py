@@ -111,7 +111,8 @@ EVENT_NAMES: dict[tuple[int, int], str] = {
 
 # ---- the ports kernel code reads them through -------------------------------------------------------------
 
-PORT_PERF_SELECT = 0xEA  #: outl: which count the next read returns: config | type << 8 | exclude_user << 16 | exclude_kernel << 17
+#: outl: which count the next read returns: config | type << 8 | exclude_user << 16 | exclude_kernel << 17
+PORT_PERF_SELECT = 0xEA
 PORT_PERF_LO = 0xEB  #: inl: the selected count of the calling CPU since the machine began counting, low half (latches)
 PORT_PERF_HI = 0xEC  #: inl: the latched high half
 PERF_PORTS = (PORT_PERF_SELECT, PORT_PERF_LO, PORT_PERF_HI)
@@ -389,10 +390,10 @@ class Counters:
         self._current_cpu = current_cpu
         self._in_emulation = in_emulation
         self._set_observer = set_observer
-        self.map = CodeMap(image)
+        self._map: CodeMap | None = None  # decoded when first needed (`map`): 60 ms for this kernel
+        self._stand_ins: dict[tuple[int, int], int] = {}  # (site, length) -> window end, until the map exists
         self._native = (ctypes.c_uint64 * (_CELLS * cpus))()
-        self._cell = _Cell(ctypes.addressof(self._native), self.map.lo, self.map.size,
-                           ctypes.addressof(self.map.prefix), ctypes.addressof(self.map.ends), 0, 0, _NOWHERE)
+        self._cell = _Cell(ctypes.addressof(self._native), 0, 0, 0, 0, 0, 0, _NOWHERE)
         self._python = [[0] * len(Source) for _ in range(cpus)]
         rdtsc = native_function(_RDTSC_CODE)
         #: the host's TSC (what the emulated rdtsc returns); None where W+X host pages are refused
@@ -413,6 +414,19 @@ class Counters:
         self._select = 0
         self._latched = 0
         self._marker = next((m for m in image.markers if (m.system, m.name) == ("sched", "sched_switch")), None)
+
+    @property
+    def map(self) -> CodeMap:
+        """The kernel's decoded code, with the probes' stand-ins so far (the block hook's tables)."""
+        if self._map is None:
+            code = CodeMap(self.image)
+            for (site, length), window_end in self._stand_ins.items():
+                code.stand_in(site, length, window_end)
+            self._stand_ins.clear()
+            self._cell.text_lo, self._cell.text_size = code.lo, code.size
+            self._cell.prefix, self._cell.ends = ctypes.addressof(code.prefix), ctypes.addressof(code.ends)
+            self._map = code
+        return self._map
 
     # ---- opening and closing (CPU thread) ------------------------------------------------------------------
 
@@ -457,7 +471,7 @@ class Counters:
             self.counted_since = time.monotonic_ns()
         changed = False
         if not self._native_armed and set(sources) & set(NATIVE_SOURCES):
-            lo, size = self.map.lo, self.map.size
+            lo, size = self.map.lo, self.map.size  # (decoded now, the first time)
             for kind, code, begin, end in ((UC_HOOK_BLOCK, _BLOCK_CODE, lo, lo + size - 1),
                                            (UC_HOOK_CODE, _USER_CODE, 0, USER_END)):
                 hook = add_native_hook(self.uc, kind, code, ctypes.addressof(self._cell), begin, end)
@@ -516,12 +530,14 @@ class Counters:
     def raw(self, counter: Counter, at: int | None = None) -> int:
         """The sum of a counter's sources on its CPU now; with `at` (a probe site the loaded CPU is hitting),
         before the probed instruction: what the probe's int3 or jump stood for is not yet retired."""
-        total = sum(self.source(counter.cpu, source) for source in counter.sources or ())
-        if at is not None and counter.cpu == self._cpu and self.map.contains(at):
+        sources = counter.sources or ()
+        total = sum(self.source(counter.cpu, source) for source in sources)
+        if at is not None and counter.cpu == self._cpu and set(sources) & set(NATIVE_SOURCES) and \
+                self.map.contains(at):
             extra, branches = self.map.weight(at + 1)  # the int3 the hit came through, and what it stands for
-            if Source.INSTRUCTIONS_KERNEL in (counter.sources or ()):
+            if Source.INSTRUCTIONS_KERNEL in sources:
                 total -= self.map.instructions_between(at, at + 1) + extra
-            if Source.BRANCHES_KERNEL in (counter.sources or ()):
+            if Source.BRANCHES_KERNEL in sources:
                 total -= branches
         return total
 
@@ -584,7 +600,8 @@ class Counters:
         if cell.last_end and cell.last_start <= rip < cell.last_end and self.map.contains(rip):
             base = _CELLS * self._cpu
             extra, branches = self.map.weight(cell.last_end)
-            self._native[base + Source.INSTRUCTIONS_KERNEL] -= self.map.instructions_between(rip, cell.last_end) + extra
+            undone = self.map.instructions_between(rip, cell.last_end) + extra
+            self._native[base + Source.INSTRUCTIONS_KERNEL] -= undone
             self._native[base + Source.BRANCHES_KERNEL] -= branches
         elif rip <= USER_END and rip == cell.last_user:
             self._native[_CELLS * self._cpu + Source.INSTRUCTIONS_USER] -= 1
@@ -614,12 +631,16 @@ class Counters:
     def stand_in(self, site: int, length: int, window_end: int) -> None:
         """The tracer patched `length` bytes at `site` (an int3: 1, a jump: 5) whose detour runs the image's
         instructions in [site, window_end): they count when the patch runs (CPU thread, as it patches)."""
-        if self.map.contains(site):
-            self.map.stand_in(site, length, window_end)
+        if self._map is None:
+            self._stand_ins[(site, length)] = window_end
+        elif self._map.contains(site):
+            self._map.stand_in(site, length, window_end)
 
     def stand_in_removed(self, site: int, length: int) -> None:
-        if self.map.contains(site):
-            self.map.stand_in_removed(site, length)
+        if self._map is None:
+            self._stand_ins.pop((site, length), None)
+        elif self._map.contains(site):
+            self._map.stand_in_removed(site, length)
 
     # ---- the ports ------------------------------------------------------------------------------------------
 

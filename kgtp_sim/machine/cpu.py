@@ -8,7 +8,9 @@ inside emulation. Its parts live beside it:
 - memory.py: physical memory, the page tables and address spaces, the demand frames, the stub's pages, dropping
   translated code (`Cpu.memory`);
 - dispatch.py: the tables the stub's code gets a look at first (the int3 jump table, the fault fixups);
-- stopper.py: ending emulation at a block boundary for other threads (`Cpu.stopper`).
+- stopper.py: ending emulation at a block boundary for other threads (`Cpu.stopper`);
+- counters.py: the performance counters, told of runs, exceptions, page faults and the stub's handlers through
+  `Cpu.observer` while a counter is open (None otherwise: no cost).
 
 Unicorn runs instructions but has no notion of an IDT: software interrupts, #DE, #UD and bad memory accesses
 come back to us as hooks. This module turns each into what the hardware would do (push the 64-bit interrupt
