@@ -8,6 +8,11 @@ the CPU thread: counters are opened, switched and read from hits or from request
 CPU and the scheduler report runs, exceptions, page faults and CPU switches to it (`Cpu.observer`, only while a
 counter is open).
 
+Why this module is long: it is the machine's whole PMU, one device: the decoded map of the kernel's code, the two
+counting hooks and their take-backs after exceptions, the per-CPU raw counts every event reads, perf's event
+types and configs, the counters opened on them and the ports kernel code reads them through; split, each piece
+would reach into the others' state on every run of the CPU.
+
 Unicorn 2.1.4 has no PMU (`rdpmc` is an invalid instruction, CPUID leaf 0xA is empty, the counter MSRs read 0),
 so these are the machine's own device, like its ports, and count exactly:
 
