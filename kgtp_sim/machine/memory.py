@@ -193,9 +193,13 @@ class Memory:
         space = space or self.kernel
         if length <= 0 or not (space.executable(address) and space.executable(address + length - 1)):
             return
-        if paging.kernel_half(address) or self.loaded_space() is space:
+        # the fetch also runs at the loaded CPU's privilege: from ring 3 a kernel page is a supervisor page it may
+        # not fetch from (no block found, a #PF left in flight), so a CPU in user mode drops every block instead
+        user_mode = bool(self.uc.reg_read(X.UC_X86_REG_CS) & 3)
+        if not user_mode and (paging.kernel_half(address) or self.loaded_space() is space):
             self.uc.ctl_remove_cache(address, address + length)
             return
         if in_emulation:
-            raise MachineError(f"code at {address:#x} of {space!r}, not loaded: patch it between runs")
+            raise MachineError(f"code at {address:#x} of {space!r}: patch it between runs (the loaded CPU "
+                               f"{'is in user mode' if user_mode else 'has another space loaded'})")
         self.uc.ctl_flush_tb()

@@ -438,10 +438,11 @@ class CompiledRun:
         self._poke(uc, address, first)
         self.machine.cpu.jumps.remove(address)
 
-    @staticmethod
-    def _poke(uc: Uc, address: int, data: bytes) -> None:
+    def _poke(self, uc: Uc, address: int, data: bytes) -> None:
+        """Write kernel text and drop its translated code the machine's way (`Cpu.remove_cache`: a CPU loaded in
+        user mode cannot look kernel code up, so every block goes then)."""
         uc.mem_write(address, data)
-        uc.ctl_remove_cache(address, address + len(data))
+        self.machine.cpu.remove_cache(address, len(data))
 
     def release(self, probe: NativeProbe) -> None:
         """The probe's compiled code no longer runs from now on: its fault fixups go (the code itself stays in
