@@ -117,20 +117,19 @@ class RunHandlers:
     def insert_breakpoint(self, packet: r.InsertBreakpoint) -> Reply:
         """gdbserver's server.cc (`Z`/`z` in process_serial_event): the empty reply for a type the target does
         not support (mem-break.cc: z_type_supported), OK when set, an error when the target refuses."""
-        breakpoints = self.target.support_breakpoints()
-        type = BreakpointType(packet.type)
-        if breakpoints is None or not breakpoints.supports(type):
-            return b""
-        breakpoints.insert_breakpoint(type, packet.address, packet.kind)
-        return b"OK"
+        return self._breakpoint(packet, insert=True)
 
     @handles(r.RemoveBreakpoint)
     def remove_breakpoint(self, packet: r.RemoveBreakpoint) -> Reply:
+        return self._breakpoint(packet, insert=False)
+
+    def _breakpoint(self, packet: r.InsertBreakpoint | r.RemoveBreakpoint, *, insert: bool) -> Reply:
         breakpoints = self.target.support_breakpoints()
         type = BreakpointType(packet.type)
         if breakpoints is None or not breakpoints.supports(type):
             return b""
-        breakpoints.remove_breakpoint(type, packet.address, packet.kind)
+        change = breakpoints.insert_breakpoint if insert else breakpoints.remove_breakpoint
+        change(type, packet.address, packet.kind)
         return b"OK"
 
 
