@@ -83,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     from . import programs
 
     programs.add_run_parser(commands, paths.VMLINUX, DEFAULT_CPUS)
+    commands.add_parser("gdbserver", help="gdbserver's role: debug a program running on the simulated kernel",
+                        description="kgtp-sim gdbserver [--once] [--multi] COMM PROG [ARGS...]: see "
+                                    "`kgtp-sim gdbserver --help`", add_help=False)
     from .view import cli as view_cli
 
     view_cli.add_parsers(commands)
@@ -93,6 +96,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["gdbserver"]:  # gdbserver's own command line (`--wrapper ... --`), not argparse's
+        from . import gdbserver
+
+        return gdbserver.main(argv[1:])
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(getattr(args, "verbose", 0), 2)],

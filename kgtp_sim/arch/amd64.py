@@ -2,6 +2,9 @@
 
 GDB's amd64 core feature numbers the registers in this order; the target description we serve describes
 exactly these, so the `g` reply, a trace frame's register block and GDB's regnums all agree by construction.
+That is KGTP mode's layout (`CORE`, and the module's constants). A Linux process has more (`LINUX`, the layout
+gdbserver's x86-64 Linux description gives: the core, then SSE, then `orig_rax`, then `fs_base` and `gs_base`);
+a `RegisterLayout` is one register file with its `g` encoding and its target description.
 
 Pure (constants and conversions): used on the server thread (`g`, `p`, `G`, target.xml), on the CPU thread (a hit's
 register block), and wherever a frame's register block is read (the server thread for the frame `tfind` selects; the
@@ -106,3 +109,90 @@ def target_xml() -> str:
         )
     lines += ["</feature>", "</target>"]
     return "\n".join(lines) + "\n"
+
+
+# ---- layouts: a register file, its `g` encoding and its target description ----------------------------------
+
+_SSE = (*(Register(f"xmm{i}", 16, "vec128", "vector") for i in range(16)), Register("mxcsr", 4, "i386_mxcsr", "vector"))
+_LINUX_EXTRA = (Register("orig_rax", 8, "int", "system"), Register("fs_base", 8, "int", "system"),
+                Register("gs_base", 8, "int", "system"))
+
+#: GDB's features, each a run of registers: (feature name, first register, registers, types it needs)
+_SSE_TYPES = """<vector id="v4f" type="ieee_single" count="4"/>
+<vector id="v2d" type="ieee_double" count="2"/>
+<vector id="v16i8" type="int8" count="16"/>
+<vector id="v8i16" type="int16" count="8"/>
+<vector id="v4i32" type="int32" count="4"/>
+<vector id="v2i64" type="int64" count="2"/>
+<union id="vec128">
+<field name="v4_float" type="v4f"/>
+<field name="v2_double" type="v2d"/>
+<field name="v16_int8" type="v16i8"/>
+<field name="v8_int16" type="v8i16"/>
+<field name="v4_int32" type="v4i32"/>
+<field name="v2_int64" type="v2i64"/>
+<field name="uint128" type="uint128"/>
+</union>
+<flags id="i386_mxcsr" size="4">
+""" + "".join(f'<field name="{name}" start="{bit}" end="{bit}"/>\n' for bit, name in enumerate(
+    ("IE", "DE", "ZE", "OE", "UE", "PE", "DAZ", "IM", "DM", "ZM", "OM", "UM", "PM", "FZ"))) + "</flags>"
+
+
+class RegisterLayout:
+    """One register file as the `g` packet carries it and its target description (features in order)."""
+
+    def __init__(self, features: tuple[tuple[str, tuple[Register, ...], str], ...], osabi: str | None = None) -> None:
+        self.features = features
+        self.osabi = osabi
+        self.registers: tuple[Register, ...] = tuple(reg for _, regs, _ in features for reg in regs)
+        self.index = {reg.name: i for i, reg in enumerate(self.registers)}
+        self.offsets = tuple(sum(r.size for r in self.registers[:i]) for i in range(len(self.registers)))
+        self.size = sum(r.size for r in self.registers)
+
+    def hex(self, values: dict[str, int | None]) -> str:
+        """The `g` reply text: hex per register, `xx…` for an unavailable one (None or missing)."""
+        parts = []
+        for reg in self.registers:
+            value = values.get(reg.name)
+            if value is None:
+                parts.append("xx" * reg.size)
+            else:
+                parts.append((value & ((1 << (8 * reg.size)) - 1)).to_bytes(reg.size, "little").hex())
+        return "".join(parts)
+
+    def decode(self, block: bytes) -> dict[str, int]:
+        """The registers of a `G` block, as many as it holds."""
+        values: dict[str, int] = {}
+        for reg, offset in zip(self.registers, self.offsets):
+            if offset + reg.size > len(block):
+                break
+            values[reg.name] = int.from_bytes(block[offset: offset + reg.size], "little")
+        return values
+
+    def target_xml(self) -> str:
+        lines = ['<?xml version="1.0"?>', '<!DOCTYPE target SYSTEM "gdb-target.dtd">', "<target>",
+                 "<architecture>i386:x86-64</architecture>"]
+        if self.osabi:
+            lines.append(f"<osabi>{self.osabi}</osabi>")
+        for name, regs, types in self.features:
+            lines.append(f'<feature name="{name}">')
+            if types:
+                lines.append(types)
+            for reg in regs:
+                lines.append(f'<reg name="{reg.name}" bitsize="{reg.size * 8}" type="{reg.gdb_type}"'
+                             f' regnum="{self.index[reg.name]}" group="{reg.group}"/>')
+            lines.append("</feature>")
+        lines.append("</target>")
+        return "\n".join(lines) + "\n"
+
+
+_EFLAGS_TYPE = '<flags id="i386_eflags" size="4">\n' + "".join(
+    f'<field name="{name}" start="{bit}" end="{bit}"/>\n' for bit, name in (
+        (0, "CF"), (2, "PF"), (4, "AF"), (6, "ZF"), (7, "SF"), (8, "TF"), (9, "IF"), (10, "DF"), (11, "OF"))) + "</flags>"
+
+#: KGTP mode's: the kernel's CPUs and trace frames (GDB's amd64 core feature)
+CORE = RegisterLayout((("org.gnu.gdb.i386.core", REGISTERS, _EFLAGS_TYPE),))
+#: a Linux process's, as gdbserver's x86-64 Linux description (amd64-linux without AVX)
+LINUX = RegisterLayout((("org.gnu.gdb.i386.core", REGISTERS, _EFLAGS_TYPE), ("org.gnu.gdb.i386.sse", _SSE, _SSE_TYPES),
+                        ("org.gnu.gdb.i386.linux", _LINUX_EXTRA[:1], ""),
+                        ("org.gnu.gdb.i386.segments", _LINUX_EXTRA[1:], "")), osabi="GNU/Linux")

@@ -30,6 +30,7 @@ from .layout import MODULE_BASE, MODULE_SIZE, PAGE_SIZE, VMALLOC_BASE, VMALLOC_S
 from .process import Processes
 from .runcontrol import RunControl
 from .scheduler import Scheduler
+from .tracee import PORT_PTRACE, Ptrace
 from .watchpoints import DebugRegisters
 
 T = TypeVar("T")
@@ -83,6 +84,8 @@ class Machine:
         self.devices = Devices(self.cpu.memory.alloc_frame, self.cpu.memory.free_frame, self.clock)
         #: programs on the kernel: the initramfs, starting them, their streams and ends (process.py)
         self.processes = Processes(self)
+        #: the debugger's side of the kernel's ptrace: traced processes, their stops (tracee.py)
+        self.ptrace = Ptrace(self)
         self.cpu_count = cpus
         self._sched = Scheduler(self.cpu, image, cpus, self.clock)
         #: the performance counters (counters.py): call on the CPU thread (`run_on_cpu`, or from a hit)
@@ -135,6 +138,8 @@ class Machine:
     def _port_out(self, port: int, size: int, value: int, rdi: int) -> None:
         if port in process.PORTS:
             self.processes.port_out(port, value, rdi)
+        elif port == PORT_PTRACE:
+            self.ptrace.port_out(value, rdi)
         elif port in smp.SMP_PORTS:
             self._sched.port_out(port, value, rdi)
         elif port in PERF_PORTS:
@@ -158,6 +163,10 @@ class Machine:
     def run_on_cpu(self, fn: Callable[[Uc], T]) -> T:
         """Run fn(uc) on the CPU thread between two instructions and return its result (or raise its error)."""
         return self._sched.run_on_cpu(fn)
+
+    def send_interrupt(self, cpu: int, vector: int) -> None:
+        """Raise `vector` on `cpu` from outside, as another CPU's IPI would (the debugger's wake-up of a task)."""
+        self._sched.send_interrupt(cpu, vector)
 
     # ---- run control for a debugger (runcontrol.py) ------------------------------------------------------
 

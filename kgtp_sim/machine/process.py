@@ -42,9 +42,10 @@ PORT_TTY_WRITE = 0xE6
 PORT_PROC_EXIT = 0xE7
 PORTS = (PORT_TTY_WRITE, PORT_PROC_EXIT)
 
-#: struct spawn_request (fixtures/kernel/process.c): seq, done, result, cpu, then struct spawn_args
-SPAWN_SEQ, SPAWN_DONE, SPAWN_RESULT, SPAWN_CPU, SPAWN_ARGC = 0, 8, 16, 24, 28
-SPAWN_STRINGS = 40
+#: struct spawn_request (fixtures/kernel/process.c): seq, done, result, cpu, flags, then struct spawn_args
+SPAWN_SEQ, SPAWN_DONE, SPAWN_RESULT, SPAWN_CPU, SPAWN_FLAGS, SPAWN_ARGC = 0, 8, 16, 24, 28, 32
+SPAWN_TRACED = 0x1  #: the machine's debugger traces it from its first instruction (tracee.py)
+SPAWN_STRINGS = 44
 SPAWN_ARGS_SIZE = 4096
 SPAWN_TIMEOUT = 10.0  #: seconds for CPU 0's tick to take a request (many ticks)
 
@@ -110,6 +111,8 @@ class Processes:
         self.archive_size = 0
         #: where a process's output goes: fn(fd, data), on the CPU thread; by default kept in `output`
         self.sink: OutputSink | None = None
+        #: called on the CPU thread with the pid of each process that ended
+        self.exit_listeners: list[Callable[[int], None]] = []
         self.output: dict[int, bytearray] = {1: bytearray(), 2: bytearray()}
 
     # ---- before boot ---------------------------------------------------------------------------------------
@@ -144,18 +147,21 @@ class Processes:
                 kept += data
                 del kept[: max(0, len(kept) - (1 << 20))]
         elif port == PORT_PROC_EXIT:
+            pid = value & 0xFFFF_FFFF
             with self._lock:
-                self._exits[value & 0xFFFF_FFFF] = rdi & 0xFFFF
+                self._exits[pid] = rdi & 0xFFFF
                 self._lock.notify_all()
+            for listener in list(self.exit_listeners):
+                listener(pid)
 
     # ---- any thread ----------------------------------------------------------------------------------------
 
     def spawn(self, path: str, argv: Sequence[str], envp: Sequence[str] = (), cpu: int = -1,
-              timeout: float = SPAWN_TIMEOUT) -> int:
+              timeout: float = SPAWN_TIMEOUT, traced: bool = False) -> int:
         """Ask the kernel to run the program at `path` (a file of the initramfs) with argv and envp, on `cpu` (-1:
         the kernel chooses); returns its pid once the kernel has made the process (the program is loaded by
         the process itself: a program it cannot run ends at once, with status 126 or 127 and a message on its
-        stderr)."""
+        stderr). `traced`: it stops for the machine's debugger before its first instruction (tracee.Ptrace)."""
         strings = b"".join(s.encode() + b"\0" for s in (path, *argv, *envp))
         if any("\0" in s for s in (path, *argv, *envp)):
             raise SpawnError("an argument holds a NUL byte")
@@ -168,7 +174,8 @@ class Processes:
             seq, done = struct.unpack("<QQ", read(symbol, 16))
             if seq != done:
                 raise SpawnError("the kernel has not taken the previous request")
-            request = struct.pack("<iIII", cpu, len(argv), len(envp), len(strings)) + strings
+            flags = SPAWN_TRACED if traced else 0
+            request = struct.pack("<iIIII", cpu, flags, len(argv), len(envp), len(strings)) + strings
             self._machine.write_memory(symbol + SPAWN_CPU, request)
             self._machine.write_memory(symbol + SPAWN_SEQ, struct.pack("<Q", seq + 1))
             deadline = time.monotonic() + timeout

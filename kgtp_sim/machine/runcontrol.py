@@ -51,7 +51,7 @@ from .clock import MachineClock
 from .cpu import EFLAGS_TF, Cpu, Stop
 from .errors import MachineError
 from .layout import MODULE_BASE, MODULE_SIZE
-from .watchpoints import COUNT, EXECUTE, SIZES, DebugRegisters, WatchpointError
+from .watchpoints import COUNT, EXECUTE, SIZES, DebugRegisters, WatchpointError, aligned_pieces, busy_message
 
 HLT = 0xF4
 _STOP_RETRY_S = 0.002
@@ -445,22 +445,3 @@ class RunControl:
         context = uc.context_save()
         write_context_u64(context, field, offset)
         uc.context_restore(context)
-
-
-def aligned_pieces(address: int, size: int) -> list[tuple[int, int]]:
-    """[address, address + size) as naturally aligned pieces of 1, 2, 4 or 8 bytes, largest first (gdbserver's
-    x86_handle_nonaligned_watchpoint)."""
-    if size <= 0:
-        raise WatchpointError(f"a watchpoint covers at least one byte, not {size}")
-    pieces = []
-    end = address + size
-    while address < end:
-        length = next(n for n in reversed(SIZES) if address % n == 0 and address + n <= end)
-        pieces.append((address, length))
-        address += length
-    return pieces
-
-
-def busy_message(registers: DebugRegisters, needed: int) -> str:
-    return (f"no free debug register ({needed} needed): x86 has {COUNT}, {registers.in_use} in use by hardware "
-            "breakpoints, watchpoints and watch tracepoints")

@@ -221,6 +221,16 @@ class Scheduler:
                 self._rotate = True
                 self.cpu.stopper.request()
 
+    def send_interrupt(self, target: int, vector: int) -> None:
+        """`vector` for CPU `target` from any thread (an IPI from outside the CPUs: the debugger's requests)."""
+        if not 0 <= target < self.cpu_count or not self.slots[target].online:
+            raise MachineError(f"CPU {target} is not running")
+        with self._cond:
+            self.slots[target].vectors.append(vector)
+            self.ipis += 1
+            self._cond.notify_all()
+        self._kick()
+
     def _in_stub_code(self) -> bool:
         """Is the loaded CPU running the stub's code (or single-stepping), where it must not be switched out nor
         interrupted?"""

@@ -57,6 +57,7 @@ from unicorn import x86_const as X
 from unicorn.unicorn_py3.unicorn import HOOK_CODE_CFUNC
 
 from ..uc_native import add_native_hook, delete_hook
+from ..uc_paging import AddressSpace
 from .cpu import EFLAGS_TF, Cpu
 from .errors import MachineError
 
@@ -158,9 +159,12 @@ class DebugRegisters:
     def in_use(self) -> int:
         return sum(w is not None for w in self.slots)
 
-    def set(self, slot: int, address: int, size: int, kind: int, handler: TrapHandler) -> Watchpoint:
-        """Arm `slot` on [address, address + size) for `kind`; raises WatchpointError. Between runs, or inside
-        emulation from an interrupt hook (a tracepoint's int3): the first data breakpoint then ends the run."""
+    def set(self, slot: int, address: int, size: int, kind: int, handler: TrapHandler,
+            space: AddressSpace | None = None) -> Watchpoint:
+        """Arm `slot` on [address, address + size) of `space` (None: the kernel's) for `kind`; raises
+        WatchpointError. Between runs, or inside emulation from an interrupt hook (a tracepoint's int3): the first
+        data breakpoint then ends the run. An instruction breakpoint is on the virtual address in every space (the
+        handler tells them apart); a data breakpoint on the frame `space` maps there."""
         if size not in SIZES:
             raise WatchpointError(f"a hardware breakpoint covers 1, 2, 4 or 8 bytes, not {size}")
         if kind not in (EXECUTE, WRITE, READ_WRITE):
@@ -170,13 +174,13 @@ class DebugRegisters:
         watch = Watchpoint(slot, address, size, kind, handler)
         uc = self.uc
         if kind == EXECUTE:
-            if not self.cpu.memory.executable(address):
+            if not (space or self.cpu.tables).executable(address):
                 raise WatchpointError(f"{address:#x} is not mapped executable")
             watch.hook = uc.hook_add(UC_HOOK_CODE, self._on_execute, slot, address, address)
-            self.cpu.remove_cache(address, 1)  # translated code gets the hook when translated again
+            self.cpu.remove_cache(address, 1, space)  # translated code gets the hook when translated again
         else:
             low = address & ~(size - 1)
-            physical = self.cpu.tables.translate(low, size)
+            physical = (space or self.cpu.tables).translate(low, size)
             if physical is None:
                 raise WatchpointError(f"{address:#x} is not mapped")
             watch.physical = physical
@@ -367,9 +371,13 @@ class DebugRegisters:
         regs = self.cpu.regs
         eflags = regs.read(X.UC_X86_REG_EFLAGS)
         if replay is None or not replay.replaying:
-            regs.write(X.UC_X86_REG_EFLAGS, eflags & ~EFLAGS_TF)  # not ours to deliver: the kernel sets no TF
             if replay is not None:
+                regs.write(X.UC_X86_REG_EFLAGS, eflags & ~EFLAGS_TF)
                 log.warning("watchpoint: trap at %#x before its replay; lost", regs.read(X.UC_X86_REG_RIP))
+            elif self._previous_trap is not None:  # not ours: the tracer's single steps'
+                self._previous_trap(uc)
+            else:  # not ours: a single step the kernel asked for (a traced process's), its #DB
+                self.cpu.deliver(1)
             return
         regs.write(X.UC_X86_REG_EFLAGS, (eflags & ~EFLAGS_TF) | replay.tf)
         self.replays += 1
@@ -417,3 +425,22 @@ class DebugRegisters:
                 finally:
                     self._finishing = False
         self._safe_point()
+
+
+def aligned_pieces(address: int, size: int) -> list[tuple[int, int]]:
+    """[address, address + size) as naturally aligned pieces of 1, 2, 4 or 8 bytes, largest first (gdbserver's
+    x86_handle_nonaligned_watchpoint)."""
+    if size <= 0:
+        raise WatchpointError(f"a watchpoint covers at least one byte, not {size}")
+    pieces = []
+    end = address + size
+    while address < end:
+        length = next(n for n in reversed(SIZES) if address % n == 0 and address + n <= end)
+        pieces.append((address, length))
+        address += length
+    return pieces
+
+
+def busy_message(registers: DebugRegisters, needed: int) -> str:
+    return (f"no free debug register ({needed} needed): x86 has {COUNT}, {registers.in_use} in use by hardware "
+            "breakpoints, watchpoints and watch tracepoints")

@@ -83,6 +83,8 @@ class Dispatcher:
     """Routes decoded payloads to handlers; the one place where errors become `E..` replies."""
 
     handler_objects: tuple[object, ...]
+    #: features announced in qSupported that no packet stands for (stop reply parts, such as `swbreak+`)
+    extra_features: tuple[str, ...] = ()
     table: dict[type[Packet], Handler] = field(init=False)
     _prefixes: dict[int, list[type[Packet]]] = field(init=False)
     errors: int = field(init=False, default=0)
@@ -102,7 +104,7 @@ class Dispatcher:
             self._prefixes.setdefault(packet_class.PREFIX[0], []).append(packet_class)
 
     def supported_features(self) -> list[str]:
-        features = [f"PacketSize={PACKET_SIZE:x}"]
+        features = [f"PacketSize={PACKET_SIZE:x}", *self.extra_features]
         for packet_class in self.table:
             for feature in packet_class.FEATURES:
                 if feature not in features:

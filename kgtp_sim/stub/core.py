@@ -76,21 +76,22 @@ class DataHandlers:
     def read_registers(self, packet: d.ReadRegisters) -> Reply:
         """`g`, as remote.c: remote_target::fetch_registers asks it after set_general_thread: the registers of
         the thread `Hg` selected (KGTP: the selected trace frame's, else the live registers of that CPU)."""
-        return amd64.hex_registers(self.target.read_registers(self.threads.general_thread)).encode()
+        layout = self.target.register_layout()
+        return layout.hex(self.target.read_registers(self.threads.general_thread)).encode()
 
     @handles(d.ReadRegister)
     def read_register(self, packet: d.ReadRegister) -> Reply:
         reg = self._register(packet.regnum)
-        offset = amd64.OFFSETS[packet.regnum]
-        return amd64.hex_registers(self.target.read_registers(self.threads.general_thread))[
-            2 * offset : 2 * (offset + reg.size)
-        ].encode()
+        value = self.target.read_registers(self.threads.general_thread).get(reg.name)
+        if value is None:
+            return b"xx" * reg.size
+        return (value & ((1 << 8 * reg.size) - 1)).to_bytes(reg.size, "little").hex().encode()
 
-    @staticmethod
-    def _register(regnum: int) -> amd64.Register:
-        if regnum >= len(amd64.REGISTERS):
+    def _register(self, regnum: int) -> amd64.Register:
+        registers = self.target.register_layout().registers
+        if regnum >= len(registers):
             raise RspError(E_BAD_PACKET, f"no register {regnum}")
-        return amd64.REGISTERS[regnum]
+        return registers[regnum]
 
     @handles(d.WriteRegisters)
     def write_registers(self, packet: d.WriteRegisters) -> Reply:
@@ -99,7 +100,7 @@ class DataHandlers:
         writes = self.target.support_register_writes()
         if writes is None:
             raise RspError(E_PERMISSION, "this target's registers cannot be changed")
-        writes.write_registers(self.threads.general_thread, amd64.decode_registers(packet.data))
+        writes.write_registers(self.threads.general_thread, self.target.register_layout().decode(packet.data))
         return b"OK"
 
     @handles(d.WriteRegister)

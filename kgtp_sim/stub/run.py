@@ -19,7 +19,7 @@ from ..rsp.dispatch import E_BAD_PACKET, Deferred, Reply, RspError, handles
 from ..rsp.packets import connect as c
 from ..rsp.packets import replay as r
 from ..rsp.packets import run as v
-from .target import BreakpointType, Exited, ReplayLog, ResumeAction, Running, Signal, Stop, Target
+from .target import BreakpointType, Exited, ReplayLog, ResumeAction, Running, Signal, Stop, Target, Terminated
 from .threads import ThreadHandlers
 
 #: the stop reply's name of a watchpoint's kind (remote.c: remote_parse_stop_reply)
@@ -28,9 +28,12 @@ WATCH_REASONS = {BreakpointType.WRITE_WATCHPOINT: b"watch", BreakpointType.READ_
 
 
 def stop_reply(stop: Stop, threads: ThreadHandlers) -> bytes:
-    """The stop reply packet for `stop`: `T<sig>[replaylog:<end>;|watch:<addr>;]thread:<id>;` or `W<code>`."""
+    """The stop reply packet for `stop`: `T<sig>[replaylog:<end>;|watch:<addr>;|swbreak:;]thread:<id>;`, `W<code>`
+    or `X<signal>`."""
     if isinstance(stop, Exited):
         return b"W%02x" % stop.code
+    if isinstance(stop, Terminated):
+        return b"X%02x" % stop.signal
     if stop.thread is not None:
         threads.selection.general = stop.thread
     reason = b""
@@ -38,6 +41,10 @@ def stop_reply(stop: Stop, threads: ThreadHandlers) -> bytes:
         reason = b"replaylog:%s;" % (b"begin" if stop.begin else b"end")
     elif isinstance(stop, Signal) and stop.watch is not None:
         reason = b"%s:%x;" % (WATCH_REASONS[stop.watch.type], stop.watch.address)
+    elif isinstance(stop, Signal) and stop.swbreak:
+        reason = b"swbreak:;"
+    elif isinstance(stop, Signal) and stop.hwbreak:
+        reason = b"hwbreak:;"
     return b"T%02x%sthread:%x;" % (stop.signal, reason, threads.general_thread)
 
 

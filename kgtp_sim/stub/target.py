@@ -25,7 +25,7 @@ Conventions the handlers rely on:
   - thread ids are GDB's, positive; 0 (any) and -1 (all) reach a target only in a `ResumeAction`;
   - a refusal is an `RspError` (its code is the `E..` GDB gets); memory the target cannot supply is `ViewError`;
   - registers are a dict by amd64 register name (arch/amd64.py), None or absent for an unavailable one;
-  - outcomes of run control are typed (`Signal`, `ReplayLog`, `Exited`, or `Running` when the stop comes later);
+  - outcomes of run control are typed (`Signal`, `ReplayLog`, `Exited`, `Terminated`, or `Running` when the stop comes later);
     the handlers turn them into stop replies (stub/run.py). A stop that comes later, by the target's own doing (a
     breakpoint hit while it runs), is handed out by `Resume.poll_stop`, after the target called the function given
     to `Resume.notify_stops` (from whichever thread it stopped on).
@@ -44,7 +44,7 @@ from ..arch import amd64
 from ..tracing.core.frames import ViewError
 
 __all__ = [
-    "SIGINT", "SIGTRAP", "Signal", "DataAccess", "ReplayLog", "Exited", "Stop", "Running", "ResumeAction",
+    "SIGINT", "SIGTRAP", "Signal", "DataAccess", "ReplayLog", "Exited", "Terminated", "Stop", "Running", "ResumeAction",
     "BreakpointType", "ViewError",
     "Target", "RegisterWrites", "MemoryWrites", "Resume", "Reverse", "Breakpoints",
 ]
@@ -76,6 +76,10 @@ class Signal:
     signal: int = SIGTRAP
     thread: int | None = None
     watch: DataAccess | None = None
+    #: a software breakpoint's trap whose PC the target has already set back to the breakpoint (`swbreak:;`)
+    swbreak: bool = False
+    #: a hardware breakpoint's (`hwbreak:;`)
+    hwbreak: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,14 @@ class Exited:
     code: int = 0
 
 
-Stop = Signal | ReplayLog | Exited
+@dataclass(frozen=True)
+class Terminated:
+    """A signal ended the process (`X<signal>`)."""
+
+    signal: int
+
+
+Stop = Signal | ReplayLog | Exited | Terminated
 
 
 @dataclass(frozen=True)
@@ -169,6 +180,10 @@ class Target(ABC):
         """Why the target is stopped: the answer to `?` (gdbserver: the last status its `wait` gave)."""
 
     # -- description and session --
+
+    def register_layout(self) -> amd64.RegisterLayout:
+        """The register file `g`, `G`, `p` and `P` carry (amd64.CORE by default: KGTP mode's)."""
+        return amd64.CORE
 
     def feature_document(self, annex: str) -> bytes | None:
         """The target description document `annex` (`qXfer:features:read`); None when there is none by that

@@ -15,10 +15,10 @@ def test_spawn_request_layout_is_the_kernels():
     dwarf = KernelDwarf(VMLINUX)
     try:
         _address, request = dwarf.global_variable("spawn_request")
-        offsets = {name: request.member(name)[0] for name in ("seq", "done", "result", "cpu", "args")}
+        offsets = {name: request.member(name)[0] for name in ("seq", "done", "result", "cpu", "flags", "args")}
         args = request.member("args")[1]
         assert offsets == {"seq": process.SPAWN_SEQ, "done": process.SPAWN_DONE, "result": process.SPAWN_RESULT,
-                           "cpu": process.SPAWN_CPU, "args": process.SPAWN_ARGC}
+                           "cpu": process.SPAWN_CPU, "flags": process.SPAWN_FLAGS, "args": process.SPAWN_ARGC}
         assert offsets["args"] + args.member("strings")[0] == process.SPAWN_STRINGS
         assert args.member("strings")[1].size == process.SPAWN_ARGS_SIZE
     finally:

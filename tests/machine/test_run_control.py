@@ -14,7 +14,8 @@ import time
 import pytest
 
 from kgtp_sim.machine import MODULE_BASE, MODULE_SIZE, KernelImage, Machine, MachineError
-from kgtp_sim.machine.runcontrol import Reason, aligned_pieces
+from kgtp_sim.machine.runcontrol import Reason
+from kgtp_sim.machine.watchpoints import aligned_pieces
 from kgtp_sim.machine.watchpoints import COUNT, EXECUTE, WRITE, WatchpointError
 from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.tracing import Tracer

@@ -196,6 +196,23 @@ class ReadFeatures(Packet):
 
 
 @dataclass(frozen=True)
+class ReadAuxv(ReadFeatures):
+    """`qXfer:auxv:read::<offset>,<length>`: the process's auxiliary vector (gdbserver: handle_qxfer_auxv)."""
+
+    PREFIX = b"qXfer:auxv:read:"
+    FEATURES = ("qXfer:auxv:read+",)
+
+
+@dataclass(frozen=True)
+class ReadExecFile(ReadFeatures):
+    """`qXfer:exec-file:read:<pid>:<offset>,<length>`: the path of a process's program (gdbserver:
+    handle_qxfer_exec_file); the annex is the pid in hex, empty for the current process."""
+
+    PREFIX = b"qXfer:exec-file:read:"
+    FEATURES = ("qXfer:exec-file:read+",)
+
+
+@dataclass(frozen=True)
 class MonitorCommand(Packet):
     """`qRcmd,<hex command>`: GDB's `monitor` command."""
 

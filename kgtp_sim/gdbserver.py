@@ -1,0 +1,259 @@
+"""The gdbserver role: `kgtp-sim gdbserver [OPTIONS] COMM PROG [ARGS...]`, a drop-in for gdbserver whose program
+runs as a process on the simulated kernel.
+
+Wiring, as app.py is KGTP mode's: the machine boots with the program in its initramfs, the program is started
+traced and stopped at its first instruction (stub/process.py's target over the kernel's ptrace), and GDB is served
+on COMM. The command line and the lines printed are gdbserver's (gdbserver/server.cc: captured_main), because GDB's
+testsuite and users' scripts read them: `Process PROG created; pid = N`, `Listening on port N`, `Can't bind
+address: Address already in use.` (then exit 1), `Child exited with status N`. The program's streams are relayed
+on this command's own stdout and stderr, as gdbserver's inferior writes to its terminal.
+
+Options: `--once` (serve one connection, then exit), `--multi` (accepted; the program stays the only one),
+`--wrapper WRAPPER... --` (accepted, not run: the machine has no shell and starts the program directly, as
+`--no-startup-with-shell`), `--debug`/`--remote-debug`/`--debug-format=...` (more logging), `--attach` (refused:
+only a program started here can be traced yet), and ours: `--cpus`, `--kernel`, `--hz`. COMM is `[HOST]:PORT`
+(loopback unless HOST says otherwise) or `stdio`/`-` (GDB's `target remote | kgtp-sim gdbserver - PROG`).
+
+Without `--once` the server keeps serving new connections while the process lives, as gdbserver reopens its
+connection; it ends when the process ended or was detached and GDB left, or at `monitor exit`.
+
+Threads: the main thread parses, boots, serves (accepts) and waits; each connection is served on its own thread
+(rsp/server.py); the program's output is written from the CPU thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+USAGE = """\
+Usage:\tkgtp-sim gdbserver [OPTIONS] COMM PROG [ARGS ...]
+
+COMM may be [HOST]:PORT (HOST: loopback unless given) or stdio/- (packets on stdin and stdout).
+PROG is a static or dynamic x86_64 Linux program; it runs as a process on the simulated kernel,
+stopped at its first instruction until GDB resumes it.
+
+Options (gdbserver's):
+  --once                exit after the first connection closes
+  --multi               accepted (extended-remote); PROG stays the only process
+  --wrapper WRAPPER --  accepted and not run: the machine starts PROG directly
+  --debug, --remote-debug, --debug-format=...   log more
+Options (the machine's):
+  --cpus N              CPUs of the simulated machine (default 2)
+  --kernel FILE         the kernel ELF (default: the bundled fixtures/vmlinux)
+  --hz N                the kernel's timer rate (default 100)
+"""
+
+
+class UsageError(Exception):
+    pass
+
+
+@dataclass
+class Options:
+    comm: str = ""
+    program: list[str] = field(default_factory=list)
+    once: bool = False
+    multi: bool = False
+    debug: int = 0
+    wrapper: list[str] = field(default_factory=list)
+    cpus: int = 2
+    kernel: Path | None = None
+    hz: int = 100
+
+
+def parse(argv: list[str]) -> Options:
+    """gdbserver's command line (server.cc: captured_main's option loop): options first, then COMM, then PROG."""
+    options = Options()
+    args = list(argv)
+    while args and args[0].startswith("--"):
+        option = args.pop(0)
+        name, eq, value = option.partition("=")
+        if option == "--":
+            break
+        if name == "--once":
+            options.once = True
+        elif name == "--multi":
+            options.multi = True
+        elif name in ("--debug", "--remote-debug", "--event-loop-debug") or name == "--debug-format":
+            options.debug += 1
+        elif name in ("--no-startup-with-shell", "--startup-with-shell", "--disable-randomization",
+                      "--no-disable-randomization", "--disable-packet"):
+            pass  # the machine never uses a shell, and has no address randomization to turn off
+        elif name == "--wrapper":
+            while args and args[0] != "--":
+                options.wrapper.append(args.pop(0))
+            if not args:
+                raise UsageError("--wrapper needs its arguments ended by --")
+            args.pop(0)
+        elif name in ("--cpus", "--kernel", "--hz"):
+            if not eq:
+                if not args:
+                    raise UsageError(f"{name} needs a value")
+                value = args.pop(0)
+            if name == "--kernel":
+                options.kernel = Path(value)
+            else:
+                try:
+                    setattr(options, name[2:], int(value))
+                except ValueError:
+                    raise UsageError(f"{name} needs a number, not {value!r}") from None
+        elif name == "--attach":
+            raise UsageError("--attach: only a program started by this gdbserver can be debugged yet")
+        elif name in ("--help", "--version"):
+            raise UsageError("")
+        else:
+            raise UsageError(f"unknown option {option}")
+    if not args:
+        raise UsageError("no COMM given")
+    options.comm = args.pop(0)
+    options.program = args
+    if not options.program:
+        raise UsageError("no program to run (PROG): nothing to debug")
+    if not 1 <= options.cpus <= 8:
+        raise UsageError("--cpus must be between 1 and 8")
+    return options
+
+
+def parse_comm(comm: str) -> tuple[str, int] | None:
+    """`[HOST]:PORT` -> (host, port); None for stdio."""
+    if comm in ("stdio", "-"):
+        return None
+    host, colon, port = comm.rpartition(":")
+    if not colon or not port.isdigit():
+        raise UsageError(f"COMM must be [HOST]:PORT or stdio, not {comm!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return (host or "127.0.0.1", int(port))
+
+
+class Server:
+    """One gdbserver: the machine, the traced program, the handlers, the transport."""
+
+    def __init__(self, options: Options) -> None:
+        from .client import paths
+        from .machine import KernelImage, Machine
+        from .programs import Program, environment, load_programs, relay_output
+
+        self.options = options
+        self.machine = Machine(KernelImage.load(options.kernel or paths.VMLINUX), hz=options.hz, cpus=options.cpus)
+        program = Program(Path(options.program[0]), tuple(options.program))
+        self.inside = load_programs(self.machine, [program])[program.path]
+        relay_output(self.machine)
+        self.program = program
+        self.environment = environment()
+        self.done = threading.Event()
+        self.exit_requested = False
+
+    def start(self) -> None:
+        from .rsp.dispatch import Dispatcher
+        from .stub.core import TargetHandlers
+        from .stub.monitor import Monitor
+        from .stub.process import ProcessHandlers, ProcessTarget
+
+        self.machine.start()
+        tracee = self.machine.ptrace.spawn(self.inside, list(self.program.argv), self.environment)
+        self.target = ProcessTarget(tracee, self.inside)
+        self.machine.processes.exit_listeners.append(self._ended)
+        self.handlers = TargetHandlers(self.target)
+        monitor = Monitor()
+
+        @monitor.register("exit", "exit", "end this gdbserver (and its program) once GDB has its reply")
+        def _exit(words: list[str]) -> str:
+            self.exit_requested = True
+            return ""
+
+        self.dispatcher = Dispatcher((*self.handlers.families, ProcessHandlers(self.target), monitor),
+                                     extra_features=("swbreak+", "hwbreak+"))
+
+    def _ended(self, pid: int) -> None:
+        """The program ended (CPU thread): gdbserver's line on its own terminal."""
+        if pid == self.target.pid:
+            status = self.machine.processes.exited()[pid]
+            if status & 0x7F:
+                print(f"\nChild terminated with signal = 0x{status & 0x7F:x} ({status & 0x7F})", file=sys.stderr,
+                      flush=True)
+            else:
+                print(f"\nChild exited with status {status >> 8 & 0xFF}", file=sys.stderr, flush=True)
+
+    def make_session(self):
+        from .rsp.session import Session
+
+        return Session(self.dispatcher, stop_reply=self.handlers.stop_reply, async_stop=self.handlers.pending_stop)
+
+    def on_connect(self) -> None:
+        self.handlers.forget_session()
+
+    def on_disconnect(self) -> None:
+        """gdbserver's choice when GDB leaves: keep serving while the program lives and is traced (unless --once),
+        else end; a program still traced when this server ends is killed, as gdbserver's is."""
+        if self.options.once or self.exit_requested or self.target.ended() is not None or self.target.detached:
+            if self.target.ended() is None and not self.target.detached:
+                self.target.kill()
+            self.done.set()
+
+    def shutdown(self) -> None:
+        self.machine.shutdown()
+
+
+def main(argv: list[str]) -> int:
+    from .rsp.server import RspServer
+
+    try:
+        options = parse(argv)
+        address = parse_comm(options.comm)
+    except UsageError as error:
+        if str(error):
+            print(f"kgtp-sim gdbserver: {error}", file=sys.stderr)
+        print(USAGE, file=sys.stderr, end="")
+        return 2 if str(error) else 0
+    logging.basicConfig(level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(options.debug, 2)],
+                        format="kgtp-sim: %(levelname)s %(name)s: %(message)s")
+    try:
+        server = Server(options)
+    except (OSError, ValueError) as error:
+        print(f"kgtp-sim gdbserver: {options.program[0]}: {getattr(error, 'strerror', None) or error}",
+              file=sys.stderr)
+        return 1
+    try:
+        try:
+            server.start()
+        except Exception as error:  # noqa: BLE001 - a program the kernel cannot start: gdbserver's message
+            print(f"kgtp-sim gdbserver: cannot start {options.program[0]}: {error}", file=sys.stderr)
+            return 1
+        print(f"Process {options.program[0]} created; pid = {server.target.pid}", file=sys.stderr, flush=True)
+        rsp = RspServer(server.make_session, *(address or ("127.0.0.1", 0)), on_connect=server.on_connect,
+                        on_disconnect=server.on_disconnect)
+        server.target.notify_stops(rsp.wake)
+        if address is None:
+            print("Remote debugging using stdio", file=sys.stderr, flush=True)
+            read_fd, write_fd = 0, os.dup(1)
+            os.dup2(2, 1)
+            rsp.serve_pipe(read_fd, write_fd)
+            return 0
+        try:
+            _host, port = rsp.bind()
+        except OSError as error:
+            import errno
+
+            if error.errno == errno.EADDRINUSE:
+                print("Can't bind address: Address already in use.", file=sys.stderr)
+            else:
+                print(f"Can't bind address: {error.strerror}.", file=sys.stderr)
+            print("Exiting", file=sys.stderr, flush=True)
+            return 1
+        print(f"Listening on port {port}", file=sys.stderr, flush=True)
+        accept = threading.Thread(target=rsp.serve_forever, name="rsp-accept", daemon=True)
+        accept.start()
+        try:
+            server.done.wait()
+        except KeyboardInterrupt:
+            pass
+        rsp.shutdown()
+        return 0
+    finally:
+        server.shutdown()
