@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,7 +16,12 @@ MODES = {
     "musl-static": ("musl-gcc", "-static", "-O2"),
     "glibc-static": ("gcc", "-static", "-O2"),
     "glibc-static-pie": ("gcc", "-static-pie", "-O2"),
+    "glibc-dynamic": ("gcc", "-O2"),  # PIE, ld-linux-x86-64.so.2 and libc.so.6 from the host
+    "musl-dynamic": ("musl-gcc", "-O2"),  # PIE, musl's ld.so (its libc.so)
 }
+
+#: the dynamic linker a mode's programs name (PT_INTERP): the suite skips the mode on a host without it
+INTERPRETERS = {"musl-dynamic": "/lib/ld-musl-x86_64.so.1"}
 
 
 def compile_program(name: str, mode: str, out_dir: Path) -> Path:
@@ -23,6 +29,9 @@ def compile_program(name: str, mode: str, out_dir: Path) -> Path:
     command = MODES[mode]
     if shutil.which(command[0]) is None:
         pytest.skip(f"{command[0]} is not installed (scripts/test installs it)")
+    interpreter = INTERPRETERS.get(mode)
+    if interpreter and not os.path.exists(interpreter):
+        pytest.skip(f"{mode}: no {interpreter} on this host (musl's dynamic linker; Debian's musl package has it)")
     out = out_dir / f"{name}-{mode}"
     if not out.exists():
         subprocess.run([*command, str(SOURCES / f"{name}.c"), "-o", str(out), "-lm"], check=True,
