@@ -37,3 +37,28 @@ def compile_program(name: str, mode: str, out_dir: Path) -> Path:
         subprocess.run([*command, str(SOURCES / f"{name}.c"), "-o", str(out), "-lm"], check=True,
                        capture_output=True)
     return out
+
+
+#: the modes whose programs have a dynamic linker (PT_INTERP)
+DYNAMIC_MODES = ("glibc-dynamic", "musl-dynamic")
+LIBRARY = "libkgtpgreet.so.1"
+
+
+def compile_with_library(mode: str, out_dir: Path, dtags: str = "runpath") -> Path:
+    """tests/programs/uselib.c built in a dynamic `mode` against greet.c's library, which goes in the program's
+    lib/ directory as LIBRARY (a symbolic link to libkgtpgreet.so.1.0, the file), found through $ORIGIN/lib in the
+    program's DT_RUNPATH (`dtags` "runpath") or DT_RPATH ("rpath"). Each call builds anew in its own directory."""
+    command = MODES[mode]
+    compile_program("hello", mode, out_dir)  # skips as that does if the mode cannot be built here
+    directory = out_dir / f"uselib-{mode}-{dtags}"
+    (directory / "lib").mkdir(parents=True)
+    real = directory / "lib" / f"{LIBRARY}.0"
+    subprocess.run([*command, "-shared", "-fPIC", f"-Wl,-soname,{LIBRARY}", str(SOURCES / "greet.c"), "-o",
+                    str(real)], check=True, capture_output=True)
+    (directory / "lib" / LIBRARY).symlink_to(real.name)
+    (directory / "lib" / "libkgtpgreet.so").symlink_to(real.name)  # for the link editor's -l
+    out = directory / "uselib"
+    new_dtags = "--enable-new-dtags" if dtags == "runpath" else "--disable-new-dtags"
+    subprocess.run([*command, str(SOURCES / "uselib.c"), "-o", str(out), f"-L{directory / 'lib'}", "-lkgtpgreet",
+                    "-Wl,-rpath,$ORIGIN/lib", f"-Wl,{new_dtags}"], check=True, capture_output=True)
+    return out
