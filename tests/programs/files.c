@@ -81,8 +81,16 @@ int main(int argc, char **argv)
 	if (fd2 < 0 || fstat(fd2, &by_name) || by_name.st_size != st.st_size)
 		return failed("open argv[0]");
 	printf("argv[0] is the same file, fd %d\n", fd2);
-	if (close(fd2) || close(fd))
+	if (close(fd2))
 		return failed("close");
+	snprintf((char *)buf, sizeof(buf), "/.//proc/self/../self/exe");	/* resolved by name */
+	fd2 = open((char *)buf, O_RDONLY);
+	if (fd2 != 4 || fstat(fd2, &by_name) || by_name.st_size != st.st_size || close(fd2))
+		return failed("open through . and .. and //");
+	if (close(fd))
+		return failed("close");
+	if (lseek(1, 0, SEEK_CUR) != -1 || errno != ESPIPE)
+		return failed("lseek on standard output");
 	if (read(fd, buf, 1) != -1 || errno != EBADF)
 		return failed("read of a closed descriptor");
 	printf("read after close: EBADF\n");
