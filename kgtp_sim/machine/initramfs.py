@@ -106,9 +106,11 @@ def runtime_files(program: str | Path, library_path: str = "") -> dict[str, Path
     if main is None or main.interp is None:
         return {}
     interp = posixpath.normpath(main.interp)
+    if not os.path.isfile(interp):
+        raise MissingFile(f"needs its interpreter {main.interp}, which is not on this host")
     interp_elf = _read_dynamic(interp)
     if interp_elf is None:
-        raise MissingFile(f"its interpreter {main.interp} is not an x86_64 ELF file on this host")
+        raise MissingFile(f"its interpreter {main.interp} is not an x86_64 ELF file")
     musl = posixpath.basename(interp).startswith("ld-musl-")
     files = {interp: Path(interp).resolve()}
     loaded = {name for name in (interp_elf.soname, posixpath.basename(interp)) if name}

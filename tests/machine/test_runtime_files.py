@@ -78,6 +78,15 @@ def test_a_library_that_is_not_found_is_named_and_nothing_goes_in(tmp_path, mode
     assert archive.files == {}
 
 
+def test_an_interpreter_that_is_not_on_the_host_is_named(tmp_path):
+    program = compile_program("hello", "glibc-dynamic", tmp_path)
+    interpreter = _interpreter(program).encode()
+    elsewhere = b"/nonexistent/" + interpreter[len(b"/nonexistent/"):]  # the same length, no such directory
+    program.write_bytes(program.read_bytes().replace(interpreter + b"\0", elsewhere + b"\0"))
+    with pytest.raises(MissingFile, match=re.escape(f"needs its interpreter {elsewhere.decode()}, which is not on")):
+        Archive().add_program(program)
+
+
 def test_ld_library_path_is_searched_as_the_program_will_have_it(tmp_path):
     program = compile_with_library("glibc-dynamic", tmp_path)
     moved = tmp_path / "elsewhere"
