@@ -1,7 +1,9 @@
 """Programs on the simulated kernel, from the command line: `kgtp-sim run PROG [ARGS...]` and `serve --run`.
 
-Wiring, like app.py: the programs named on the command line go into the machine's initramfs before it boots
-(nothing else of the host is reachable from inside), each is started as a process once the machine runs
+Wiring, like app.py: the programs named on the command line go into the machine's initramfs before it boots,
+with what a dynamically linked one needs (its interpreter and libraries, found as its dynamic linker will look
+for them inside: initramfs.Archive.add_program; nothing else of the host is reachable from inside); a library
+that cannot be found is an error before boot. Each is started as a process once the machine runs
 (`Processes.spawn`), and what the processes write to fds 1 and 2 comes out on the host's own streams. `run`
 exits with the program's status as a shell reports it (128 + the signal when a signal ended it).
 
@@ -41,7 +43,7 @@ class Program:
 
 _RUN_EXAMPLES = """\
 examples:
-  gcc -static -O2 -o hello hello.c
+  gcc -O2 -o hello hello.c
   kgtp-sim run ./hello              # its output, then its exit status
   kgtp-sim run --cpus 1 ./args one two
   kgtp-sim serve --run './loop forever'   # trace it from GDB meanwhile
@@ -50,10 +52,11 @@ examples:
 
 def add_run_parser(commands, vmlinux: Path, default_cpus: int) -> None:
     run = commands.add_parser(
-        "run", help="run a static x86_64 Linux program as a process on the kernel",
+        "run", help="run an x86_64 Linux program as a process on the kernel",
         description="Boot the simulated machine, run PROG with ARGS as a process (its stdout and\n"
                     "stderr are this command's), and exit with its status (128 + the signal if one\n"
-                    "ended it). Static programs only for now (gcc -static, -static-pie, musl-gcc).",
+                    "ended it). Static or dynamically linked (glibc, musl): a dynamic program's\n"
+                    "interpreter and libraries go into the machine with it, nothing else of the host.",
         epilog=_RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--kernel", type=Path, default=vmlinux, help="static x86_64 kernel ELF (default: bundled)")
     run.add_argument("--cpus", type=int, default=default_cpus, help=f"CPUs of the machine (default: {default_cpus})")
@@ -63,11 +66,13 @@ def add_run_parser(commands, vmlinux: Path, default_cpus: int) -> None:
 
 
 def load_programs(machine, programs: list[Program]) -> dict[Path, str]:
-    """Pack the programs' files into the machine's initramfs (before boot); host path -> path inside."""
+    """Pack the programs and what they need to run into the machine's initramfs (before boot); host path -> path
+    inside. Raises OSError or ValueError (initramfs.MissingFile: a library not found) naming what is wrong."""
     from .machine.initramfs import Archive
 
     archive = Archive()
-    inside = {program.path: archive.add_host_file(program.path) for program in programs}
+    library_path = os.environ.get("LD_LIBRARY_PATH", "")  # the programs get this environment
+    inside = {program.path: archive.add_program(program.path, library_path) for program in programs}
     machine.processes.load_archive(archive.pack())
     return inside
 

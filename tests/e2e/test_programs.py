@@ -1,5 +1,6 @@
-"""Unmodified static Linux programs as processes on the simulated kernel (`kgtp-sim run`), each compared with
-the same program run natively: same output, same exit status; and what the kernel does with one it cannot run."""
+"""Unmodified Linux programs as processes on the simulated kernel (`kgtp-sim run`), static and dynamically linked,
+each compared with the same program run natively: same output, same exit status; and what the kernel does with
+one it cannot run."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from kgtp_sim.client.paths import ROOT
 from kgtp_sim.client.stub import kgtp_command
 
-from ..programs import MODES, compile_program
+from ..programs import DYNAMIC_MODES, LIBRARY, MODES, compile_program, compile_with_library
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "KGTP_TEST": "from the host", "LC_ALL": "C"}
 
@@ -56,7 +57,7 @@ def test_arguments_environment_heap_and_doubles(build, mode):
 
 
 @pytest.mark.parametrize("name, signal_name, status", [("segv", "SIGSEGV", 139), ("trap", "SIGILL", 132)])
-@pytest.mark.parametrize("mode", ["musl-static", "glibc-static"])
+@pytest.mark.parametrize("mode", ["musl-static", "glibc-static", *DYNAMIC_MODES])
 def test_a_fault_ends_the_process_with_its_signal(build, mode, name, signal_name, status):
     program = build(name, mode)
     native, simulated = _native(program), _simulated(program)
@@ -73,12 +74,40 @@ def test_a_file_that_is_no_program_is_refused_with_a_message(tmp_path):
     assert simulated.stderr.decode() == f"{data}: cannot execute: not an ELF file\n", simulated
 
 
-def test_a_dynamically_linked_program_is_refused_for_now(tmp_path):
-    if not os.path.exists("/usr/bin/true"):
-        pytest.skip("no /usr/bin/true")
-    simulated = _simulated("/usr/bin/true")
-    assert simulated.returncode == 126, simulated
-    assert b"dynamically linked" in simulated.stderr, simulated
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_file_system_calls_on_its_own_file(build, mode):
+    program = build("files", mode)
+    native, simulated = _native(program), _simulated(program)
+    assert simulated.stdout == native.stdout, (simulated, native)
+    assert b"mmap matches" in simulated.stdout and b"a missing file: ENOENT" in simulated.stdout, simulated
+    assert simulated.returncode == native.returncode == 0, simulated
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
+@pytest.mark.parametrize("mode", DYNAMIC_MODES)
+def test_a_program_with_a_library_of_its_own(tmp_path, mode, cpus):
+    program = compile_with_library(mode, tmp_path)
+    native, simulated = _native(program), _simulated(program, cpus=cpus)
+    assert simulated.stdout == native.stdout == b"hello from a library, counter 42\n", simulated
+    assert simulated.returncode == native.returncode == 5, simulated
+    assert simulated.stderr == b"", simulated
+
+
+def test_a_library_that_is_not_found_is_named_before_boot(tmp_path):
+    program = compile_with_library("glibc-dynamic", tmp_path)
+    (program.parent / "lib" / LIBRARY).unlink()
+    simulated = _simulated(program)
+    assert simulated.returncode == 127 and simulated.stdout == b"", simulated
+    assert simulated.stderr.decode().startswith(f"kgtp-sim: {program}: needs the library {LIBRARY} ("), simulated
+
+
+def test_a_program_of_the_host_system(tmp_path):
+    printf = "/usr/bin/printf"
+    if not os.path.exists(printf):
+        pytest.skip(f"no {printf}")
+    native, simulated = _native(printf, "%s-%d\\n", "x", "42"), _simulated(printf, "%s-%d\\n", "x", "42")
+    assert simulated.stdout == native.stdout == b"x-42\n", simulated
+    assert simulated.returncode == native.returncode == 0, simulated
 
 
 def test_a_missing_program(tmp_path):
