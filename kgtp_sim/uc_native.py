@@ -264,6 +264,12 @@ def tsc_offset_field() -> int | None:
     return None
 
 
+def write_saved_context_int(context: object, offset: int, value: int) -> None:
+    """Set the signed 32-bit field at `offset` of a saved context (`uc.context_save()`)."""
+    address = ctypes.cast(context.context, ctypes.c_void_p).value  # type: ignore[attr-defined]
+    ctypes.c_int32.from_address(address + offset).value = value
+
+
 def write_context_u64(context: object, offset: int, value: int) -> None:
     """Set the unsigned 64-bit field at `offset` of a saved context (`uc.context_save()`; a CPU takes it with
     `uc.context_restore`)."""

@@ -40,6 +40,7 @@ from typing import Any, Callable, TypeVar
 from unicorn import Uc
 from unicorn import x86_const as X
 
+from ..uc_native import old_exception_offset, write_saved_context_int
 from . import smp
 from .clock import MachineClock
 from .cpu import EFLAGS_TF, Cpu, Stop
@@ -187,7 +188,14 @@ class Scheduler:
         if self.cpu.in_emulation:
             raise MachineError("CPUs can be switched only between emulation runs, not from a hook")
         uc = self.cpu.uc
-        uc.context_update(self.slots[self.current_cpu].context)
+        outgoing = self.slots[self.current_cpu].context
+        uc.context_update(outgoing)
+        # A run a stop request ended just as a fault was raised leaves the fault "in flight" (QEMU's
+        # old_exception) without delivering it; the switch drops it (the instruction faults again when its CPU
+        # runs), so the CPU must not keep it in flight: its next #PF would be promoted to a double fault.
+        offset = old_exception_offset()
+        if offset is not None:
+            write_saved_context_int(outgoing, offset, -1)
         slot = self.slots[index]
         uc.context_restore(slot.context)
         self.current_cpu = index

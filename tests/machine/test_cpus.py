@@ -109,3 +109,21 @@ def test_the_start_port_is_ignored_for_cpus_the_machine_lacks_or_started():
     start_cpu(machine, 1, entry)
     start_cpu(machine, 1, entry + 8)  # already started: its entry stays
     assert machine.cpu_rips()[1] == entry
+
+
+def test_a_fault_left_in_flight_does_not_follow_its_cpu_through_a_switch():
+    """A run a stop request ends just as a #PF is raised leaves it "in flight" (QEMU's old_exception) undelivered;
+    switching CPUs then drops it (the instruction faults again later), and the CPU must not carry it: its next #PF
+    would become a double fault (seen as `vector 8 ... no handler` while a process was debugged on 2 CPUs)."""
+    from kgtp_sim.uc_native import old_exception_offset, read_context_int, write_context_int
+
+    offset = old_exception_offset()
+    if offset is None:
+        pytest.skip("this unicorn build's old_exception could not be located")
+    machine = Machine(KernelImage.load(VMLINUX), cpus=2)
+    sched = machine._sched
+    write_context_int(machine.uc, offset, 14)  # CPU 0: a #PF in flight when its run ended
+    sched.load(1)
+    assert read_context_int(machine.uc, offset) == -1  # CPU 1 never had one
+    sched.load(0)
+    assert read_context_int(machine.uc, offset) == -1
