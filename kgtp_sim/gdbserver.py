@@ -46,6 +46,7 @@ Options (the machine's):
   --cpus N              CPUs of the simulated machine (default 2)
   --kernel FILE         the kernel ELF (default: the bundled fixtures/vmlinux)
   --hz N                the kernel's timer rate (default 100)
+  --engine E            how tracepoint conditions and actions run: interp, naive or opt (default)
 """
 
 
@@ -64,6 +65,7 @@ class Options:
     cpus: int = 2
     kernel: Path | None = None
     hz: int = 100
+    engine: str = "opt"
 
 
 def parse(argv: list[str]) -> Options:
@@ -90,13 +92,17 @@ def parse(argv: list[str]) -> Options:
             if not args:
                 raise UsageError("--wrapper needs its arguments ended by --")
             args.pop(0)
-        elif name in ("--cpus", "--kernel", "--hz"):
+        elif name in ("--cpus", "--kernel", "--hz", "--engine"):
             if not eq:
                 if not args:
                     raise UsageError(f"{name} needs a value")
                 value = args.pop(0)
             if name == "--kernel":
                 options.kernel = Path(value)
+            elif name == "--engine":
+                if value not in ("interp", "naive", "opt"):
+                    raise UsageError("--engine is interp, naive or opt")
+                options.engine = value
             else:
                 try:
                     setattr(options, name[2:], int(value))
@@ -154,6 +160,8 @@ class Server:
         from .stub.core import TargetHandlers
         from .stub.monitor import Monitor
         from .stub.process import ProcessHandlers, ProcessTarget
+        from .stub.trace import TraceHandlers, register_trace_commands
+        from .tracing import Tracer
 
         self.machine.start()
         tracee = self.machine.ptrace.spawn(self.inside, list(self.program.argv), self.environment)
@@ -167,7 +175,12 @@ class Server:
             self.exit_requested = True
             return ""
 
-        self.dispatcher = Dispatcher((*self.handlers.families, ProcessHandlers(self.target), monitor),
+        # tracepoints, in the kernel under the program: KGTP's engines on the same machine, frames laid over the
+        # process when GDB selects one
+        self.tracer = Tracer(self.machine, self.options.engine)
+        register_trace_commands(monitor, self.tracer)
+        self.trace = TraceHandlers(self.tracer, self.target.overlay)
+        self.dispatcher = Dispatcher((*self.handlers.families, ProcessHandlers(self.target), self.trace, monitor),
                                      extra_features=("swbreak+", "hwbreak+"))
 
     def _ended(self, pid: int) -> None:
@@ -187,10 +200,17 @@ class Server:
 
     def on_connect(self) -> None:
         self.handlers.forget_session()
+        self.trace.forget_session()
 
     def on_disconnect(self) -> None:
         """gdbserver's choice when GDB leaves: keep serving while the program lives and is traced (unless --once),
-        else end; a program still traced when this server ends is killed, as gdbserver's is."""
+        else end; a program still traced when this server ends is killed, as gdbserver's is. Tracing stops unless
+        disconnected tracing was asked for."""
+        self.trace.forget_session()
+        if self.tracer.running and not self.tracer.definitions.disconnected_tracing:
+            from .rsp.packets.trace import StopReason
+
+            self.tracer.stop(StopReason.DISCONNECTED)
         if self.options.once or self.exit_requested or self.target.ended() is not None or self.target.detached:
             if self.target.ended() is None and not self.target.detached:
                 self.target.kill()

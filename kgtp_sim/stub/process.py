@@ -33,6 +33,7 @@ from ..machine.tracee import SIGTRAP, TASK_SIZE_MAX, Tracee, TraceeGone
 from ..machine.watchpoints import EXECUTE, READ_WRITE, WRITE, WatchpointError, aligned_pieces, busy_message
 from ..rsp.dispatch import E_BAD_PACKET, E_MEMORY, E_PERMISSION, Binary, Reply, RspError, handles
 from ..rsp.packets import connect as c
+from .overlay import FrameOverlay
 from .target import (SIGINT, Breakpoints, BreakpointType, DataAccess, Exited, MemoryWrites, RegisterWrites, Resume, ResumeAction,
                      Running, Signal, Stop, Target, Terminated, ViewError)
 
@@ -44,10 +45,25 @@ _AT_NULL = 0
 _LINUX_XML = amd64.LINUX.target_xml().encode()
 
 
+class ProcessView:
+    """The live process as a trace frame's view reads what the frame did not collect (read-only memory)."""
+
+    def __init__(self, target: ProcessTarget) -> None:
+        self.target = target
+
+    def registers(self) -> dict[str, int | None]:
+        return self.target.live_registers()
+
+    def read_memory(self, address: int, length: int) -> bytes:
+        return self.target.live_memory(address, length)
+
+
 class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
-    """A traced process (`tracee`) of the machine; `exec_path` is its program's path inside the machine."""
+    """A traced process (`tracee`) of the machine; `exec_path` is its program's path inside the machine. A trace
+    frame GDB selects (`tfind`) is laid over it (`overlay`), as over KGTP mode's kernel."""
 
     def __init__(self, tracee: Tracee, exec_path: str) -> None:
+        self.overlay = FrameOverlay(ProcessView(self))
         self.tracee = tracee
         self.machine = tracee.machine
         self.pid = tracee.pid
@@ -103,12 +119,21 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         return _LINUX_XML if annex == "target.xml" else None
 
     def read_registers(self, thread: int) -> dict[str, int | None]:
+        view = self.overlay.view
+        return view.registers() if view is not None else self.live_registers()
+
+    def live_registers(self) -> dict[str, int | None]:
         try:
             return dict(self.tracee.registers())
         except MachineError as error:
             raise RspError(E_MEMORY, str(error)) from None
 
     def read_memory(self, address: int, length: int, thread: int, space: object | None = None) -> bytes:
+        view = self.overlay.view
+        return view.read_memory(address, length) if view is not None else self.live_memory(address, length)
+
+    def live_memory(self, address: int, length: int) -> bytes:
+        """Its memory as the program sees it (the breakpoints' int3s hidden); the kernel's half read-only."""
         try:
             data = bytearray(self.tracee.read_memory(address, length))
         except MachineError as error:
@@ -163,13 +188,19 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
 
     # ---- writes ---------------------------------------------------------------------------------------------
 
+    def _refuse_in_frame(self) -> None:
+        if self.overlay.view is not None:
+            raise RspError(E_PERMISSION, "cannot write while a trace frame is selected")
+
     def write_registers(self, thread: int, values: dict[str, int]) -> None:
+        self._refuse_in_frame()
         try:
             self.tracee.write_registers(values)
         except MachineError as error:
             raise RspError(E_MEMORY, str(error)) from None
 
     def write_memory(self, address: int, data: bytes, thread: int, space: object | None = None) -> None:
+        self._refuse_in_frame()
         if address + len(data) > TASK_SIZE_MAX:
             raise RspError(E_PERMISSION, f"{address:#x}: the kernel's memory is not the process's to write")
         patched = bytearray(data)
