@@ -43,9 +43,20 @@ examples:
 """
 
 
+class _CommandsFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's, with the help column past the longest command name as it is printed (argparse measures the
+    names without the indent it then prints them with, so the longest one's help goes to the next line)."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction):
+            widest = max((len(name) for name in action.choices), default=0)
+            self._action_max_length = max(self._action_max_length, widest + self._current_indent + 2 * self._indent_increment)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kgtp-sim", description=_DESCRIPTION, epilog=_FIRST_STEPS,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=_CommandsFormatter)
     commands = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     from .client import paths  # here, as the subcommands' modules are: importing kgtp_sim.cli stays light
 
@@ -83,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     from . import programs
 
     programs.add_run_parser(commands, paths.VMLINUX, DEFAULT_CPUS)
-    commands.add_parser("gdbserver", help="gdbserver's role: debug a program running on the simulated kernel",
+    commands.add_parser("gdbserver", help="debug a program on the kernel, as gdbserver",
                         description="kgtp-sim gdbserver [--once] [--multi] COMM PROG [ARGS...]: see "
                                     "`kgtp-sim gdbserver --help`", add_help=False)
     from .view import cli as view_cli

@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 USAGE = """\
-Usage:\tkgtp-sim gdbserver [OPTIONS] COMM PROG [ARGS ...]
+usage: kgtp-sim gdbserver [OPTIONS] COMM PROG [ARGS ...]
 
-COMM may be [HOST]:PORT (HOST: loopback unless given) or stdio/- (packets on stdin and stdout).
-PROG is a static or dynamic x86_64 Linux program; it runs as a process on the simulated kernel,
-stopped at its first instruction until GDB resumes it.
+COMM is [HOST]:PORT (HOST: loopback unless given) or stdio (or -: packets on
+stdin and stdout). PROG is a static or dynamic x86_64 Linux program; it runs
+as a process on the simulated kernel, stopped at its first instruction until
+GDB resumes it.
 
 Options (gdbserver's):
   --once                exit after the first connection closes
@@ -46,7 +47,14 @@ Options (the machine's):
   --cpus N              CPUs of the simulated machine (default 2)
   --kernel FILE         the kernel ELF (default: the bundled fixtures/vmlinux)
   --hz N                the kernel's timer rate (default 100)
-  --engine E            how tracepoint conditions and actions run: interp, naive or opt (default)
+  --engine E            how tracepoint conditions and actions run: interp,
+                        naive or opt (default)
+
+examples:
+  gcc -g -o prog prog.c
+  kgtp-sim gdbserver :2345 ./prog arg1   # gdb ./prog -ex 'target remote :2345'
+  kgtp-sim gdbserver --once --cpus 1 localhost:2345 ./prog
+  gdb ./prog -ex 'target remote | kgtp-sim gdbserver - ./prog'
 """
 
 
@@ -227,10 +235,12 @@ def main(argv: list[str]) -> int:
         options = parse(argv)
         address = parse_comm(options.comm)
     except UsageError as error:
-        if str(error):
-            print(f"kgtp-sim gdbserver: {error}", file=sys.stderr)
+        if not str(error):  # --help
+            print(USAGE, end="")
+            return 0
+        print(f"kgtp-sim gdbserver: {error}", file=sys.stderr)
         print(USAGE, file=sys.stderr, end="")
-        return 2 if str(error) else 0
+        return 2
     logging.basicConfig(level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(options.debug, 2)],
                         format="kgtp-sim: %(levelname)s %(name)s: %(message)s")
     try:
