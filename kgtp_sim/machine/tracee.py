@@ -270,6 +270,17 @@ class Tracee:
 
         self.machine.run_on_cpu(write)
 
+    def siginfo(self) -> bytes:
+        """The siginfo_t (128 bytes, Linux's x86_64 layout) of the signal it stopped with (PTRACE_GETSIGINFO), from
+        the kernel's per-process signal state (`signal_abi`)."""
+        self._require_stopped()
+        symbol = self.machine.image.symbols.get("signal_abi")
+        if symbol is None:
+            raise MachineError("this kernel keeps no siginfo (no `signal_abi`)")
+        states, size, last, first = struct.unpack("<4Q", self.machine.read_memory(symbol.address, 32))
+        slot = (self.task - self.machine.image.address_of("tasks")) // self.layout.size - first
+        return self.machine.read_memory(states + slot * size + last, 128)
+
     # ---- memory ------------------------------------------------------------------------------------------
 
     def _space(self, uc: Any) -> Any:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..arch import amd64
+from ..arch import amd64, signals
 from ..machine import MachineError
 from ..machine import smp
 from ..machine.tracee import SIGTRAP, TASK_SIZE_MAX, Tracee, TraceeGone
@@ -102,7 +102,7 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         status = self.tracee.ended
         if status is None:
             return None
-        return Terminated(status & 0x7F) if status & 0x7F else Exited(status >> 8 & 0xFF)
+        return Terminated(signals.to_gdb(status & 0x7F)) if status & 0x7F else Exited(status >> 8 & 0xFF)
 
     # ---- base -------------------------------------------------------------------------------------------------
 
@@ -337,7 +337,7 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         try:
             self._put_in_breakpoints()
             self._range = action.range if action.step else None
-            self._after = self.tracee.resume(step=action.step, signal=action.signal)
+            self._after = self.tracee.resume(step=action.step, signal=signals.to_linux(action.signal) or 0)
         except TraceeGone:
             return self.ended() or Exited(0)
         except MachineError as error:
@@ -356,8 +356,10 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
             return ended
         return self._stopped(stop.signal)
 
-    def _stopped(self, signal: int) -> Stop | None:
-        """The process stopped with `signal`: the stop GDB hears of, or None when range stepping goes on."""
+    def _stopped(self, linux_signal: int) -> Stop | None:
+        """The process stopped with `linux_signal`: the stop GDB hears of (the signal as GDB numbers it), or None
+        when range stepping goes on."""
+        signal = signals.to_gdb(linux_signal)
         swbreak = False
         hit, self._hit = self._hit, None
         if signal == SIGTRAP and hit is not None:
@@ -401,7 +403,8 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
 
 @dataclass
 class ProcessHandlers:
-    """The packets only a process has: its auxiliary vector and its program's path (gdbserver's qXfer objects)."""
+    """The packets only a process has: its auxiliary vector, its program's path and the siginfo of its stop
+    (gdbserver's qXfer objects)."""
 
     target: ProcessTarget
 
@@ -415,6 +418,16 @@ class ProcessHandlers:
         if packet.annex:
             raise RspError(E_BAD_PACKET, "qXfer:auxv:read takes no annex")
         return self._window(self.target.auxv, packet)
+
+    @handles(c.ReadSiginfo)
+    def read_siginfo(self, packet: c.ReadSiginfo) -> Reply:
+        if packet.annex:
+            raise RspError(E_BAD_PACKET, "qXfer:siginfo:read takes no annex")
+        try:
+            siginfo = self.target.tracee.siginfo()
+        except MachineError as error:
+            raise RspError(E_BAD_PACKET, str(error)) from None
+        return self._window(siginfo, packet)
 
     @handles(c.ReadExecFile)
     def read_exec_file(self, packet: c.ReadExecFile) -> Reply:

@@ -66,6 +66,16 @@ def test_a_fault_ends_the_process_with_its_signal(build, mode, name, signal_name
     assert simulated.stderr.decode().strip() == f"kgtp-sim: {program}: killed by {signal_name}", simulated
 
 
+@pytest.mark.parametrize("cpus", [1, 2])
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_signal_handlers_masks_and_default_actions_as_natively(build, mode, cpus):
+    program = build("signals", mode)
+    native, simulated = _native(program), _simulated(program, cpus=cpus)
+    assert simulated.stdout == native.stdout, (simulated, native)
+    assert b"raised: got 10 code -6\n" in native.stdout and b"segv at 0x1234\n" in native.stdout
+    assert simulated.returncode == native.returncode == 128 + 15, simulated
+
+
 def test_a_file_that_is_no_program_is_refused_with_a_message(tmp_path):
     data = tmp_path / "notes.txt"
     data.write_text("not a program\n")

@@ -204,6 +204,15 @@ class ReadAuxv(ReadFeatures):
 
 
 @dataclass(frozen=True)
+class ReadSiginfo(ReadFeatures):
+    """`qXfer:siginfo:read::<offset>,<length>`: the siginfo of the signal the thread stopped with (gdbserver:
+    handle_qxfer_siginfo, PTRACE_GETSIGINFO); GDB's `$_siginfo`."""
+
+    PREFIX = b"qXfer:siginfo:read:"
+    FEATURES = ("qXfer:siginfo:read+",)
+
+
+@dataclass(frozen=True)
 class ReadExecFile(ReadFeatures):
     """`qXfer:exec-file:read:<pid>:<offset>,<length>`: the path of a process's program (gdbserver:
     handle_qxfer_exec_file); the annex is the pid in hex, empty for the current process."""
