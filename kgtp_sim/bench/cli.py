@@ -55,6 +55,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="leave out the probe effect of tracing every function (entry, entry and return)")
     parser.add_argument("--probe-effect-json", type=Path, default=None, metavar="FILE",
                         help="probe-effect rows as JSON")
+    parser.add_argument("--no-stops", action="store_true",
+                        help="leave out the breakpoint round trip under the gdbserver role and gdbserver")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,6 +102,18 @@ def run(args: argparse.Namespace) -> int:
             import json
 
             args.probe_effect_json.write_text(json.dumps(effect, indent=2) + "\n")
+    if not args.no_stops and not args.no_peer:
+        from .stops import markdown as stops_markdown, rows as stop_rows
+
+        stops = 200 if args.quick else 1000
+        try:
+            table = stop_rows(stops, progress=lambda m: print(f"  {m}", file=sys.stderr))
+        except (RuntimeError, OSError) as error:
+            print(f"kgtp-sim bench: breakpoint round trips skipped: {error}", file=sys.stderr)
+        else:
+            print(f"Breakpoint round trip: `continue` over a breakpoint hit {stops} times (GDB 13.1, the same static "
+                  "program natively under gdbserver and as a process under `kgtp-sim gdbserver`)\n")
+            print(stops_markdown(table))
     if args.scaling or args.scaling_json:
         from .scaling import markdown as scaling_markdown, scaling_rows
 

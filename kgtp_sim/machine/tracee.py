@@ -243,6 +243,19 @@ class Tracee:
         values.update(decode_fxsave(fxsave))
         return values
 
+    def pc(self) -> int:
+        """Its RIP (one read: what a stop's first look needs)."""
+        self._require_stopped()
+        offset = 8 * PT_REGS.index("rip")
+        return self.machine.run_on_cpu(lambda uc: self._u64(uc, self._regs_address(uc) + offset))
+
+    def set_pc(self, value: int) -> None:
+        if value >= TASK_SIZE_MAX:
+            raise MachineError(f"rip {value:#x} is outside the user half")
+        self._require_stopped()
+        offset = 8 * PT_REGS.index("rip")
+        self.machine.run_on_cpu(lambda uc: uc.mem_write(self._regs_address(uc) + offset, struct.pack("<Q", value)))
+
     def write_registers(self, values: dict[str, int]) -> None:
         """Change the registers `values` names (as `registers` names them); cs, ss and the data segments stay the
         user's (Linux's putreg refuses others), the flags a process cannot set are kept."""
@@ -330,6 +343,38 @@ class Tracee:
             if self._page_bytes(at, chunk, write=data[done: done + chunk]) is None:
                 raise MachineError(f"cannot write {at:#x}: outside the process's memory")
             done += chunk
+
+    def swap_bytes(self, changes: Sequence[tuple[int, bytes]]) -> list[bytes | None]:
+        """Write each (address, bytes) of `changes` (within one page each) and return what each replaced, in one
+        trip to the CPU thread when their pages are present (a page not yet faulted in is brought in first); None
+        for one outside the process's memory. How breakpoints go in and out."""
+        self._require_stopped()
+
+        def swap(uc: Any) -> list[bytes | None]:
+            space = self._space(uc)
+            out: list[bytes | None] = []
+            for address, data in changes:
+                physical = space.translate(address, len(data))
+                if physical is None:
+                    out.append(None)
+                    continue
+                out.append(bytes(Uc.mem_read(uc, physical, len(data))))
+                Uc.mem_write(uc, physical, data)
+                self.machine.cpu.remove_cache(address, len(data), space)
+            return out
+
+        replaced = self.machine.run_on_cpu(swap)
+        for index, (address, data) in enumerate(changes):
+            if replaced[index] is None and address < TASK_SIZE_MAX and self.fault_in(address):
+                replaced[index] = self._swap_one(address, data)
+        return replaced
+
+    def _swap_one(self, address: int, data: bytes) -> bytes | None:
+        old = self.read_memory(address, len(data))
+        if len(old) != len(data):
+            return None
+        self.write_memory(address, data)
+        return old
 
     def _page_bytes(self, address: int, length: int, write: bytes | None) -> bytes | None:
         """Read (or write) [address, address + length) within one page; None if the page cannot be had."""

@@ -297,14 +297,19 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         self.machine.cpu.deliver(1)
 
     def _put_in_breakpoints(self) -> None:
-        """Memory follows GDB's breakpoints before the process runs: int3s in, removed ones out."""
-        self._take_out_breakpoints(everything=False)
-        for address in sorted(self._wanted - self._inserted.keys()):
-            original = self.tracee.read_memory(address, 1)
-            if not original:
-                continue
-            self.tracee.write_memory(address, INT3)
-            self._inserted[address] = original[0]
+        """Memory follows GDB's breakpoints before the process runs: int3s in, removed ones out (one trip to the
+        machine for all of them)."""
+        leaving = [a for a in self._inserted if a not in self._wanted]
+        coming = sorted(self._wanted - self._inserted.keys())
+        if not leaving and not coming:
+            return
+        changes = [(a, bytes([self._inserted[a]])) for a in leaving] + [(a, INT3) for a in coming]
+        replaced = self.tracee.swap_bytes(changes)
+        for address in leaving:
+            del self._inserted[address]
+        for address, old in zip(coming, replaced[len(leaving):]):
+            if old is not None:
+                self._inserted[address] = old[0]
 
     def _take_out_breakpoints(self, everything: bool) -> None:
         for address in [a for a in self._inserted if everything or a not in self._wanted]:
@@ -369,9 +374,9 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
                           Signal(signal, self.pid, watch=DataAccess(type, address)))
             return self._last
         if signal == SIGTRAP:
-            rip = self.tracee.registers()["rip"]
+            rip = self.tracee.pc()
             if rip - 1 in self._inserted:  # the int3 trapped: the PC goes back on the breakpoint
-                self.tracee.write_registers({"rip": rip - 1})
+                self.tracee.set_pc(rip - 1)
                 swbreak = True
             elif self._range is not None and self._range[0] <= rip < self._range[1]:
                 self._after = self.tracee.resume(step=True)
