@@ -189,7 +189,8 @@ class Server:
         register_trace_commands(monitor, self.tracer)
         self.trace = TraceHandlers(self.tracer, self.target.overlay)
         self.dispatcher = Dispatcher((*self.handlers.families, ProcessHandlers(self.target), self.trace, monitor),
-                                     extra_features=("swbreak+", "hwbreak+"))
+                                     extra_features=("swbreak+", "hwbreak+", "multiprocess+"),
+                                     on_supported=self.handlers.supported)
 
     def _ended(self, pid: int) -> None:
         """The program ended (CPU thread): gdbserver's line on its own terminal."""

@@ -85,6 +85,8 @@ class Dispatcher:
     handler_objects: tuple[object, ...]
     #: features announced in qSupported that no packet stands for (stop reply parts, such as `swbreak+`)
     extra_features: tuple[str, ...] = ()
+    #: told GDB's own qSupported features at each qSupported (what the session may then use, e.g. multiprocess+)
+    on_supported: Callable[[tuple[str, ...]], None] | None = None
     table: dict[type[Packet], Handler] = field(init=False)
     _prefixes: dict[int, list[type[Packet]]] = field(init=False)
     errors: int = field(init=False, default=0)
@@ -113,6 +115,8 @@ class Dispatcher:
 
     @handles(QSupported)
     def _supported(self, packet: QSupported) -> Reply:
+        if self.on_supported is not None:
+            self.on_supported(packet.gdb_features)
         return ";".join(self.supported_features()).encode()
 
     def lookup(self, payload: bytes) -> tuple[type[Packet], bytes] | None:

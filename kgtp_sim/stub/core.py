@@ -181,3 +181,7 @@ class TargetHandlers:
 
     def forget_session(self) -> None:
         self.threads.forget_session()
+
+    def supported(self, gdb_features: tuple[str, ...]) -> None:
+        """The dispatcher's `on_supported`: what GDB offered in qSupported."""
+        self.threads.supported(gdb_features)

@@ -33,6 +33,7 @@ from ..machine.tracee import SIGTRAP, TASK_SIZE_MAX, Tracee, TraceeGone
 from ..machine.watchpoints import EXECUTE, READ_WRITE, WRITE, WatchpointError, aligned_pieces, busy_message
 from ..rsp.dispatch import E_BAD_PACKET, E_MEMORY, E_PERMISSION, Binary, Reply, RspError, handles
 from ..rsp.packets import connect as c
+from ..rsp.packets import run as v
 from .overlay import FrameOverlay
 from .target import (SIGINT, Breakpoints, BreakpointType, DataAccess, Exited, MemoryWrites, RegisterWrites, Resume, ResumeAction,
                      Running, Signal, Stop, Target, Terminated, ViewError)
@@ -75,8 +76,13 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         self._hit: tuple[BreakpointType, int] | None = None  #: the debug register that stopped the process
         self._after: int | None = None  #: resumed: the serial its next stop will be above
         self._range: tuple[int, int] | None = None
+        self._stepping = False
         self._notify: Callable[[], None] | None = None
         self.detached = False  #: GDB detached: the process goes on untraced
+        #: GDB's signals given to the program without a stop (QPassSignals), and those it may be resumed with
+        #: (QProgramSignals; None: any)
+        self.pass_signals: frozenset[int] = frozenset()
+        self.program_signals: frozenset[int] | None = None
         self.auxv = self._initial_auxv()
         self.machine.ptrace.listeners.append(self._heard)
 
@@ -108,6 +114,9 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
 
     def threads(self) -> Sequence[int]:
         return (self.pid,)
+
+    def process_id(self) -> int:
+        return self.pid
 
     def thread_alive(self, thread: int) -> bool:
         return thread == self.pid and self.tracee.ended is None
@@ -342,7 +351,11 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         try:
             self._put_in_breakpoints()
             self._range = action.range if action.step else None
-            self._after = self.tracee.resume(step=action.step, signal=signals.to_linux(action.signal) or 0)
+            self._stepping = action.step
+            signal = action.signal
+            if self.program_signals is not None and signal not in self.program_signals:
+                signal = 0  # gdbserver drops a signal GDB may not give the program
+            self._after = self.tracee.resume(step=action.step, signal=signals.to_linux(signal) or 0)
         except TraceeGone:
             return self.ended() or Exited(0)
         except MachineError as error:
@@ -373,6 +386,9 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
             self._last = (Signal(signal, self.pid, hwbreak=True) if type == BreakpointType.HARDWARE else
                           Signal(signal, self.pid, watch=DataAccess(type, address)))
             return self._last
+        if signal in self.pass_signals and signal != SIGTRAP:  # straight to the program, GDB not told
+            self._after = self.tracee.resume(step=self._stepping, signal=linux_signal)
+            return None
         if signal == SIGTRAP:
             rip = self.tracee.pc()
             if rip - 1 in self._inserted:  # the int3 trapped: the PC goes back on the breakpoint
@@ -423,6 +439,16 @@ class ProcessHandlers:
         if packet.annex:
             raise RspError(E_BAD_PACKET, "qXfer:auxv:read takes no annex")
         return self._window(self.target.auxv, packet)
+
+    @handles(v.PassSignals)
+    def pass_signals(self, packet: v.PassSignals) -> Reply:
+        self.target.pass_signals = packet.signals
+        return b"OK"
+
+    @handles(v.ProgramSignals)
+    def program_signals(self, packet: v.ProgramSignals) -> Reply:
+        self.target.program_signals = packet.signals
+        return b"OK"
 
     @handles(c.ReadSiginfo)
     def read_siginfo(self, packet: c.ReadSiginfo) -> Reply:

@@ -31,9 +31,9 @@ def stop_reply(stop: Stop, threads: ThreadHandlers) -> bytes:
     """The stop reply packet for `stop`: `T<sig>[replaylog:<end>;|watch:<addr>;|swbreak:;]thread:<id>;`, `W<code>`
     or `X<signal>`."""
     if isinstance(stop, Exited):
-        return b"W%02x" % stop.code
+        return b"W%02x" % stop.code + threads.process_suffix()
     if isinstance(stop, Terminated):
-        return b"X%02x" % stop.signal
+        return b"X%02x" % stop.signal + threads.process_suffix()
     if stop.thread is not None:
         threads.selection.general = stop.thread
     reason = b""
@@ -45,7 +45,7 @@ def stop_reply(stop: Stop, threads: ThreadHandlers) -> bytes:
         reason = b"swbreak:;"
     elif isinstance(stop, Signal) and stop.hwbreak:
         reason = b"hwbreak:;"
-    return b"T%02x%sthread:%x;" % (stop.signal, reason, threads.general_thread)
+    return b"T%02x%sthread:%s;" % (stop.signal, reason, threads.thread_id(threads.general_thread))
 
 
 @dataclass

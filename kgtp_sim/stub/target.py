@@ -181,6 +181,11 @@ class Target(ABC):
 
     # -- description and session --
 
+    def process_id(self) -> int | None:
+        """The process the threads belong to, when the target is one (GDB's multiprocess thread ids `pPID.TID`
+        and `W..;process:PID` then name it); None: no process (KGTP's kernel)."""
+        return None
+
     def register_layout(self) -> amd64.RegisterLayout:
         """The register file `g`, `G`, `p` and `P` carry (amd64.CORE by default: KGTP mode's)."""
         return amd64.CORE

@@ -26,6 +26,8 @@ class Selection:
 
     general: int | None = None
     continue_thread: int = c.ANY_THREAD
+    #: GDB and the target speak multiprocess: thread ids go out as `pPID.TID`
+    multiprocess: bool = False
 
 
 @dataclass
@@ -48,6 +50,21 @@ class ThreadHandlers:
         """A new debugger starts on the target's first thread."""
         self.selection.general = None
         self.selection.continue_thread = c.ANY_THREAD
+        self.selection.multiprocess = False
+
+    def supported(self, gdb_features: tuple[str, ...]) -> None:
+        """qSupported: multiprocess thread ids when GDB offers them and the target is a process (gdbserver)."""
+        self.selection.multiprocess = "multiprocess+" in gdb_features and self.target.process_id() is not None
+
+    def thread_id(self, thread: int) -> bytes:
+        """A thread id as this session writes it: `TID`, or `pPID.TID` in multiprocess (remote.c: read_ptid)."""
+        pid = self.target.process_id() if self.selection.multiprocess else None
+        return b"%x" % thread if pid is None else b"p%x.%x" % (pid, thread)
+
+    def process_suffix(self) -> bytes:
+        """What a `W`/`X` reply adds in multiprocess: `;process:PID`."""
+        pid = self.target.process_id() if self.selection.multiprocess else None
+        return b"" if pid is None else b";process:%x" % pid
 
     def require(self, thread: int) -> int:
         """`thread` when the target has it, else E05."""
@@ -61,7 +78,7 @@ class ThreadHandlers:
     def first_thread_info(self, packet: c.FirstThreadInfo) -> Reply:
         """Every thread in one reply; GDB asks for more with qsThreadInfo (remote.c:
         remote_target::remote_get_threads_with_qthreadinfo, called by remote_target::update_thread_list)."""
-        return b"m" + b",".join(b"%x" % thread for thread in self.target.threads())
+        return b"m" + b",".join(self.thread_id(thread) for thread in self.target.threads())
 
     @handles(c.SubsequentThreadInfo)
     def subsequent_thread_info(self, packet: c.SubsequentThreadInfo) -> Reply:
@@ -71,7 +88,7 @@ class ThreadHandlers:
     def current_thread(self, packet: c.CurrentThread) -> Reply:
         """The selected thread, as gdbserver answers qC with its general thread (remote.c:
         remote_target::remote_current_thread reads `QC<id>`)."""
-        return b"QC%x" % self.general_thread
+        return b"QC" + self.thread_id(self.general_thread)
 
     @handles(c.SetThread)
     def set_thread(self, packet: c.SetThread) -> Reply:

@@ -70,3 +70,37 @@ def _action(text: bytes, thread: int) -> VContAction:
         start, end = (parse_hex(value, "range") for value in split_exact(rest, b",", 2, "vCont;r"))
         return VContAction(RANGE, thread, start=start, end=end)
     raise PacketError(f"vCont: unknown action {text[:16]!r}")
+
+
+def _signal_list(body: bytes) -> frozenset[int]:
+    if not body:
+        return frozenset()
+    return frozenset(parse_hex(item, "signal", bits=8) for item in body.split(b";"))
+
+
+@dataclass(frozen=True)
+class PassSignals(Packet):
+    """`QPassSignals:SIG;SIG...`: signals (GDB's numbers) the stub gives the program at once, without stopping for
+    GDB (gdbserver: pass_signals; GDB sends the `handle ... nostop noprint pass` ones)."""
+
+    PREFIX = b"QPassSignals:"
+    FEATURES = ("QPassSignals+",)
+    signals: frozenset[int] = frozenset()
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        return cls(_signal_list(body))
+
+
+@dataclass(frozen=True)
+class ProgramSignals(Packet):
+    """`QProgramSignals:SIG;SIG...`: the signals GDB lets reach the program when it resumes it with one (gdbserver:
+    program_signals); any other it asks to deliver is dropped."""
+
+    PREFIX = b"QProgramSignals:"
+    FEATURES = ("QProgramSignals+",)
+    signals: frozenset[int] = frozenset()
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        return cls(_signal_list(body))
