@@ -167,7 +167,7 @@ class Server:
         from .rsp.dispatch import Dispatcher
         from .stub.core import TargetHandlers
         from .stub.monitor import Monitor
-        from .stub.process import ProcessHandlers, ProcessTarget
+        from .stub.process import ProcessHandlers, ProcessTarget, ProgramSpace
         from .stub.trace import TraceHandlers, register_trace_commands
         from .tracing import Tracer
 
@@ -186,6 +186,7 @@ class Server:
         # tracepoints, in the kernel under the program: KGTP's engines on the same machine, frames laid over the
         # process when GDB selects one
         self.tracer = Tracer(self.machine, self.options.engine)
+        self.tracer.user_space = ProgramSpace(tracee)  # tracepoints in the program go into its own memory
         register_trace_commands(monitor, self.tracer)
         self.trace = TraceHandlers(self.tracer, self.target.overlay)
         self.dispatcher = Dispatcher((*self.handlers.families, ProcessHandlers(self.target), self.trace, monitor),

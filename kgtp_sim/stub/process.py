@@ -30,6 +30,7 @@ from ..arch import amd64, signals
 from ..machine import MachineError
 from ..machine import smp
 from ..machine.tracee import SIGTRAP, TASK_SIZE_MAX, Tracee, TraceeGone
+from ..tracing.core.model import TraceError
 from ..machine.watchpoints import EXECUTE, READ_WRITE, WRITE, WatchpointError, aligned_pieces, busy_message
 from ..rsp.dispatch import E_BAD_PACKET, E_MEMORY, E_PERMISSION, Binary, Reply, RspError, handles
 from ..rsp.packets import connect as c
@@ -57,6 +58,29 @@ class ProcessView:
 
     def read_memory(self, address: int, length: int) -> bytes:
         return self.target.live_memory(address, length)
+
+
+class ProgramSpace:
+    """The process as the tracer's `UserSpace` (tracing/core/run.py): tracepoints at its addresses go into its
+    memory."""
+
+    def __init__(self, tracee: Tracee) -> None:
+        self.tracee = tracee
+        self._space = tracee.space()
+        self.root = self._space.root
+
+    def holds(self, address: int) -> bool:
+        return 0 <= address < TASK_SIZE_MAX
+
+    def space(self) -> Any:
+        return self._space
+
+    def prepare(self, addresses: list[int]) -> None:
+        """Their pages present: the process faults them in itself (it must be stopped, as GDB has it at
+        tstart)."""
+        for address in addresses:
+            if self._space.translate(address) is None and not self.tracee.fault_in(address):
+                raise TraceError(f"{address:#x}: no memory of the process there")
 
 
 class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):

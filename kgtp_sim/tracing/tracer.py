@@ -89,6 +89,8 @@ class Tracer:
         #: "auto": compiled engines jump to their detour where it is safe (optimized kprobes); "int3": always
         #: trap into it (plain kprobes), e.g. to measure the difference. ftrace always needs the jump.
         self.probe = probe
+        #: the program tracepoints may also be put in (the gdbserver role's process); None: the kernel only
+        self.user_space = None
         self.native: CompiledRun | None = None
         self.retired = RetiredCode(machine)
         self.definitions = Definitions()
@@ -242,6 +244,10 @@ class Tracer:
     # ---- run control --------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        user = self.user_space
+        if user is not None:  # the program's pages of its tracepoints present before the run change
+            user.prepare([tp.address for tp in self.definitions.tracepoints.values()
+                          if tp.enabled and user.holds(tp.address)])
         self._between_hits(self._start_now)
 
     def _start_now(self) -> None:
@@ -309,9 +315,12 @@ class Tracer:
         return max(self.definitions.variables, default=0) + 1
 
     def _prepare(self, tp: Tracepoint):
+        user = self.user_space
+        space = user.space() if user is not None and user.holds(tp.address) else None
         item = self.kret.prepare(prepare(tp, self.machine.image, self._tsv_slots(),
                                          compiled=self.engine != "interp", probe=self.probe,
-                                         marker=self.marker_at(tp.address)))
+                                         marker=None if space is not None else self.marker_at(tp.address),
+                                         space=space))
         self.perf.check_access(item.programs(), f"tracepoint {tp.number} at {tp.address:#x}")
         attach(item, self)  # direct output, $enable/$disable, $current
         return item

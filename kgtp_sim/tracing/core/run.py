@@ -23,6 +23,26 @@ from .perf import PerfEvents
 from .ring import Rings
 
 
+class UserSpace(Protocol):
+    """A program's address space the run may probe (the gdbserver role's process): tracepoints at its addresses
+    live in it only. Used on the CPU thread (`prepare` on the server thread, before tstart)."""
+
+    #: the space's CR3 root: a hit is the program's when the CPU that took it has this space loaded
+    root: int
+
+    def holds(self, address: int) -> bool:
+        """Is `address` one of the program's (its user half)?"""
+        ...
+
+    def prepare(self, addresses: list[int]) -> None:
+        """Before tstart, on the server thread: make the pages of `addresses` present (the program stopped)."""
+        ...
+
+    def space(self) -> Any:
+        """The uc_paging.AddressSpace of the program's page tables."""
+        ...
+
+
 class Run(Protocol):
     """One trace run: its definitions, buffer, clock and variables, and the few decisions only the run makes."""
 
@@ -45,6 +65,8 @@ class Run(Protocol):
     stepper: Any  # engines.hits.Stepper: while-stepping
     kret: Any  # kgtp.kret.KretRun: return probes
     watches: Any  # kgtp.watch.Watches: watch tracepoints
+    #: the program whose addresses tracepoints may name besides the kernel's (None: the kernel's only)
+    user_space: UserSpace | None
 
     def stop(self, reason: StopReason, note: str | None = None, tracepoint: int = 0) -> None: ...
 

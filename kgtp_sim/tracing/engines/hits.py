@@ -52,6 +52,8 @@ class HitContext:
     #: count what the site's int3 stands for when it traps: a hit reads them as before it, perf.py); None for a
     #: return, a step or a watch
     site: int | None = None
+    #: the address space memory is read in: a program's for a hit of a tracepoint in it; None: the kernel's
+    space: Any = None
 
     def try_read(self, addr: int, n: int) -> bytes | None:
         try:
@@ -62,7 +64,7 @@ class HitContext:
     def read_memory(self, addr: int, n: int) -> bytes:
         # Through the machine, not uc.mem_read: absent demand pages read as zeros from unicorn but must fault.
         try:
-            return self.tracer.machine.read_memory(addr, n)
+            return self.tracer.machine.read_memory(addr, n, space=self.space)
         except MemoryFault:
             raise UnreadableMemory(addr, n) from None
 
@@ -117,7 +119,7 @@ def interpreted_hit(tracer: Run, uc: Uc, item: Installed) -> None:
     tp = item.tracepoint
     hit = (item.hit_context or HitContext)(uc, hit_registers(tracer, uc, item.site.address), tracer,
                                            room=tracer.room, marker=item.marker, tracepoint=tp,
-                                           site=item.site.address)
+                                           site=item.site.address, space=item.space)
     if not hit.begin():
         return
     passed = record_hit(tracer, hit, item)

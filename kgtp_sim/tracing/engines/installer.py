@@ -32,6 +32,7 @@ from ..patching.detour import COUNTERS
 from ..patching.placement import Installed, fails_that_way
 from ..patching.probes import INT3, ProbeSite, jump, relocate, relocated_size_bound
 from .hits import HitContext, interpreted_hit
+from .userprobes import ProgramProbes
 
 
 #: Computed built-in variables the compiled engines can refresh at a hit (builtins.native_refresh_asm); a location
@@ -63,6 +64,8 @@ class ProbeSet:
         self.removed: dict[tuple[int, int], Installed] = {}
         #: address -> (out-of-line copy, its end, the tracepoints sharing the int3)
         self.int3_sites: dict[int, tuple[int, int, list[Installed]]] = {}
+        #: the tracepoints in the run's program (Run.user_space): int3s in its own memory
+        self.program = ProgramProbes(tracer)
 
     def reset(self) -> None:
         self.installed = {}
@@ -79,6 +82,7 @@ class ProbeSet:
         computes, one whose action only Python performs (printk.attach), or a return probe (its entry hijacks the
         return in Python: kret.py)."""
         return self.tracer.native is None or bool(item.tracepoint.step_count) or item.hit_context is not None \
+            or item.space is not None \
             or item.kret is not None or not runs_natively(self.tracer, item.programs(), NATIVE_BUILTINS)
 
     def plan(self, items: list[Installed]) -> None:
@@ -87,6 +91,10 @@ class ProbeSet:
         self.python_at = {item.site.address for item in items if item.shared and self._needs_python(item)}
 
     def install(self, item: Installed) -> None:
+        if item.space is not None:  # a program's: an int3 in its memory (userprobes.py)
+            self.program.install(item)
+            self.installed[item.tracepoint.key] = item
+            return
         address = item.site.address
         python = self._needs_python(item) or address in self.python_at
         if item.shared and (python or address in self.int3_sites):
@@ -252,6 +260,9 @@ class ProbeSet:
             self.removed[key] = item
 
     def _remove_probe(self, item: Installed) -> None:
+        if item.space is not None:
+            self.program.remove(item)
+            return
         if item.kret is not None:
             self.tracer.kret.remove(item)  # pending returns go on natively
         native = self.tracer.native

@@ -36,6 +36,9 @@ class Installed:
     shared: bool = False  # another tracepoint has the same address: they share one probe (resolve_overlaps)
     hit_context: Any = None  # kgtp.printk.attach: the hit context of direct output, $enable/$disable, $current
     kret: Any = None  # a return probe (`$kret`): its return side (kgtp.kret.KretProbe)
+    #: a tracepoint in a program: the program's address space (uc_paging.AddressSpace), whose int3 it is; None:
+    #: the kernel's
+    space: Any = None
     fired: int = 0
     hits: int = 0
     usage: int = 0
@@ -46,10 +49,12 @@ class Installed:
 
 
 def prepare(
-    tp: Tracepoint, image: KernelImage, tsv_slots: int, *, compiled: bool, probe: str, marker: Marker | None
+    tp: Tracepoint, image: KernelImage, tsv_slots: int, *, compiled: bool, probe: str, marker: Marker | None,
+    space: Any = None,
 ) -> Installed:
     """Verify a location's bytecode and plan its probe. `compiled`: a native engine runs it (and so wants a jump
-    where `probe` is "auto"); `marker`: the static marker at its address, if any."""
+    where `probe` is "auto"); `marker`: the static marker at its address, if any; `space`: the program's address
+    space when the address is a program's (an int3 there, hit on the Python path)."""
     where = f"tracepoint {tp.number} at {tp.address:#x}"
     try:
         condition = verify(tp.condition, tsv_slots=tsv_slots, require_value=True) if tp.condition else None
@@ -69,6 +74,14 @@ def prepare(
         marker = None
         if any(isinstance(a, t.CollectStaticData) for a in tp.actions):
             raise TraceError(f"{where}: $_sdata exists only at static tracepoints (strace)")
+    if space is not None:
+        if tp.fast_insn_length is not None:
+            raise TraceError(f"{where}: fast tracepoint impossible in a program yet (no jump pad it can reach): "
+                             "use trace")
+        if tp.step_count:
+            raise TraceError(f"{where}: while-stepping in a program is not supported yet")
+        site = ProbeSite(tp.address, "(program)", "int3", (), b"")
+        return Installed(tp, site, condition, actions, stepping=stepping, marker=marker, space=space)
     want_jump = ((compiled and probe == "auto") or tp.fast_insn_length is not None) and not tp.step_count
     try:
         site = plan_probe(image, tp.address, "jump" if want_jump else "int3")
@@ -91,8 +104,11 @@ def resolve_overlaps(image: KernelImage, new: list[Installed], armed: list[Insta
     (compiled: a chain of detours; else one int3 in Python). A tracepoint added during a run joins the probe
     already at its address, unless that is a compiled probe of a single tracepoint (define both before tstart).
     A jump whose window covers another probe's address becomes an int3 (re-planned: its detour then runs only
-    the one instruction); a probe inside an armed jump's window is refused with a message.
+    the one instruction); a probe inside an armed jump's window is refused with a message. A program's
+    tracepoints are not the kernel's concern here: they share their int3 in the program (engines/userprobes.py).
     """
+    new = [item for item in new if item.space is None]
+    armed = [item for item in armed if item.space is None]
     armed_at: dict[int, list[Installed]] = {}
     for item in armed:
         armed_at.setdefault(item.site.address, []).append(item)
