@@ -98,7 +98,8 @@ class Session:
         if payload == b"QStartNoAckMode" and reply == b"OK":
             # GDB still acknowledges this OK; from the next packet on neither side acks.
             self.ack_mode = False
-        if payload == b"k" or (payload[:1] == b"D" and reply == b"OK"):
+        if payload == b"k" or (payload[:1] == b"D" and reply == b"OK") or (
+                payload.startswith(b"vKill;") and reply == b"OK"):  # the one process killed: the session ends
             self.closing = True
         if isinstance(reply, Deferred):
             self.waiting_for_interrupt = True

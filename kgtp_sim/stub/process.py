@@ -464,6 +464,14 @@ class ProcessHandlers:
             raise RspError(E_BAD_PACKET, "qXfer:auxv:read takes no annex")
         return self._window(self.target.auxv, packet)
 
+    @handles(v.VKill)
+    def vkill(self, packet: v.VKill) -> Reply:
+        """gdbserver's handle_v_kill: E for a process it does not have, else the process killed and OK."""
+        if packet.pid != self.target.pid:
+            raise RspError(E_BAD_PACKET, f"no process {packet.pid:x}")
+        self.target.kill()
+        return b"OK"
+
     @handles(v.PassSignals)
     def pass_signals(self, packet: v.PassSignals) -> Reply:
         self.target.pass_signals = packet.signals

@@ -104,3 +104,15 @@ class ProgramSignals(Packet):
     @classmethod
     def parse(cls, body: bytes) -> Self:
         return cls(_signal_list(body))
+
+
+@dataclass(frozen=True)
+class VKill(Packet):
+    """`vKill;PID`: kill a process (remote.c: remote_vkill, what `kill` sends in multiprocess mode)."""
+
+    PREFIX = b"vKill;"
+    pid: int = 0
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        return cls(parse_hex(body, "process id"))

@@ -1,0 +1,210 @@
+"""Tracepoints and signals of a program debugged through `kgtp-sim gdbserver`, with real GDB (13 and 18): tracepoints
+in the program (every engine, 1 and 2 CPUs), the program's and the kernel's tracepoints in one buffer in time order,
+signals as gdbserver reports and passes them, multiprocess thread ids.
+
+The program (tests/programs/traceme.c, gcc -g -O0) runs as a process on the simulated kernel; each test starts its
+own server (`--once`, a free port, read from gdbserver's `Listening on port` line) and waits for its end.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from kgtp_sim.client import GDB_CLIENTS, ROOT, VMLINUX, run_gdb
+from kgtp_sim.client.stub import kgtp_command
+
+SOURCE = Path(__file__).resolve().parents[1] / "programs" / "traceme.c"
+pytestmark = pytest.mark.skipif(not GDB_CLIENTS, reason="no GDB")
+GDB13 = next((g for g in GDB_CLIENTS if g.version == "13"), GDB_CLIENTS[0] if GDB_CLIENTS else None)
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory) -> dict[str, Path]:
+    """traceme, static and dynamic (both with debug info, unoptimized: its locals are where GDB looks)."""
+    out = tmp_path_factory.mktemp("traceme")
+    built = {}
+    for mode, flags in (("static", ["-static"]), ("dynamic", [])):
+        binary = out / f"traceme-{mode}"
+        subprocess.run(["gcc", "-g", "-O0", *flags, str(SOURCE), "-o", str(binary)], check=True, capture_output=True)
+        built[mode] = binary
+    return built
+
+
+class Server:
+    """`kgtp-sim gdbserver --once 127.0.0.1:0 PROG`: its port, once it listens; what it printed, once it ended."""
+
+    def __init__(self, program: Path, *options: str) -> None:
+        self.proc = subprocess.Popen(kgtp_command("gdbserver", "--once", *options, "127.0.0.1:0", str(program)),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        self.stderr: list[str] = []
+        self.port: int | None = None
+        self.pid: int | None = None
+        listening = threading.Event()
+
+        def drain() -> None:
+            assert self.proc.stderr is not None
+            for line in self.proc.stderr:
+                self.stderr.append(line)
+                created = re.match(r"Process .* created; pid = (\d+)", line)
+                if created:
+                    self.pid = int(created.group(1))
+                match = re.match(r"Listening on port (\d+)", line)
+                if match:
+                    self.port = int(match.group(1))
+                    listening.set()
+            listening.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        if not listening.wait(60) or self.port is None:
+            self.stop()
+            raise RuntimeError("the gdbserver role did not start:\n" + "".join(self.stderr))
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def finish(self, timeout: float = 30) -> tuple[str, str]:
+        """Its stdout (the program's) and stderr once it has ended (GDB left)."""
+        out, _ = self.proc.communicate(timeout=timeout)
+        return out, "".join(self.stderr)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def session(gdb, program: Path, commands, *options: str) -> tuple[str, str, str]:
+    """GDB's output, then the server's stdout and stderr, for one session of `commands` (or `commands(pid)`, the
+    program's pid as the server printed it) on `program`."""
+    server = Server(program, *options)
+    try:
+        if callable(commands):
+            commands = commands(server.pid)
+        with_target = [f"file {program}", f"target remote {server.address}", *commands]
+        text = run_gdb(gdb, None, *with_target, attach=False, timeout=120)
+        out, err = server.finish()
+        return text, out, err
+    finally:
+        server.stop()
+
+
+def frames_listing() -> list[str]:
+    return ["tfind start", "while $trace_frame != -1", 'printf "frame %d tp %d pc %p\\n", $trace_frame, $tracepoint, '
+            "$pc", "tfind", "end"]
+
+
+@pytest.mark.parametrize("engine, cpus", [("interp", 1), ("naive", 2), ("opt", 1), ("opt", 2)])
+def test_tracepoints_in_the_program_collect_its_locals_and_globals(programs, engine, cpus):
+    text, out, _ = session(GDB13, programs["static"], [
+        "trace add", "actions", "collect a", "collect b", "collect $regs", "end",
+        "trace add if b == 3", "actions", "collect counter", "collect b", "end",
+        "break 29", "tstart", "continue", "tstop", "tstatus",
+        "tfind start", "print a", "print b",
+        "tfind 2", "print a + b",
+        "tfind tracepoint 2", "print b", "print counter", "tfind end", "kill",
+    ], "--engine", engine, "--cpus", str(cpus))
+    assert "Collected 6 trace frames." in text, text
+    values = re.findall(r"^\$\d+ = (.*)$", text, re.M)
+    # frame 0: add(0, 0); frame 2: add(1, 2); tracepoint 2's one frame: add(3, 3), counter 3 before its ++
+    assert values == ["0", "0", "3", "3", "3"], text
+    assert "killed]" in text, text
+    assert "tick" in out
+
+
+@pytest.mark.parametrize("gdb", GDB_CLIENTS, ids=lambda g: f"gdb{g.version}")
+def test_program_and_kernel_tracepoints_share_one_buffer_in_time_order(programs, gdb):
+    """The program's loop and the kernel's do_syscall for this process only (KGTP's $current_task_pid by its
+    name), one run: the kernel's frames of the loop's write() calls interleave with the program's add() frames."""
+    text, _, err = session(gdb, programs["dynamic"], lambda pid: [
+        f"add-symbol-file {VMLINUX}",
+        "break main", "continue",
+        "trace add", "actions", "collect a", "end",
+        f"trace do_syscall if $current_task_pid == {pid}", "actions", "collect $current_task_pid", "collect $regs",
+        "collect regs->orig_ax", "end",
+        "break 29", "tstart", "continue", "tstop", "tstatus", *frames_listing(),
+        "tfind tracepoint 3", "print $current_task_pid", "print regs->orig_ax", "kill",
+    ], "--cpus", "2")
+    pid = int(re.search(r"pid = (\d+)", err).group(1))
+    assert "Collected" in text, text
+    kinds = ["program" if int(pc, 16) < 1 << 47 else "kernel"
+             for pc in re.findall(r"^frame \d+ tp \d+ pc (0x[0-9a-f]+)", text, re.M)]
+    # five add() hits, each followed by the write() system call of its round
+    assert kinds.count("program") == 5, text
+    rounds = "".join("p" if k == "program" else "k" for k in kinds)
+    assert re.search(r"(pk+){4}p", rounds), rounds
+    assert re.search(rf"^\$\d+ = {pid}\n\$\d+ = 1$", text, re.M), text  # write() is system call 1
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_a_signal_stops_the_program_and_its_handler_runs_on_continue(programs, mode):
+    text, out, err = session(GDB13, programs[mode], [
+        "break on_usr1", "continue", "print $_siginfo.si_signo", "continue", "bt", "continue",
+    ])
+    assert "Program received signal SIGUSR1, User defined signal 1." in text, text
+    assert re.search(r"^\$1 = 10$", text, re.M), text
+    assert "Breakpoint 1, on_usr1" in text, text
+    assert "<signal handler called>" in text, text
+    assert re.search(r"\[Inferior 1 \(process \d+\) exited with code 024\]", text), text
+    assert "Child exited with status 20" in err
+
+
+def test_signals_gdb_passes_without_stopping_reach_the_handler(programs):
+    text, _, _ = session(GDB13, programs["static"], [
+        "handle SIGUSR1 nostop noprint pass", "continue",
+    ])
+    assert "received signal" not in text, text
+    assert re.search(r"exited with code 024\]", text), text
+
+
+def test_threads_are_named_with_their_process_and_exit_names_it(programs):
+    text, _, err = session(GDB13, programs["static"], ["info threads", "continue", "continue"])
+    pid = int(re.search(r"pid = (\d+)", err).group(1))
+    assert f"Thread {pid}.{pid}" in text, text
+    assert f"[Inferior 1 (process {pid}) exited with code 024]" in text, text
+
+
+def test_a_tracepoint_outside_the_program_is_refused_at_tstart(programs):
+    """A clear error, no run, and the program goes on as if nothing had been tried."""
+    text, _, _ = session(GDB13, programs["static"], [
+        "trace *0x10000", "actions", "collect $regs", "end",
+        "python", "try:", "    gdb.execute('tstart')", "except gdb.error as error:", "    print('refused:', error)",
+        "end", "tstatus", "continue", "continue",
+    ])
+    assert re.search(r"^refused: .*0x10000: no memory of the process there", text, re.M), text
+    assert "Trace is not running" in text or "No trace has been run" in text, text
+    assert re.search(r"exited with code 024\]", text), text
+
+
+@pytest.mark.skipif(shutil.which("gdbserver") is None, reason="needs Debian's gdbserver")
+def test_the_tracepoint_session_matches_gdbserver(programs):
+    """The same trap tracepoints with Debian's gdbserver and the stub, same GDB and program: the same frames and
+    values (gdbserver's `trace` without its agent is a trap tracepoint too)."""
+    commands = ["trace add", "actions", "collect a", "collect b", "end", "break 29", "tstart", "continue",
+                "tstop", "tfind start", "while $trace_frame != -1", 'printf "a=%d b=%d\\n", a, b', "tfind", "end",
+                "kill"]
+    ours, _, _ = session(GDB13, programs["static"], commands)
+    port_holder = subprocess.Popen(["gdbserver", "--once", "127.0.0.1:0", str(programs["static"])],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        assert port_holder.stderr is not None
+        for line in port_holder.stderr:
+            match = re.match(r"Listening on port (\d+)", line)
+            if match:
+                port = int(match.group(1))
+                break
+        assert port is not None
+        theirs = run_gdb(GDB13, None, f"file {programs['static']}", f"target remote 127.0.0.1:{port}", *commands,
+                         attach=False, timeout=120)
+    finally:
+        port_holder.kill()
+        port_holder.wait()
+    pairs = re.findall(r"^a=\d+ b=\d+$", ours, re.M)
+    assert pairs and pairs == re.findall(r"^a=\d+ b=\d+$", theirs, re.M), (ours, theirs)
