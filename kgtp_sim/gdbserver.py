@@ -187,6 +187,7 @@ class Server:
         # process when GDB selects one
         self.tracer = Tracer(self.machine, self.options.engine)
         self.tracer.user_space = ProgramSpace(tracee)  # tracepoints in the program go into its own memory
+        self.tracer.inferior_pid = tracee.pid
         register_trace_commands(monitor, self.tracer)
         self.trace = TraceHandlers(self.tracer, self.target.overlay)
         self.dispatcher = Dispatcher((*self.handlers.families, ProcessHandlers(self.target), self.trace, monitor),

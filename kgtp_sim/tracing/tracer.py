@@ -91,6 +91,8 @@ class Tracer:
         self.probe = probe
         #: the program tracepoints may also be put in (the gdbserver role's process); None: the kernel only
         self.user_space = None
+        #: KGTP's $inferior_pid: the process GDB debugs (the gdbserver role's program); 0: none
+        self.inferior_pid = 0
         self.native: CompiledRun | None = None
         self.retired = RetiredCode(machine)
         self.definitions = Definitions()

@@ -56,6 +56,7 @@ CPU_NUMBER = 1
 HARDIRQ_OFFSET = 1 << 16
 #: `struct pt_regs` of the kernel (fixtures/kernel/include/kernel.h): 22 saved words; `vector`, `cs`, `ss` slots.
 PT_REGS_SIZE = 22 * 8
+PT_REGS_CS = 18 * 8  #: struct pt_regs' cs (after 15 registers, vector, orig_ax and ip)
 _PT_VECTOR, _PT_IP, _PT_CS, _PT_FLAGS, _PT_SP, _PT_SS = 15, 17, 18, 19, 20, 21
 _TIMER_VECTOR = 32
 _KERNEL_CS, _KERNEL_SS = 0x08, 0x10
@@ -169,6 +170,16 @@ def _thread_info(ctx: BuiltinContext) -> int:
 def _task_pt_regs(ctx: BuiltinContext) -> int:
     layout = _layout(ctx)
     return layout.stack_base(ctx.current_task()) + layout.thread_size - PT_REGS_SIZE
+
+
+def _current_task_user(ctx: BuiltinContext) -> int:
+    """user_mode(task_pt_regs(current)): the task is a process's (its saved frame's CS is ring 3's)."""
+    cs = int.from_bytes(ctx.uc.mem_read(_task_pt_regs(ctx) + PT_REGS_CS, 8), "little")
+    return 1 if cs & 3 == 3 else 0
+
+
+def _inferior_pid(ctx: BuiltinContext) -> int:
+    return ctx.tracer.inferior_pid if ctx.tracer is not None else 0
 
 
 def clock_mult(tsc) -> int:
@@ -335,8 +346,8 @@ BUILTIN_VARIABLES = BuiltinTable((
     Builtin(25, "pipe_trace", agent_read=False, gdb_read="stored", gdb_write=True,
             summary="KGTP's gtp_frame_pipe setting (kept)"),
     Builtin(26, "current_task_pid", compute=_current_pid, summary="current->pid"),
-    Builtin(27, "current_task_user", compute=_ZERO,
-            summary="current task in user mode: the kernel runs kernel threads only: 0"),
+    Builtin(27, "current_task_user", compute=_current_task_user,
+            summary="user_mode(task_pt_regs(current)): 1 when the current task is a process's"),
     Builtin(28, "current", agent_write=True,
             summary="set to a struct pt_regs pointer: the hit's registers are that context's (printk.py)"),
     Builtin(29, "bt", BT_DEFAULT, gdb_read="stored", gdb_write=True,
@@ -372,8 +383,8 @@ BUILTIN_VARIABLES = BuiltinTable((
             summary="one number per while-stepping hit, shared by its steps (`monitor replay` needs it)"),
     Builtin(46, "watch_prev_val", compute=_watch("prev_val"),
             summary="in a watch hit: the value at the watch's previous hit (or when it was armed)"),
-    Builtin(47, "inferior_pid", compute=_ZERO, gdb_read=lambda tracer: 0,
-            summary="the user process GDB attached to (KGTP's user-space tracing): none, 0"),
+    Builtin(47, "inferior_pid", compute=_inferior_pid, gdb_read=lambda tracer: tracer.inferior_pid,
+            summary="the process GDB debugs (the gdbserver role's program), else 0"),
     Builtin(48, "task_pt_regs", compute=_task_pt_regs,
             summary="task_pt_regs(current): the register frame at the top of the task's kernel stack"),
 ))
@@ -557,7 +568,9 @@ def native_slots(tracer: Run, slots: tuple[tuple[int, str], ...]) -> tuple[tuple
             kind = f"clock {clock_mult(tracer.tsc):#x}"
         elif kind == "cpu_number":
             kind = f"cpu_number {tracer.machine.cpu_count:#x}"
-        elif kind in ("current_thread_info", "task_pt_regs"):
+        elif kind == "inferior_pid":
+            kind = f"inferior_pid {tracer.inferior_pid:#x}"
+        elif kind in ("current_thread_info", "task_pt_regs", "current_task_user"):
             layout = KernelLayout.of(tracer.machine.image)
             kind = (f"{kind} {layout.tasks:#x} {layout.task_size:#x} {layout.boot_stack:#x} "
                     f"{layout.thread_stacks:#x} {layout.thread_size:#x} {PT_REGS_SIZE:#x}")
@@ -571,8 +584,10 @@ def native_refresh_asm(number: int, kind: str) -> list[str]:
     name, *params = kind.split()
     args = [int(p, 16) for p in params]
     slot = f"{8 * number:#x}(%rsi)"
-    if name in ("softirq_count", "current_task_user", "inferior_pid"):
+    if name == "softirq_count":
         return [f"movq $0x0, {slot}"]
+    if name == "inferior_pid":
+        return [f"movq ${args[0] if args else 0:#x}, {slot}"]
     if name == "cpu_id":  # smp_processor_id(), zero-extended
         return [f"mov %gs:{smp.PERCPU_CPU_NUMBER:#x}, %eax", f"mov %rax, {slot}"]
     if name == "cpu_number":
@@ -596,7 +611,7 @@ def native_refresh_asm(number: int, kind: str) -> list[str]:
     if name == "clock":  # (tsc * mult) >> 32, as tsc_to_clock
         return ["rdtsc", "shl $0x20, %rdx", "or %rdx, %rax", f"movabs ${args[0]:#x}, %rcx", "mul %rcx",
                 "shrd $0x20, %rdx, %rax", f"mov %rax, {slot}"]
-    if name in ("current_thread_info", "task_pt_regs"):
+    if name in ("current_thread_info", "task_pt_regs", "current_task_user"):
         tasks, task_size, boot_stack, thread_stacks, thread_size, pt_regs = args
         other, done = f"kgtp_v{number}_thread", f"kgtp_v{number}_done"
         lines = [f"mov %gs:{smp.PERCPU_CURRENT_TASK:#x}, %rax", f"movabs ${tasks:#x}, %rcx",
@@ -604,8 +619,11 @@ def native_refresh_asm(number: int, kind: str) -> list[str]:
                  "test %rax, %rax", f"jne {other}", f"movabs ${boot_stack:#x}, %rax", f"jmp {done}",
                  f"{other}:", f"imul ${thread_size:#x}, %rax, %rax", f"movabs ${thread_stacks:#x}, %rcx",
                  "add %rcx, %rax", f"{done}:"]
-        if name == "task_pt_regs":
+        if name in ("task_pt_regs", "current_task_user"):
             lines.append(f"add ${thread_size - pt_regs:#x}, %rax")
+        if name == "current_task_user":  # user_mode(): the saved CS's privilege is 3
+            lines += [f"mov {PT_REGS_CS:#x}(%rax), %rax", "and $0x3, %eax", "xor %edx, %edx", "cmp $0x3, %eax",
+                      "sete %dl", "mov %rdx, %rax"]
         return lines + [f"mov %rax, {slot}"]
     raise ValueError(f"no native refresh for ${name}")
 

@@ -67,6 +67,8 @@ class Run(Protocol):
     watches: Any  # kgtp.watch.Watches: watch tracepoints
     #: the program whose addresses tracepoints may name besides the kernel's (None: the kernel's only)
     user_space: UserSpace | None
+    #: KGTP's $inferior_pid: the process GDB debugs (the gdbserver role's program), 0 for none
+    inferior_pid: int
 
     def stop(self, reason: StopReason, note: str | None = None, tracepoint: int = 0) -> None: ...
 
