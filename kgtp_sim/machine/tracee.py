@@ -40,7 +40,10 @@ from .layout import PAGE_SIZE
 
 PORT_PTRACE = 0xE8
 PTRACE_PEEKDATA, PTRACE_CONT, PTRACE_KILL, PTRACE_SINGLESTEP, PTRACE_DETACH = 2, 7, 8, 9, 17
-TASK_TRACED = 0x8
+TASK_TRACED, EXIT_ZOMBIE, TASK_DEAD = 0x8, 0x20, 0x80
+#: what `Tracee.interrupt` asks: SIGINT (GDB's Ctrl-C), or a stop with no signal (gdbserver's stop of the other
+#: threads when one reports an event; a new thread's first stop)
+INTERRUPT_SIGINT, INTERRUPT_QUIET = 1, 2
 RESCHEDULE_VECTOR = 0xF0
 TASK_SIZE_MAX = 0x00007FFFFFFFF000
 #: pt_regs.vector of an entry by a system call: `syscall` (SYSCALL_VECTOR) and int $0x80
@@ -55,7 +58,7 @@ PT_REGS = ("r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "rcx", "rax", "rdi",
 #: the flags a debugger may change (Linux's FLAG_MASK: CF PF AF ZF SF TF DF OF NT RF AC ID)
 FLAG_MASK = 0x254DD5
 _ABI_FIELDS = ("size", "pid", "state", "cpu", "mm", "fsbase", "gsbase", "fpu", "stop_signal", "stop_regs", "request",
-               "data", "result", "interrupt", "mm_pgd", "comm", "pt_regs_size")
+               "data", "result", "interrupt", "mm_pgd", "comm", "pt_regs_size", "tgid")
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,7 @@ class TaskLayout:
     mm_pgd: int
     comm: int
     pt_regs_size: int
+    tgid: int
 
     @classmethod
     def read(cls, machine: Any) -> TaskLayout:
@@ -141,6 +145,7 @@ class Ptrace:
     def _process_ended(self, pid: int) -> None:
         with self._cond:
             self._stops.pop(pid, None)
+            self._serial += 1
             self._cond.notify_all()
         for listener in list(self.listeners):
             listener(pid)
@@ -170,6 +175,40 @@ class Ptrace:
                 raise MachineError(f"process {pid} neither stopped nor ended in {timeout:g} s")
             stop = self._stops.get(pid)
             return stop if stop is not None and stop.serial > after else None
+
+    def threads_of(self, tgid: int) -> dict[int, int]:
+        """The live threads of process `tgid`: tid -> task, from the kernel's tasks[] (a thread that ended, or
+        whose slot waits to be freed, is not one)."""
+        layout = self.layout
+        symbol = self._machine.image.symbols["tasks"]
+        count = symbol.size // layout.size
+
+        def scan(uc: Any) -> dict[int, int]:
+            raw = bytes(uc.mem_read(symbol.address, count * layout.size))
+            found = {}
+            for index in range(count):
+                base = index * layout.size
+                pid, = struct.unpack_from("<i", raw, base + layout.pid)
+                group, = struct.unpack_from("<i", raw, base + layout.tgid)
+                state, = struct.unpack_from("<q", raw, base + layout.state)
+                mm, = struct.unpack_from("<Q", raw, base + layout.mm)
+                if group == tgid and mm and state not in (TASK_DEAD, EXIT_ZOMBIE):
+                    found[pid] = symbol.address + base
+            return found
+
+        return self._machine.run_on_cpu(scan)
+
+    def stopped_tids(self) -> dict[int, PtraceStop]:
+        """Every traced task stopped now, by tid."""
+        with self._cond:
+            return dict(self._stops)
+
+    def wait_serial(self, after: int, timeout: float | None = REQUEST_TIMEOUT) -> None:
+        """Wait until the machine hears of a stop or an end after the one numbered `after` (`serial` read before
+        looking at the state, so that nothing in between is missed); MachineError after `timeout` seconds."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._serial > after, timeout):
+                raise MachineError(f"no traced task stopped or ended in {timeout:g} s")
 
     def spawn(self, path: str, argv: Sequence[str], envp: Sequence[str] = (), cpu: int = -1) -> Tracee:
         """Start a program traced: it stops at its first instruction (its exec's SIGTRAP), which this waits for.
@@ -428,12 +467,14 @@ class Tracee:
         self._request(PTRACE_KILL, 0, wait=False)
         self.machine.processes.wait(self.pid, REQUEST_TIMEOUT)
 
-    def interrupt(self) -> None:
-        """Ask it to stop (GDB's Ctrl-C: SIGINT, which it stops with on its way back to user mode)."""
+    def interrupt(self, quiet: bool = False) -> None:
+        """Ask it to stop on its way back to user mode: with SIGINT (GDB's Ctrl-C), or `quiet`ly, with no signal
+        (it stops with signal 0)."""
         layout = self.layout
+        kind = INTERRUPT_QUIET if quiet else INTERRUPT_SIGINT
 
         def ask(uc: Any) -> int:
-            uc.mem_write(self.task + layout.interrupt, struct.pack("<Q", 1))
+            uc.mem_write(self.task + layout.interrupt, struct.pack("<Q", kind))
             return struct.unpack("<i", uc.mem_read(self.task + layout.cpu, 4))[0]
 
         cpu = self.machine.run_on_cpu(ask)

@@ -89,18 +89,16 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
 
     def __init__(self, tracee: Tracee, exec_path: str) -> None:
         self.overlay = FrameOverlay(ProcessView(self))
-        self.tracee = tracee
+        self.leader = tracee
         self.machine = tracee.machine
         self.pid = tracee.pid
         self.exec_path = exec_path
+        #: its threads by tid, the leader first (a thread the kernel made is adopted at its first stop)
+        self.threads_by_tid: dict[int, _Thread] = {tracee.pid: _Thread(tracee)}
         self._last: Stop = Signal(SIGTRAP, self.pid)
         self._wanted: set[int] = set()  #: software breakpoints GDB has set
         self._inserted: dict[int, int] = {}  #: int3s in the process's memory -> the byte they replace
         self._hardware: dict[tuple[BreakpointType, int, int], list[int]] = {}  #: Z1-Z4 -> debug registers
-        self._hit: tuple[BreakpointType, int] | None = None  #: the debug register that stopped the process
-        self._after: int | None = None  #: resumed: the serial its next stop will be above
-        self._range: tuple[int, int] | None = None
-        self._stepping = False
         self._notify: Callable[[], None] | None = None
         self.detached = False  #: GDB detached: the process goes on untraced
         #: GDB's signals given to the program without a stop (QPassSignals), and those it may be resumed with
@@ -111,6 +109,15 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         self.machine.ptrace.listeners.append(self._heard)
 
     # ---- the process -------------------------------------------------------------------------------------
+
+    @property
+    def tracee(self) -> Tracee:
+        """A thread to read and write the process's memory through (a stopped one when there is one: the threads
+        share one address space)."""
+        for thread in self.threads_by_tid.values():
+            if thread.after is None and thread.tracee.ended is None:
+                return thread.tracee
+        return self.leader
 
     def _initial_auxv(self) -> bytes:
         """The auxiliary vector the kernel gave the program, read at its first instruction (the stack is then as
@@ -137,13 +144,28 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
     # ---- base -------------------------------------------------------------------------------------------------
 
     def threads(self) -> Sequence[int]:
-        return (self.pid,)
+        self._forget_gone_threads()
+        return tuple(self.threads_by_tid) or (self.pid,)
 
     def process_id(self) -> int:
         return self.pid
 
     def thread_alive(self, thread: int) -> bool:
-        return thread == self.pid and self.tracee.ended is None
+        return thread in self.threads_by_tid and self.ended() is None
+
+    def _thread(self, tid: int) -> _Thread:
+        thread = self.threads_by_tid.get(tid)
+        if thread is None:
+            raise RspError(E_BAD_PACKET, f"no thread {tid} in process {self.pid}")
+        return thread
+
+    def _forget_gone_threads(self) -> None:
+        """Threads the kernel no longer has (a thread ended: only the process's end is told to the machine)."""
+        if self.ended() is not None:
+            return
+        live = self.machine.ptrace.threads_of(self.pid)
+        for tid in [t for t in self.threads_by_tid if t not in live]:
+            del self.threads_by_tid[tid]
 
     def register_layout(self) -> amd64.RegisterLayout:
         return amd64.LINUX
@@ -153,11 +175,12 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
 
     def read_registers(self, thread: int) -> dict[str, int | None]:
         view = self.overlay.view
-        return view.registers() if view is not None else self.live_registers()
+        return view.registers() if view is not None else self.live_registers(thread)
 
-    def live_registers(self) -> dict[str, int | None]:
+    def live_registers(self, thread: int | None = None) -> dict[str, int | None]:
+        tracee = self.tracee if thread is None else self._thread(thread).tracee
         try:
-            return dict(self.tracee.registers())
+            return dict(tracee.registers())
         except MachineError as error:
             raise RspError(E_MEMORY, str(error)) from None
 
@@ -191,21 +214,27 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
             self.machine.run_on_cpu(lambda uc: self.machine.debug_registers.release(slots))
 
     def detach(self) -> None:
+        """Every thread goes on untraced, the breakpoints out of its memory (gdbserver: linux_detach)."""
+        self._stop_all()
         self._release_hardware()
         self._take_out_breakpoints(everything=True)
         self._wanted.clear()
         self.detached = True
-        try:
-            self.tracee.detach()
-        except MachineError as error:
-            log.info("detach: %s", error)
+        for thread in self.threads_by_tid.values():
+            try:
+                thread.tracee.detach()
+            except MachineError as error:
+                log.info("detach: %s", error)
 
     def kill(self) -> None:
+        """Every thread killed (gdbserver: linux_kill); returns once the process has ended."""
         self._release_hardware()
-        try:
-            self.tracee.kill()
-        except MachineError as error:
-            log.info("kill: %s", error)
+        self._stop_all()
+        for thread in list(self.threads_by_tid.values()):
+            try:
+                thread.tracee.kill()
+            except MachineError as error:
+                log.info("kill: %s", error)
 
     def support_register_writes(self) -> RegisterWrites:
         return self
@@ -228,7 +257,7 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
     def write_registers(self, thread: int, values: dict[str, int]) -> None:
         self._refuse_in_frame()
         try:
-            self.tracee.write_registers(values)
+            self._thread(thread).tracee.write_registers(values)
         except MachineError as error:
             raise RspError(E_MEMORY, str(error)) from None
 
@@ -324,9 +353,11 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         process, the CPU raises #DB, as it would for the process's DR7, and the kernel stops the process with
         SIGTRAP (at the next instruction for a data access, at the instruction itself for an instruction
         breakpoint); another task's access to the frame, or another space's code at the address, is no hit."""
-        if smp.current_task(uc) != self.tracee.task:
+        task = smp.current_task(uc)
+        thread = next((t for t in self.threads_by_tid.values() if t.tracee.task == task), None)
+        if thread is None:
             return
-        self._hit = (type, address)
+        thread.hit = (type, address)
         self.machine.cpu.deliver(1)
 
     def _put_in_breakpoints(self) -> None:
@@ -352,7 +383,7 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
             except MachineError as error:
                 log.info("breakpoint at %#x: %s", address, error)
 
-    # ---- run control ------------------------------------------------------------------------------------------
+    # ---- run control: all-stop over the process's threads (gdbserver's linux-low.cc) ---------------------------
 
     def range_stepping(self) -> bool:
         return True
@@ -361,89 +392,188 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         self._notify = notify
 
     def _heard(self, pid: int) -> None:
-        """A stop or an end of some traced process (CPU thread): ours wakes the server."""
-        if pid == self.pid and self._after is not None and self._notify is not None:
+        """A stop or an end of some traced task (CPU thread): the server looks when ours may be running."""
+        if self._notify is not None and any(t.after is not None for t in self.threads_by_tid.values()):
             self._notify()
 
+    def _running(self) -> list[_Thread]:
+        return [t for t in self.threads_by_tid.values() if t.after is not None]
+
     def resume(self, actions: Sequence[ResumeAction]) -> Stop | Running:
-        action = next((a for a in actions if a.thread in (self.pid, c.ANY_THREAD, c.ALL_THREADS)), None)
+        """Each thread takes the first action naming it (or all threads); one named by none stays stopped. A
+        thread with an event GDB has not heard of yet is not resumed: that event is the stop reply (gdbserver
+        reports a pending status first)."""
         ended = self.ended()
         if ended is not None:
             return ended
-        if action is None:
-            raise RspError(E_BAD_PACKET, f"no action for thread {self.pid}, the process's only one")
+        chosen = {tid: next((a for a in actions if a.thread in (tid, c.ANY_THREAD, c.ALL_THREADS)), None)
+                  for tid in self.threads_by_tid}
+        if not any(chosen.values()):
+            raise RspError(E_BAD_PACKET, f"no action for any thread of process {self.pid}")
+        for tid, thread in self.threads_by_tid.items():
+            if thread.pending is not None and chosen[tid] is not None and self._still_pending(thread):
+                return self._report(tid)
         try:
             self._put_in_breakpoints()
-            self._range = action.range if action.step else None
-            self._stepping = action.step
-            signal = action.signal
-            if self.program_signals is not None and signal not in self.program_signals:
-                signal = 0  # gdbserver drops a signal GDB may not give the program
-            self._after = self.tracee.resume(step=action.step, signal=signals.to_linux(signal) or 0)
+            for tid, action in chosen.items():
+                thread = self.threads_by_tid[tid]
+                if action is None or thread.after is not None:
+                    continue
+                thread.pending = None
+                thread.range = action.range if action.step else None
+                thread.stepping = action.step
+                signal = action.signal
+                if self.program_signals is not None and signal not in self.program_signals:
+                    signal = 0  # gdbserver drops a signal GDB may not give the program
+                thread.after = thread.tracee.resume(step=action.step, signal=signals.to_linux(signal) or 0)
         except TraceeGone:
             return self.ended() or Exited(0)
         except MachineError as error:
             raise RspError(E_BAD_PACKET, str(error)) from None
         return Running()
 
-    def poll_stop(self) -> Stop | None:
-        if self._after is None:
-            return None
-        stop = self.machine.ptrace.stop_of(self.pid)
-        if stop is None or stop.serial <= self._after:
-            ended = self.ended()
-            if ended is None:
-                return None
-            self._after = None
-            return ended
-        return self._stopped(stop.signal)
+    def _still_pending(self, thread: _Thread) -> bool:
+        """A pending breakpoint event whose breakpoint GDB removed meanwhile is dropped (its PC is back on the
+        breakpoint's address, so the instruction runs when the thread goes on: gdbserver's discard)."""
+        stop = thread.pending
+        if isinstance(stop, Signal) and stop.swbreak and thread.tracee.pc() not in self._wanted:
+            thread.pending = None
+            return False
+        return True
 
-    def _stopped(self, linux_signal: int) -> Stop | None:
-        """The process stopped with `linux_signal`: the stop GDB hears of (the signal as GDB numbers it), or None
-        when range stepping goes on."""
-        signal = signals.to_gdb(linux_signal)
-        swbreak = False
-        hit, self._hit = self._hit, None
-        if signal == SIGTRAP and hit is not None:
-            self._after = self._range = None
-            type, address = hit
-            self._last = (Signal(signal, self.pid, hwbreak=True) if type == BreakpointType.HARDWARE else
-                          Signal(signal, self.pid, watch=DataAccess(type, address)))
-            return self._last
-        if signal in self.pass_signals and signal != SIGTRAP:  # straight to the program, GDB not told
-            self._after = self.tracee.resume(step=self._stepping, signal=linux_signal)
+    def poll_stop(self) -> Stop | None:
+        if not self._running():
             return None
+        self._collect_stops()
+        ended = self.ended()
+        if ended is not None:
+            for thread in self.threads_by_tid.values():
+                thread.after = None
+            return ended
+        event = next((tid for tid, t in self.threads_by_tid.items() if t.pending is not None), None)
+        return None if event is None else self._report(event)
+
+    def _collect_stops(self) -> None:
+        """Take in the stops of running threads (each classified: an event for GDB, or none) and adopt new
+        threads at their first stop (resumed when the others run)."""
+        stops = self.machine.ptrace.stopped_tids()
+        for tid, stop in stops.items():
+            thread = self.threads_by_tid.get(tid)
+            if thread is None:
+                if self._adopt(tid, stop.task) is None:
+                    continue
+                thread = self.threads_by_tid[tid]
+                if self._running():  # the process runs: so does its new thread
+                    thread.after = thread.tracee.resume()
+                continue
+            if thread.after is not None and stop.serial > thread.after:
+                thread.after = None
+                thread.pending = self._classify(thread, stop.signal)
+
+    def _adopt(self, tid: int, task: int) -> _Thread | None:
+        """A traced task GDB has not seen: a new thread of this process (stopped quietly at its start), or
+        another process's."""
+        layout = self.machine.ptrace.layout
+        try:
+            tgid = int.from_bytes(self.machine.read_memory(task + layout.tgid, 4), "little", signed=True)
+        except MachineError:
+            return None
+        if tgid != self.pid:
+            return None
+        thread = self.threads_by_tid[tid] = _Thread(Tracee(self.machine.ptrace, tid, task))
+        return thread
+
+    def _classify(self, thread: _Thread, linux_signal: int) -> Stop | None:
+        """A thread stopped with `linux_signal`: the stop GDB hears of (the signal as GDB numbers it), or None when
+        there is nothing to tell (a quiet stop; range stepping or a passed signal: the thread goes on)."""
+        if linux_signal == 0:
+            return None  # stopped because we asked
+        tid = thread.tracee.pid
+        signal = signals.to_gdb(linux_signal)
+        hit, thread.hit = thread.hit, None
+        if signal == SIGTRAP and hit is not None:
+            thread.range = None
+            type, address = hit
+            return (Signal(signal, tid, hwbreak=True) if type == BreakpointType.HARDWARE else
+                    Signal(signal, tid, watch=DataAccess(type, address)))
+        if signal in self.pass_signals and signal != SIGTRAP:  # straight to the program, GDB not told
+            thread.after = thread.tracee.resume(step=thread.stepping, signal=linux_signal)
+            return None
+        swbreak = False
         if signal == SIGTRAP:
-            rip = self.tracee.pc()
+            rip = thread.tracee.pc()
             if rip - 1 in self._inserted:  # the int3 trapped: the PC goes back on the breakpoint
-                self.tracee.set_pc(rip - 1)
+                thread.tracee.set_pc(rip - 1)
                 swbreak = True
-            elif self._range is not None and self._range[0] <= rip < self._range[1]:
-                self._after = self.tracee.resume(step=True)
+            elif thread.range is not None and thread.range[0] <= rip < thread.range[1]:
+                thread.after = thread.tracee.resume(step=True)
                 return None
-        self._after = None
-        self._range = None
-        self._last = Signal(signal, self.pid, swbreak=swbreak)
-        return self._last
+        thread.range = None
+        return Signal(signal, tid, swbreak=swbreak)
+
+    def _report(self, tid: int) -> Stop:
+        """Thread `tid`'s event, once every other thread is stopped too (all-stop: gdbserver's stop_all_lwps);
+        events the others meet meanwhile wait for the next resumption."""
+        self._stop_all()
+        thread = self.threads_by_tid[tid]
+        stop, thread.pending = thread.pending, None
+        assert stop is not None
+        self._last = stop
+        return stop
+
+    def _stop_all(self) -> None:
+        """Stop every running thread (quietly: no signal) and wait for each; their own events become pending."""
+        running = self._running()
+        if not running:
+            return
+        for thread in running:
+            try:
+                thread.tracee.interrupt(quiet=True)
+            except MachineError as error:
+                log.info("stop thread %d: %s", thread.tracee.pid, error)
+        ptrace = self.machine.ptrace
+        while True:
+            serial = ptrace.serial
+            self._collect_stops()
+            self._forget_gone_threads()
+            if not self._running() or self.ended() is not None:
+                break
+            ptrace.wait_serial(serial)
+        if self.ended() is not None:
+            for thread in self.threads_by_tid.values():
+                thread.after = None
 
     def interrupt(self) -> Stop:
-        """Ctrl-C: the process stops with SIGINT (or whatever stopped it first)."""
-        if self._after is None:
+        """Ctrl-C: SIGINT for the process (its leader, or a running thread), then what it stopped with first."""
+        running = self._running()
+        if not running:
             return self.stop_reason()
+        target = next((t for t in running if t.tracee.pid == self.pid), running[0])
         try:
-            self.tracee.interrupt()
+            target.tracee.interrupt()
             while True:
-                stop = self.machine.ptrace.wait(self.pid, self._after)
-                if stop is None:
-                    self._after = None
-                    return self.ended() or Exited(0)
-                reported = self._stopped(stop.signal)
-                if reported is not None:
-                    return reported
+                serial = self.machine.ptrace.serial
+                stop = self.poll_stop()
+                if stop is not None:
+                    return stop
+                self.machine.ptrace.wait_serial(serial)
         except MachineError as error:
             log.warning("interrupt: %s", error)
-            self._after = None
+            for thread in self.threads_by_tid.values():
+                thread.after = None
             return self.ended() or Signal(SIGINT, self.pid)
+
+
+@dataclass
+class _Thread:
+    """A thread of the process, as the all-stop run control keeps it."""
+
+    tracee: Tracee
+    after: int | None = None  #: resumed: the serial its next stop will be above; None: stopped
+    pending: Stop | None = None  #: an event GDB has not heard of yet
+    range: tuple[int, int] | None = None  #: range stepping
+    stepping: bool = False
+    hit: tuple[BreakpointType, int] | None = None  #: the debug register that stopped it
 
 
 @dataclass
