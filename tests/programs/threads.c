@@ -1,5 +1,6 @@
 /* POSIX threads as a program uses them: a mutex-protected counter, a condition variable, thread-local storage,
-   each thread's own tid, a thread ending with pthread_exit's value, a timed wait, a measured nanosleep. Its output
+   each thread's own tid, a thread ending with pthread_exit's value, a timed wait, a measured nanosleep, a signal
+   sent to the process taken by the one thread that does not block it. Its output
    does not depend on the order the threads ran in.
    "threads exit": a thread other than main ends the process with exit(42) while main waits for it to end.
    "threads segv": a thread's SIGSEGV ends the whole process while main waits for it. */
@@ -7,6 +8,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +61,50 @@ static void *worker(void *arg)
 	if (id == NTHREADS - 1)
 		pthread_exit((void *)(100 + id));
 	return (void *)tls_value;
+}
+
+static volatile long handler_tid, receiver_tid;
+static volatile int receiver_ready;
+
+static void on_usr1(int sig)
+{
+	(void)sig;
+	handler_tid = gettid_();
+}
+
+static void *receiver(void *arg)
+{
+	sigset_t usr1;
+	struct timespec pause = { 0, 1000000L };
+
+	(void)arg;
+	receiver_tid = gettid_();
+	sigemptyset(&usr1);
+	sigaddset(&usr1, SIGUSR1);
+	pthread_sigmask(SIG_UNBLOCK, &usr1, NULL);	/* main, whose mask it inherited, blocks it */
+	receiver_ready = 1;
+	while (!handler_tid)
+		nanosleep(&pause, NULL);
+	return NULL;
+}
+
+/* kill() to the process while main blocks the signal: the other thread takes it */
+static int signal_to_the_process(void)
+{
+	pthread_t thread;
+	sigset_t usr1, old;
+
+	signal(SIGUSR1, on_usr1);
+	sigemptyset(&usr1);
+	sigaddset(&usr1, SIGUSR1);
+	pthread_sigmask(SIG_BLOCK, &usr1, &old);
+	pthread_create(&thread, NULL, receiver, NULL);
+	while (!receiver_ready)
+		sched_yield();
+	kill(getpid(), SIGUSR1);
+	pthread_join(thread, NULL);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return handler_tid == receiver_tid && receiver_tid != getpid();
 }
 
 static void *ending(void *arg)
@@ -142,5 +188,6 @@ int main(int argc, char **argv)
 	printf("gettimeofday and time agree: %s\n", tv.tv_sec - time(NULL) <= 0 && time(NULL) - tv.tv_sec <= 1 ? "yes" : "no");
 	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &after);
 	printf("process CPU time counted: %s\n", after.tv_sec > 0 || after.tv_nsec > 0 ? "yes" : "no");
+	printf("kill() taken by the thread that does not block it: %s\n", signal_to_the_process() ? "yes" : "no");
 	return 4;
 }
