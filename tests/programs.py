@@ -20,6 +20,9 @@ MODES = {
     "musl-dynamic": ("musl-gcc", "-O2"),  # PIE, musl's ld.so (its libc.so)
 }
 
+#: options a program needs beyond its mode's
+PROGRAM_FLAGS = {"threads": ("-pthread",)}
+
 #: the dynamic linker a mode's programs name (PT_INTERP): the suite skips the mode on a host without it
 INTERPRETERS = {"musl-dynamic": "/lib/ld-musl-x86_64.so.1"}
 
@@ -34,8 +37,8 @@ def compile_program(name: str, mode: str, out_dir: Path) -> Path:
         pytest.skip(f"{mode}: no {interpreter} on this host (musl's dynamic linker; Debian's musl package has it)")
     out = out_dir / f"{name}-{mode}"
     if not out.exists():
-        subprocess.run([*command, str(SOURCES / f"{name}.c"), "-o", str(out), "-lm"], check=True,
-                       capture_output=True)
+        subprocess.run([*command, *PROGRAM_FLAGS.get(name, ()), str(SOURCES / f"{name}.c"), "-o", str(out), "-lm"],
+                       check=True, capture_output=True)
     return out
 
 

@@ -8,8 +8,9 @@ paths: a program finds its files where the host has them) and `pack()` returns t
 `Archive.add_program` adds a program and, if it is dynamically linked, what its dynamic linker will open inside:
 the interpreter (PT_INTERP) and the DT_NEEDED libraries, recursively, found as that linker searches
 (`runtime_files`: glibc's ld.so, _dl_map_object, without an ld.so.cache; musl's ld.so, load_library, without
-its path file), each stored under the path the linker will open, with the bytes of the host file it resolves to.
-Nothing else of the host goes in.
+its path file), each stored under the path the linker will open, with the bytes of the host file it resolves to;
+and for glibc, the library its libc opens itself (dlopen) to unwind a thread's stack, libgcc_s.so.1 (pthread_exit,
+pthread_cancel, backtrace), when the host has it. Nothing else of the host goes in.
 
 newc, as Linux's usr/gen_init_cpio writes it: per entry a 110-byte header, "070701" then thirteen 8-digit hex
 fields (ino, mode, uid, gid, nlink, mtime, filesize, devmajor, devminor, rdevmajor, rdevminor, namesize,
@@ -39,6 +40,8 @@ GLIBC_SYSTEM_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib
                      "/usr/lib")
 #: musl's ld.so without its /etc/ld-musl-x86_64.path (which is not packed): its built-in search path
 MUSL_SYSTEM_DIRS = ("/lib", "/usr/local/lib", "/usr/lib")
+#: what glibc's libc dlopens (by name, through the same search) to unwind a stack: pthread_exit, pthread_cancel
+GLIBC_UNWINDER = "libgcc_s.so.1"
 #: names musl's ld.so answers with itself (libc.so, libm.so, libpthread.so ...: all in its libc)
 _MUSL_BUILTIN = re.compile(r"lib(c|pthread|rt|m|dl|util|xnet)(\.so.*)?\Z", re.S)
 
@@ -101,7 +104,9 @@ def runtime_files(program: str | Path, library_path: str = "") -> dict[str, Path
     goes under its PT_INTERP path; each DT_NEEDED library (the program's, then theirs) under the first path of the
     linker's search where the host has an x86_64 ELF file of that name. A name the linker has loaded already
     (the interpreter's DT_SONAME: glibc's libc needs ld-linux-x86-64.so.2; musl's libc.so, which is its ld.so) is
-    no new file. Raises MissingFile naming what is not found."""
+    no new file. A glibc program also gets GLIBC_UNWINDER, which its libc opens itself when a thread ends by
+    pthread_exit, if the host has one (a program that needs none still runs without). Raises MissingFile naming what
+    is not found."""
     main = _read_dynamic(program)
     if main is None or main.interp is None:
         return {}
@@ -143,6 +148,11 @@ def runtime_files(program: str | Path, library_path: str = "") -> dict[str, Path
             files[inside] = Path(inside).resolve()
             loaded.update(n for n in (name, library.soname) if n)
             queue.append((inside, library))
+    if not musl and "libc.so.6" in loaded and GLIBC_UNWINDER not in loaded:
+        unwinder = next((c for d in GLIBC_SYSTEM_DIRS if os.path.isfile(c := posixpath.join(d, GLIBC_UNWINDER))
+                         and _read_dynamic(c)), None)
+        if unwinder is not None:  # its own DT_NEEDED is libc.so.6, loaded already
+            files[unwinder] = Path(unwinder).resolve()
     return files
 
 

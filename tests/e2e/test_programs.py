@@ -123,3 +123,37 @@ def test_a_program_of_the_host_system(tmp_path):
 def test_a_missing_program(tmp_path):
     simulated = _simulated(tmp_path / "absent")
     assert simulated.returncode == 127 and b"absent" in simulated.stderr, simulated
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_threads_as_natively(build, mode, cpus):
+    """pthreads: a mutex, a condition variable, thread-local storage, tids, pthread_exit's value, a timed wait and a
+    measured nanosleep (clone/clone3, futex, the clocks), on one CPU and on two."""
+    program = build("threads", mode)
+    native, simulated = _native(program), _simulated(program, cpus=cpus)
+    assert simulated.stdout == native.stdout, (simulated, native)
+    assert b"thread 3 returned 103\ncounter 12000 (expected 12000)\n" in native.stdout
+    assert b": no" not in native.stdout and b"ETIMEDOUT" in native.stdout
+    assert simulated.returncode == native.returncode == 4, simulated
+    assert simulated.stderr == b"", simulated
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
+@pytest.mark.parametrize("mode", ["glibc-static", "glibc-dynamic", "musl-static"])
+def test_exit_from_a_thread_ends_the_process_with_its_status(build, mode, cpus):
+    program = build("threads", mode)
+    native, simulated = _native(program, "exit"), _simulated(program, "exit", cpus=cpus)
+    assert simulated.stdout == native.stdout == b"main waits for a thread that exits\n", simulated
+    assert simulated.returncode == native.returncode == 42, simulated
+    assert simulated.stderr == b"", simulated
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
+@pytest.mark.parametrize("mode", ["glibc-static", "musl-dynamic"])
+def test_a_fault_in_a_thread_ends_the_whole_process(build, mode, cpus):
+    program = build("threads", mode)
+    native, simulated = _native(program, "segv"), _simulated(program, "segv", cpus=cpus)
+    assert simulated.stdout == native.stdout == b"main waits for a thread that faults\n", simulated
+    assert simulated.returncode == native.returncode == 139, simulated
+    assert simulated.stderr.decode().strip() == f"kgtp-sim: {program}: killed by SIGSEGV", simulated
