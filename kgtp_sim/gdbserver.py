@@ -167,7 +167,8 @@ class Server:
         from .rsp.dispatch import Dispatcher
         from .stub.core import TargetHandlers
         from .stub.monitor import Monitor
-        from .stub.process import ProcessHandlers, ProcessTarget, ProgramSpace
+        from .stub.process import ProcessTarget
+        from .stub.program import ProcessHandlers, ProgramSpace
         from .stub.trace import TraceHandlers, register_trace_commands
         from .tracing import Tracer
 

@@ -18,7 +18,7 @@ task's fields come from the kernel's `ptrace_abi` table.
 
 | port | access | meaning |
 |------|--------|---------|
-| 0xe8 | outl | pid in %eax, %rdi = the task, %rsi = the signal it stopped with |
+| 0xe8 | outl | pid in %eax, %rdi = the task, %rsi = the signal it stopped with (all ones: the thread ended) |
 
 Threads: `port_out` runs on the CPU thread (inside emulation) and calls the listeners there; every other method
 runs on any thread, reading and writing through `Machine.run_on_cpu`, and waits for stops on a condition.
@@ -41,6 +41,8 @@ from .layout import PAGE_SIZE
 PORT_PTRACE = 0xE8
 PTRACE_PEEKDATA, PTRACE_CONT, PTRACE_KILL, PTRACE_SINGLESTEP, PTRACE_DETACH = 2, 7, 8, 9, 17
 TASK_TRACED, EXIT_ZOMBIE, TASK_DEAD = 0x8, 0x20, 0x80
+#: PORT_PTRACE's %rsi for a thread of a traced process that ended (its process lives on)
+THREAD_ENDED = (1 << 64) - 1
 #: what `Tracee.interrupt` asks: SIGINT (GDB's Ctrl-C), or a stop with no signal (gdbserver's stop of the other
 #: threads when one reports an event; a new thread's first stop)
 INTERRUPT_SIGINT, INTERRUPT_QUIET = 1, 2
@@ -134,10 +136,13 @@ class Ptrace:
     def port_out(self, value: int, rdi: int) -> None:
         """PORT_PTRACE: a traced task is stopped and off its CPU."""
         pid = value & 0xFFFF_FFFF
-        signal = self._machine.cpu.uc.reg_read(X.UC_X86_REG_RSI) & 0x7F
+        rsi = self._machine.cpu.uc.reg_read(X.UC_X86_REG_RSI)
         with self._cond:
             self._serial += 1
-            self._stops[pid] = PtraceStop(pid, rdi, signal, self._serial)
+            if rsi == THREAD_ENDED:  # one thread of a traced process ended, the others live on
+                self._stops.pop(pid, None)
+            else:
+                self._stops[pid] = PtraceStop(pid, rdi, rsi & 0x7F, self._serial)
             self._cond.notify_all()
         for listener in list(self.listeners):
             listener(pid)
@@ -495,6 +500,8 @@ class Tracee:
             if state != TASK_TRACED:
                 raise MachineError(f"process {self.pid} is not stopped for the debugger (state {state:#x})")
             uc.mem_write(self.task + layout.data, struct.pack("<Q", data))
+            if request in (PTRACE_CONT, PTRACE_SINGLESTEP, PTRACE_DETACH):  # a stop asked before this one is stale
+                uc.mem_write(self.task + layout.interrupt, struct.pack("<Q", 0))
             uc.mem_write(self.task + layout.request, struct.pack("<q", request))
             return struct.unpack("<i", uc.mem_read(self.task + layout.cpu, 4))[0]
 

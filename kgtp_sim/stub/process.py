@@ -1,10 +1,15 @@
 """The gdbserver role's target: one program on the simulated kernel, traced through the kernel's ptrace, as GDB
 sees a process under gdbserver (gdbserver/linux-low.cc, linux-x86-low.cc).
 
-The second implementation of the target interface (stub/target.py), beside KGTP mode's kernel. Its thread is the
-process's (single-threaded: the thread id is the pid). It is stopped where gdbserver stops a program: at its first
-instruction after exec, then at every signal it gets (breakpoint, single step, fault, the user's Ctrl-C); while it
-is stopped the kernel and every other process run on. Registers are the process's (x86-64 Linux's description:
+The second implementation of the target interface (stub/target.py), beside KGTP mode's kernel. Its threads are the
+process's (thread ids are tids; the leader's is the pid); a thread the kernel makes is adopted at its first stop,
+a quiet one before its first instruction. It is stopped where gdbserver stops a program: at its first instruction
+after exec, then at every signal a thread gets (breakpoint, single step, fault, the user's Ctrl-C); while it is
+stopped the kernel and every other process run on. All-stop, as gdbserver's linux-low.cc: the thread that reports
+an event is the stop reply, every other running thread is then stopped quietly (no signal), and an event one of
+them met meanwhile stays pending, reported at the next resumption that resumes that thread (before anything
+runs); each thread takes the first `vCont` action naming it, and one named by none stays stopped (GDB steps one
+thread over a breakpoint that way). Registers are the process's (x86-64 Linux's description:
 the core, SSE, `orig_rax`, `fs_base`, `gs_base`), memory its own address space, both writable, as a debugger's are
 (the kernel's half is read-only here: KGTP mode's `--allow-writes` is the way to write it).
 
@@ -30,11 +35,9 @@ from ..arch import amd64, signals
 from ..machine import MachineError
 from ..machine import smp
 from ..machine.tracee import SIGTRAP, TASK_SIZE_MAX, Tracee, TraceeGone
-from ..tracing.core.model import TraceError
 from ..machine.watchpoints import EXECUTE, READ_WRITE, WRITE, WatchpointError, aligned_pieces, busy_message
-from ..rsp.dispatch import E_BAD_PACKET, E_MEMORY, E_PERMISSION, Binary, Reply, RspError, handles
+from ..rsp.dispatch import E_BAD_PACKET, E_MEMORY, E_PERMISSION, RspError
 from ..rsp.packets import connect as c
-from ..rsp.packets import run as v
 from .overlay import FrameOverlay
 from .target import (SIGINT, Breakpoints, BreakpointType, DataAccess, Exited, MemoryWrites, RegisterWrites, Resume, ResumeAction,
                      Running, Signal, Stop, Target, Terminated, ViewError)
@@ -60,29 +63,6 @@ class ProcessView:
         return self.target.live_memory(address, length)
 
 
-class ProgramSpace:
-    """The process as the tracer's `UserSpace` (tracing/core/run.py): tracepoints at its addresses go into its
-    memory."""
-
-    def __init__(self, tracee: Tracee) -> None:
-        self.tracee = tracee
-        self._space = tracee.space()
-        self.root = self._space.root
-
-    def holds(self, address: int) -> bool:
-        return 0 <= address < TASK_SIZE_MAX
-
-    def space(self) -> Any:
-        return self._space
-
-    def prepare(self, addresses: list[int]) -> None:
-        """Their pages present: the process faults them in itself (it must be stopped, as GDB has it at
-        tstart)."""
-        for address in addresses:
-            if self._space.translate(address) is None and not self.tracee.fault_in(address):
-                raise TraceError(f"{address:#x}: no memory of the process there")
-
-
 class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
     """A traced process (`tracee`) of the machine; `exec_path` is its program's path inside the machine. A trace
     frame GDB selects (`tfind`) is laid over it (`overlay`), as over KGTP mode's kernel."""
@@ -95,6 +75,8 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         self.exec_path = exec_path
         #: its threads by tid, the leader first (a thread the kernel made is adopted at its first stop)
         self.threads_by_tid: dict[int, _Thread] = {tracee.pid: _Thread(tracee)}
+        self._resumed: set[int] = set()  #: the threads the last resumption resumed
+        self._stopping = False  #: _stop_all is stopping the running threads
         self._last: Stop = Signal(SIGTRAP, self.pid)
         self._wanted: set[int] = set()  #: software breakpoints GDB has set
         self._inserted: dict[int, int] = {}  #: int3s in the process's memory -> the byte they replace
@@ -399,6 +381,12 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
     def _running(self) -> list[_Thread]:
         return [t for t in self.threads_by_tid.values() if t.after is not None]
 
+    @staticmethod
+    def _go(thread: _Thread, step: bool = False, signal: int = 0) -> None:
+        """Resume one thread (its Linux `signal` taken), as running from now."""
+        thread.after = thread.tracee.resume(step=step, signal=signal)
+        thread.asked_stop = False
+
     def resume(self, actions: Sequence[ResumeAction]) -> Stop | Running:
         """Each thread takes the first action naming it (or all threads); one named by none stays stopped. A
         thread with an event GDB has not heard of yet is not resumed: that event is the stop reply (gdbserver
@@ -413,6 +401,7 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         for tid, thread in self.threads_by_tid.items():
             if thread.pending is not None and chosen[tid] is not None and self._still_pending(thread):
                 return self._report(tid)
+        self._resumed = {tid for tid, action in chosen.items() if action is not None}
         try:
             self._put_in_breakpoints()
             for tid, action in chosen.items():
@@ -425,7 +414,7 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
                 signal = action.signal
                 if self.program_signals is not None and signal not in self.program_signals:
                     signal = 0  # gdbserver drops a signal GDB may not give the program
-                thread.after = thread.tracee.resume(step=action.step, signal=signals.to_linux(signal) or 0)
+                self._go(thread, action.step, signals.to_linux(signal) or 0)
         except TraceeGone:
             return self.ended() or Exited(0)
         except MachineError as error:
@@ -450,7 +439,10 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
             for thread in self.threads_by_tid.values():
                 thread.after = None
             return ended
-        event = next((tid for tid, t in self.threads_by_tid.items() if t.pending is not None), None)
+        # only a thread this resumption resumed may report (one GDB left stopped keeps its event for later: GDB
+        # steps one thread over a breakpoint and expects that thread's stop)
+        event = next((tid for tid, t in self.threads_by_tid.items() if t.pending is not None and tid in self._resumed),
+                     None)
         return None if event is None else self._report(event)
 
     def _collect_stops(self) -> None:
@@ -463,8 +455,9 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
                 if self._adopt(tid, stop.task) is None:
                     continue
                 thread = self.threads_by_tid[tid]
-                if self._running():  # the process runs: so does its new thread
-                    thread.after = thread.tracee.resume()
+                if self._running() and not self._stopping:  # the process runs: so does its new thread
+                    self._go(thread)
+                    self._resumed.add(tid)
                 continue
             if thread.after is not None and stop.serial > thread.after:
                 thread.after = None
@@ -486,8 +479,10 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
     def _classify(self, thread: _Thread, linux_signal: int) -> Stop | None:
         """A thread stopped with `linux_signal`: the stop GDB hears of (the signal as GDB numbers it), or None when
         there is nothing to tell (a quiet stop; range stepping or a passed signal: the thread goes on)."""
-        if linux_signal == 0:
-            return None  # stopped because we asked
+        if linux_signal == 0:  # a quiet stop: asked by _stop_all (it stays stopped), else stale: it goes on
+            if not self._stopping:
+                self._go(thread, thread.stepping)
+            return None
         tid = thread.tracee.pid
         signal = signals.to_gdb(linux_signal)
         hit, thread.hit = thread.hit, None
@@ -497,7 +492,7 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
             return (Signal(signal, tid, hwbreak=True) if type == BreakpointType.HARDWARE else
                     Signal(signal, tid, watch=DataAccess(type, address)))
         if signal in self.pass_signals and signal != SIGTRAP:  # straight to the program, GDB not told
-            thread.after = thread.tracee.resume(step=thread.stepping, signal=linux_signal)
+            self._go(thread, thread.stepping, linux_signal)
             return None
         swbreak = False
         if signal == SIGTRAP:
@@ -506,7 +501,7 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
                 thread.tracee.set_pc(rip - 1)
                 swbreak = True
             elif thread.range is not None and thread.range[0] <= rip < thread.range[1]:
-                thread.after = thread.tracee.resume(step=True)
+                self._go(thread, True)
                 return None
         thread.range = None
         return Signal(signal, tid, swbreak=swbreak)
@@ -526,13 +521,22 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         running = self._running()
         if not running:
             return
-        for thread in running:
-            try:
-                thread.tracee.interrupt(quiet=True)
-            except MachineError as error:
-                log.info("stop thread %d: %s", thread.tracee.pid, error)
+        self._stopping = True
+        try:
+            self._stop_running(running)
+        finally:
+            self._stopping = False
+
+    def _stop_running(self, running: list[_Thread]) -> None:
         ptrace = self.machine.ptrace
         while True:
+            for thread in self._running():  # each running thread asked once (one going on again: again)
+                if not thread.asked_stop:
+                    thread.asked_stop = True
+                    try:
+                        thread.tracee.interrupt(quiet=True)
+                    except MachineError as error:
+                        log.info("stop thread %d: %s", thread.tracee.pid, error)
             serial = ptrace.serial
             self._collect_stops()
             self._forget_gone_threads()
@@ -574,62 +578,4 @@ class _Thread:
     range: tuple[int, int] | None = None  #: range stepping
     stepping: bool = False
     hit: tuple[BreakpointType, int] | None = None  #: the debug register that stopped it
-
-
-@dataclass
-class ProcessHandlers:
-    """The packets only a process has: its auxiliary vector, its program's path and the siginfo of its stop
-    (gdbserver's qXfer objects)."""
-
-    target: ProcessTarget
-
-    @staticmethod
-    def _window(document: bytes, packet: c.ReadFeatures) -> Reply:
-        chunk = document[packet.offset: packet.offset + packet.length]
-        return Binary((b"m" if packet.offset + len(chunk) < len(document) else b"l") + chunk)
-
-    @handles(c.ReadAuxv)
-    def read_auxv(self, packet: c.ReadAuxv) -> Reply:
-        if packet.annex:
-            raise RspError(E_BAD_PACKET, "qXfer:auxv:read takes no annex")
-        return self._window(self.target.auxv, packet)
-
-    @handles(v.VKill)
-    def vkill(self, packet: v.VKill) -> Reply:
-        """gdbserver's handle_v_kill: E for a process it does not have, else the process killed and OK."""
-        if packet.pid != self.target.pid:
-            raise RspError(E_BAD_PACKET, f"no process {packet.pid:x}")
-        self.target.kill()
-        return b"OK"
-
-    @handles(v.PassSignals)
-    def pass_signals(self, packet: v.PassSignals) -> Reply:
-        self.target.pass_signals = packet.signals
-        return b"OK"
-
-    @handles(v.ProgramSignals)
-    def program_signals(self, packet: v.ProgramSignals) -> Reply:
-        self.target.program_signals = packet.signals
-        return b"OK"
-
-    @handles(c.ReadSiginfo)
-    def read_siginfo(self, packet: c.ReadSiginfo) -> Reply:
-        if packet.annex:
-            raise RspError(E_BAD_PACKET, "qXfer:siginfo:read takes no annex")
-        try:
-            siginfo = self.target.tracee.siginfo()
-        except MachineError as error:
-            raise RspError(E_BAD_PACKET, str(error)) from None
-        return self._window(siginfo, packet)
-
-    @handles(c.ReadExecFile)
-    def read_exec_file(self, packet: c.ReadExecFile) -> Reply:
-        """The program's path inside the machine, never a host file's contents (gdbserver answers the path of
-        /proc/PID/exe)."""
-        try:
-            pid = int(packet.annex, 16) if packet.annex else self.target.pid
-        except ValueError:
-            raise RspError(E_BAD_PACKET, f"qXfer:exec-file:read: {packet.annex!r} is no pid") from None
-        if pid != self.target.pid:
-            raise RspError(E_BAD_PACKET, f"no process {packet.annex}")
-        return self._window(self.target.exec_path.encode(), packet)
+    asked_stop: bool = False  #: _stop_all asked it to stop since it was last resumed

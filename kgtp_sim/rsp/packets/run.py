@@ -75,7 +75,7 @@ def _action(text: bytes, thread: int) -> VContAction:
 def _signal_list(body: bytes) -> frozenset[int]:
     if not body:
         return frozenset()
-    return frozenset(parse_hex(item, "signal", bits=8) for item in body.split(b";"))
+    return frozenset(parse_hex(item, "signal", bits=8) for item in body.split(b";") if item)  # GDB ends it with ;
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,105 @@
+"""What the gdbserver role adds around its process target (stub/process.py): the packets only a process has, and
+the program as the tracer's user space.
+
+- `ProcessHandlers`: `qXfer:auxv:read`, `qXfer:exec-file:read`, `qXfer:siginfo:read` (gdbserver's qXfer objects),
+  `vKill`, `QPassSignals`, `QProgramSignals`;
+- `ProgramSpace`: the process as tracing/core/run.py's `UserSpace`, so that tracepoints at its addresses go into
+  its own memory (tracing/engines/userprobes.py).
+
+Runs on the server thread, as every handler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..machine import MachineError
+from ..machine.tracee import TASK_SIZE_MAX, Tracee
+from ..rsp.dispatch import E_BAD_PACKET, Binary, Reply, RspError, handles
+from ..rsp.packets import connect as c
+from ..rsp.packets import run as v
+from ..tracing.core.model import TraceError
+from .process import ProcessTarget
+
+
+class ProgramSpace:
+    """The process as the tracer's `UserSpace` (tracing/core/run.py): tracepoints at its addresses go into its
+    memory."""
+
+    def __init__(self, tracee: Tracee) -> None:
+        self.tracee = tracee
+        self._space = tracee.space()
+        self.root = self._space.root
+
+    def holds(self, address: int) -> bool:
+        return 0 <= address < TASK_SIZE_MAX
+
+    def space(self) -> Any:
+        return self._space
+
+    def prepare(self, addresses: list[int]) -> None:
+        """Their pages present: the process faults them in itself (it must be stopped, as GDB has it at
+        tstart)."""
+        for address in addresses:
+            if self._space.translate(address) is None and not self.tracee.fault_in(address):
+                raise TraceError(f"{address:#x}: no memory of the process there")
+
+
+@dataclass
+class ProcessHandlers:
+    """The packets only a process has: its auxiliary vector, its program's path and the siginfo of its stop
+    (gdbserver's qXfer objects)."""
+
+    target: ProcessTarget
+
+    @staticmethod
+    def _window(document: bytes, packet: c.ReadFeatures) -> Reply:
+        chunk = document[packet.offset: packet.offset + packet.length]
+        return Binary((b"m" if packet.offset + len(chunk) < len(document) else b"l") + chunk)
+
+    @handles(c.ReadAuxv)
+    def read_auxv(self, packet: c.ReadAuxv) -> Reply:
+        if packet.annex:
+            raise RspError(E_BAD_PACKET, "qXfer:auxv:read takes no annex")
+        return self._window(self.target.auxv, packet)
+
+    @handles(v.VKill)
+    def vkill(self, packet: v.VKill) -> Reply:
+        """gdbserver's handle_v_kill: E for a process it does not have, else the process killed and OK."""
+        if packet.pid != self.target.pid:
+            raise RspError(E_BAD_PACKET, f"no process {packet.pid:x}")
+        self.target.kill()
+        return b"OK"
+
+    @handles(v.PassSignals)
+    def pass_signals(self, packet: v.PassSignals) -> Reply:
+        self.target.pass_signals = packet.signals
+        return b"OK"
+
+    @handles(v.ProgramSignals)
+    def program_signals(self, packet: v.ProgramSignals) -> Reply:
+        self.target.program_signals = packet.signals
+        return b"OK"
+
+    @handles(c.ReadSiginfo)
+    def read_siginfo(self, packet: c.ReadSiginfo) -> Reply:
+        if packet.annex:
+            raise RspError(E_BAD_PACKET, "qXfer:siginfo:read takes no annex")
+        try:
+            siginfo = self.target.tracee.siginfo()
+        except MachineError as error:
+            raise RspError(E_BAD_PACKET, str(error)) from None
+        return self._window(siginfo, packet)
+
+    @handles(c.ReadExecFile)
+    def read_exec_file(self, packet: c.ReadExecFile) -> Reply:
+        """The program's path inside the machine, never a host file's contents (gdbserver answers the path of
+        /proc/PID/exe)."""
+        try:
+            pid = int(packet.annex, 16) if packet.annex else self.target.pid
+        except ValueError:
+            raise RspError(E_BAD_PACKET, f"qXfer:exec-file:read: {packet.annex!r} is no pid") from None
+        if pid != self.target.pid:
+            raise RspError(E_BAD_PACKET, f"no process {packet.annex}")
+        return self._window(self.target.exec_path.encode(), packet)
