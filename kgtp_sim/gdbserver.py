@@ -119,6 +119,24 @@ def parse(argv: list[str]) -> Options:
     return options
 
 
+def fit_environment(path: str, argv: list[str], envp: list[str], budget: int) -> tuple[list[str], list[str]]:
+    """The environment the kernel can take beside the program's path and arguments (its spawn request holds
+    `budget` bytes of NUL-terminated strings, where Linux's exec takes megabytes): the largest variables are left
+    out until the rest fits, the others keep their order. Returns (the environment passed, the names left out).
+    gdbserver passes its whole environment; a make's (MAKEFLAGS, RUNTESTFLAGS naming every test file) or a
+    terminal's (LS_COLORS) alone can outgrow the kernel's page."""
+    sizes = [len(variable.encode()) + 1 for variable in envp]
+    total = sum(len(s.encode()) + 1 for s in (path, *argv)) + sum(sizes)
+    left_out: set[int] = set()
+    for index in sorted(range(len(envp)), key=lambda i: -sizes[i]):
+        if total <= budget:
+            break
+        left_out.add(index)
+        total -= sizes[index]
+    kept = [variable for i, variable in enumerate(envp) if i not in left_out]
+    return kept, [envp[i].partition("=")[0] for i in sorted(left_out)]
+
+
 def parse_comm(comm: str) -> tuple[str, int] | None:
     """`[HOST]:PORT` -> (host, port); None for stdio."""
     if comm in ("stdio", "-"):
@@ -137,6 +155,7 @@ class Server:
     def __init__(self, options: Options) -> None:
         from .client import paths
         from .machine import KernelImage, Machine
+        from .machine.process import SPAWN_ARGS_SIZE
         from .programs import Program, environment, load_programs, relay_output
 
         self.options = options
@@ -145,7 +164,10 @@ class Server:
         self.inside = load_programs(self.machine, [program])[program.path]
         relay_output(self.machine)
         self.program = program
-        self.environment = environment()
+        self.environment, left_out = fit_environment(self.inside, list(program.argv), environment(), SPAWN_ARGS_SIZE)
+        if left_out:
+            print(f"kgtp-sim gdbserver: the kernel takes {SPAWN_ARGS_SIZE} bytes of arguments and environment; "
+                  f"not passed to the program: {', '.join(left_out)}", file=sys.stderr, flush=True)
         self.done = threading.Event()
         self.exit_requested = False
 

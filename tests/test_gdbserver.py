@@ -1,0 +1,57 @@
+"""`kgtp-sim gdbserver`'s command line and the environment it gives its program, without a machine."""
+
+from __future__ import annotations
+
+import pytest
+
+from kgtp_sim.gdbserver import UsageError, fit_environment, parse, parse_comm
+from kgtp_sim.machine.process import SPAWN_ARGS_SIZE
+
+
+def request_size(path: str, argv: list[str], envp: list[str]) -> int:
+    """The bytes of the kernel's spawn request: every string with its NUL (machine/process.py: spawn)."""
+    return sum(len(s.encode()) + 1 for s in (path, *argv, *envp))
+
+
+def test_an_environment_that_fits_is_passed_whole_in_order():
+    envp = ["HOME=/root", "PATH=/usr/bin:/bin", "TERM=dumb"]
+    assert fit_environment("/bin/prog", ["/bin/prog", "arg"], envp, SPAWN_ARGS_SIZE) == (envp, [])
+
+
+def test_the_largest_variables_are_left_out_until_the_rest_fits():
+    """A make's environment (RUNTESTFLAGS and MAKEFLAGS naming every test file) outgrows the kernel's page: those
+    are left out, the small ones stay, in their order."""
+    files = " ".join(f"gdb.base/file{i}.exp" for i in range(200))
+    envp = ["HOME=/root", f"MAKEFLAGS=w -- RUNTESTFLAGS={files}", "TERM=dumb", f"RUNTESTFLAGS={files}",
+            "LANG=C"]
+    argv = ["/prog", "one"]
+    assert request_size("/prog", argv, envp) > SPAWN_ARGS_SIZE
+    kept, left_out = fit_environment("/prog", argv, envp, SPAWN_ARGS_SIZE)
+    assert left_out == ["MAKEFLAGS", "RUNTESTFLAGS"]
+    assert kept == ["HOME=/root", "TERM=dumb", "LANG=C"]
+
+
+def test_only_as_much_is_left_out_as_the_budget_needs():
+    envp = [f"V{i}={'x' * (10 * i)}" for i in range(1, 8)]
+    budget = request_size("/p", ["/p"], envp) - 1  # one byte too many: the largest goes, nothing else
+    kept, left_out = fit_environment("/p", ["/p"], envp, budget)
+    assert left_out == ["V7"]
+    assert kept == envp[:-1]
+    assert request_size("/p", ["/p"], kept) <= budget
+
+
+def test_arguments_too_long_for_the_kernel_leave_no_environment():
+    """The arguments are the program's own and are never cut: the kernel's refusal of them is the error."""
+    kept, left_out = fit_environment("/p", ["/p", "y" * SPAWN_ARGS_SIZE], ["A=1", "B=2"], SPAWN_ARGS_SIZE)
+    assert (kept, left_out) == ([], ["A", "B"])
+
+
+def test_gdbservers_command_line():
+    options = parse(["--once", "--wrapper", "env", "--", "localhost:2345", "/bin/prog", "a", "b"])
+    assert (options.once, options.wrapper, options.comm, options.program) == (
+        True, ["env"], "localhost:2345", ["/bin/prog", "a", "b"])
+    assert parse_comm("localhost:2345") == ("localhost", 2345)
+    assert parse_comm(":2345") == ("127.0.0.1", 2345)
+    assert parse_comm("stdio") is None
+    with pytest.raises(UsageError):
+        parse(["--once", "localhost:2345"])
