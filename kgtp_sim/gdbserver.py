@@ -29,6 +29,10 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .rsp.session import Session
 
 USAGE = """\
 Usage:\tkgtp-sim gdbserver [OPTIONS] COMM PROG [ARGS ...]
@@ -170,6 +174,7 @@ class Server:
                   f"not passed to the program: {', '.join(left_out)}", file=sys.stderr, flush=True)
         self.done = threading.Event()
         self.exit_requested = False
+        self.session: Session | None = None  #: the connection's session (one at a time), which `monitor exit` closes
 
     def start(self) -> None:
         from .rsp.dispatch import Dispatcher
@@ -186,7 +191,12 @@ class Server:
 
         @monitor.register("exit", "exit", "end this gdbserver (and its program) once GDB has its reply")
         def _exit(words: list[str]) -> str:
+            """gdbserver's `monitor exit` (server.cc: handle_monitor_command sets exit_requested, and the serial
+            loop ends after the reply): the connection closes once the reply is out, without waiting for GDB to
+            leave; GDB's testsuite waits for the server's end of file after it (gdbserver_exit)."""
             self.exit_requested = True
+            if self.session is not None:
+                self.session.closing = True
             return ""
 
         self.dispatcher = Dispatcher((*self.handlers.families, ProcessHandlers(self.target), monitor),
@@ -205,7 +215,9 @@ class Server:
     def make_session(self):
         from .rsp.session import Session
 
-        return Session(self.dispatcher, stop_reply=self.handlers.stop_reply, async_stop=self.handlers.pending_stop)
+        self.session = Session(self.dispatcher, stop_reply=self.handlers.stop_reply,
+                               async_stop=self.handlers.pending_stop)
+        return self.session
 
     def on_connect(self) -> None:
         self.handlers.forget_session()

@@ -1,11 +1,20 @@
-"""`kgtp-sim gdbserver`'s command line and the environment it gives its program, without a machine."""
+"""`kgtp-sim gdbserver`: its command line and the environment it gives its program (without a machine), and how it
+ends at `monitor exit` (a server subprocess)."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+
 import pytest
 
+from kgtp_sim.client.rsp import RspClient
 from kgtp_sim.gdbserver import UsageError, fit_environment, parse, parse_comm
 from kgtp_sim.machine.process import SPAWN_ARGS_SIZE
+
+from .conftest import ROOT
+from .programs import compile_program
 
 
 def request_size(path: str, argv: list[str], envp: list[str]) -> int:
@@ -55,3 +64,30 @@ def test_gdbservers_command_line():
     assert parse_comm("stdio") is None
     with pytest.raises(UsageError):
         parse(["--once", "localhost:2345"])
+
+
+def test_monitor_exit_ends_the_server_without_waiting_for_gdb_to_leave(tmp_path):
+    """gdbserver hangs up once `monitor exit` is answered; GDB's testsuite (gdbserver_exit) waits for the
+    server's end of file while GDB stays connected. The client here keeps its socket open and sees the server
+    close it and exit."""
+    program = compile_program("hello", "glibc-static", tmp_path)
+    server = subprocess.Popen([sys.executable, "-m", "kgtp_sim", "gdbserver", "--once", "127.0.0.1:0",
+                               str(program)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        for line in server.stderr:
+            listening = re.match(r"Listening on port (\d+)", line)
+            if listening:
+                port = int(listening.group(1))
+                break
+        assert port is not None, "the server never listened"
+        with RspClient.connect(port) as client:
+            assert client.monitor("exit") == ""
+            assert server.wait(timeout=20) == 0
+            client.sock.settimeout(5)
+            with pytest.raises(ConnectionError):
+                client.packet()
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
