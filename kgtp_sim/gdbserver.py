@@ -53,6 +53,13 @@ Options (the machine's):
 """
 
 
+#: Events gdbserver announces on Linux (server.cc: handle_query's qSupported) that the machine's processes never
+#: make: its kernel has no fork, vfork or execve. Announced, they let GDB insert `catch fork`, `catch vfork` and
+#: `catch exec` (which then never trigger, as for a Linux program that never forks) instead of refusing them; a
+#: kernel that gains those calls needs the process target to report them (`T05fork:`, `vfork:`, `exec:`).
+NO_EVENTS = ("fork-events+", "vfork-events+", "exec-events+")
+
+
 class UsageError(Exception):
     pass
 
@@ -200,7 +207,7 @@ class Server:
             return ""
 
         self.dispatcher = Dispatcher((*self.handlers.families, ProcessHandlers(self.target), monitor),
-                                     extra_features=("swbreak+", "hwbreak+"))
+                                     extra_features=("swbreak+", "hwbreak+", *NO_EVENTS))
 
     def _ended(self, pid: int) -> None:
         """The program ended (CPU thread): gdbserver's line on its own terminal."""

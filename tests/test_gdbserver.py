@@ -3,9 +3,12 @@ ends at `monitor exit` (a server subprocess)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -66,11 +69,10 @@ def test_gdbservers_command_line():
         parse(["--once", "localhost:2345"])
 
 
-def test_monitor_exit_ends_the_server_without_waiting_for_gdb_to_leave(tmp_path):
-    """gdbserver hangs up once `monitor exit` is answered; GDB's testsuite (gdbserver_exit) waits for the
-    server's end of file while GDB stays connected. The client here keeps its socket open and sees the server
-    close it and exit."""
-    program = compile_program("hello", "glibc-static", tmp_path)
+@contextlib.contextmanager
+def served(program: Path) -> Iterator[tuple[subprocess.Popen, int]]:
+    """`kgtp-sim gdbserver --once` on a free port with PROGRAM, as GDB's testsuite starts gdbserver: the server
+    and the port its `Listening on port` line names; killed at the end if still there."""
     server = subprocess.Popen([sys.executable, "-m", "kgtp_sim", "gdbserver", "--once", "127.0.0.1:0",
                                str(program)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -81,13 +83,30 @@ def test_monitor_exit_ends_the_server_without_waiting_for_gdb_to_leave(tmp_path)
                 port = int(listening.group(1))
                 break
         assert port is not None, "the server never listened"
+        yield server, port
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+def test_fork_vfork_and_exec_events_are_announced(tmp_path):
+    """The machine's processes never fork or exec; announcing the events, as gdbserver does, lets GDB insert
+    `catch fork`/`vfork`/`exec` (gdb.base/break.exp: test_no_break_on_catchpoint)."""
+    with served(compile_program("hello", "glibc-static", tmp_path)) as (_server, port):
+        with RspClient.connect(port) as client:
+            features = client.request(b"qSupported:multiprocess+;fork-events+;vfork-events+;exec-events+").split(b";")
+            assert {b"fork-events+", b"vfork-events+", b"exec-events+"} <= set(features)
+
+
+def test_monitor_exit_ends_the_server_without_waiting_for_gdb_to_leave(tmp_path):
+    """gdbserver hangs up once `monitor exit` is answered; GDB's testsuite (gdbserver_exit) waits for the
+    server's end of file while GDB stays connected. The client here keeps its socket open and sees the server
+    close it and exit."""
+    with served(compile_program("hello", "glibc-static", tmp_path)) as (server, port):
         with RspClient.connect(port) as client:
             assert client.monitor("exit") == ""
             assert server.wait(timeout=20) == 0
             client.sock.settimeout(5)
             with pytest.raises(ConnectionError):
                 client.packet()
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
