@@ -29,6 +29,10 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .rsp.session import Session
 
 USAGE = """\
 usage: kgtp-sim gdbserver [OPTIONS] COMM PROG [ARGS ...]
@@ -56,6 +60,13 @@ examples:
   kgtp-sim gdbserver --once --cpus 1 localhost:2345 ./prog
   gdb ./prog -ex 'target remote | kgtp-sim gdbserver - ./prog'
 """
+
+
+#: Events gdbserver announces on Linux (server.cc: handle_query's qSupported) that the machine's processes never
+#: make: its kernel has no fork, vfork or execve. Announced, they let GDB insert `catch fork`, `catch vfork` and
+#: `catch exec` (which then never trigger, as for a Linux program that never forks) instead of refusing them; a
+#: kernel that gains those calls needs the process target to report them (`T05fork:`, `vfork:`, `exec:`).
+NO_EVENTS = ("fork-events+", "vfork-events+", "exec-events+")
 
 
 class UsageError(Exception):
@@ -133,6 +144,24 @@ def parse(argv: list[str]) -> Options:
     return options
 
 
+def fit_environment(path: str, argv: list[str], envp: list[str], budget: int) -> tuple[list[str], list[str]]:
+    """The environment the kernel can take beside the program's path and arguments (its spawn request holds
+    `budget` bytes of NUL-terminated strings, where Linux's exec takes megabytes): the largest variables are left
+    out until the rest fits, the others keep their order. Returns (the environment passed, the names left out).
+    gdbserver passes its whole environment; a make's (MAKEFLAGS, RUNTESTFLAGS naming every test file) or a
+    terminal's (LS_COLORS) alone can outgrow the kernel's page."""
+    sizes = [len(variable.encode()) + 1 for variable in envp]
+    total = sum(len(s.encode()) + 1 for s in (path, *argv)) + sum(sizes)
+    left_out: set[int] = set()
+    for index in sorted(range(len(envp)), key=lambda i: -sizes[i]):
+        if total <= budget:
+            break
+        left_out.add(index)
+        total -= sizes[index]
+    kept = [variable for i, variable in enumerate(envp) if i not in left_out]
+    return kept, [envp[i].partition("=")[0] for i in sorted(left_out)]
+
+
 def parse_comm(comm: str) -> tuple[str, int] | None:
     """`[HOST]:PORT` -> (host, port); None for stdio."""
     if comm in ("stdio", "-"):
@@ -151,6 +180,7 @@ class Server:
     def __init__(self, options: Options) -> None:
         from .client import paths
         from .machine import KernelImage, Machine
+        from .machine.process import SPAWN_ARGS_SIZE
         from .programs import Program, environment, load_programs, relay_output
 
         self.options = options
@@ -159,9 +189,13 @@ class Server:
         self.inside = load_programs(self.machine, [program])[program.path]
         relay_output(self.machine)
         self.program = program
-        self.environment = environment()
+        self.environment, left_out = fit_environment(self.inside, list(program.argv), environment(), SPAWN_ARGS_SIZE)
+        if left_out:
+            print(f"kgtp-sim gdbserver: the kernel takes {SPAWN_ARGS_SIZE} bytes of arguments and environment; "
+                  f"not passed to the program: {', '.join(left_out)}", file=sys.stderr, flush=True)
         self.done = threading.Event()
         self.exit_requested = False
+        self.session: Session | None = None  #: the connection's session (one at a time), which `monitor exit` closes
 
     def start(self) -> None:
         from .rsp.dispatch import Dispatcher
@@ -181,7 +215,12 @@ class Server:
 
         @monitor.register("exit", "exit", "end this gdbserver (and its program) once GDB has its reply")
         def _exit(words: list[str]) -> str:
+            """gdbserver's `monitor exit` (server.cc: handle_monitor_command sets exit_requested, and the serial
+            loop ends after the reply): the connection closes once the reply is out, without waiting for GDB to
+            leave; GDB's testsuite waits for the server's end of file after it (gdbserver_exit)."""
             self.exit_requested = True
+            if self.session is not None:
+                self.session.closing = True
             return ""
 
         # tracepoints, in the kernel under the program: KGTP's engines on the same machine, frames laid over the
@@ -192,7 +231,7 @@ class Server:
         register_trace_commands(monitor, self.tracer)
         self.trace = TraceHandlers(self.tracer, self.target.overlay)
         self.dispatcher = Dispatcher((*self.handlers.families, ProcessHandlers(self.target), self.trace, monitor),
-                                     extra_features=("swbreak+", "hwbreak+", "multiprocess+"),
+                                     extra_features=("swbreak+", "hwbreak+", "multiprocess+", *NO_EVENTS),
                                      on_supported=self.handlers.supported)
 
     def _ended(self, pid: int) -> None:
@@ -208,7 +247,9 @@ class Server:
     def make_session(self):
         from .rsp.session import Session
 
-        return Session(self.dispatcher, stop_reply=self.handlers.stop_reply, async_stop=self.handlers.pending_stop)
+        self.session = Session(self.dispatcher, stop_reply=self.handlers.stop_reply,
+                               async_stop=self.handlers.pending_stop)
+        return self.session
 
     def on_connect(self) -> None:
         self.handlers.forget_session()

@@ -1,0 +1,112 @@
+"""`kgtp-sim gdbserver`: its command line and the environment it gives its program (without a machine), and how it
+ends at `monitor exit` (a server subprocess)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kgtp_sim.client.rsp import RspClient
+from kgtp_sim.gdbserver import UsageError, fit_environment, parse, parse_comm
+from kgtp_sim.machine.process import SPAWN_ARGS_SIZE
+
+from .conftest import ROOT
+from .programs import compile_program
+
+
+def request_size(path: str, argv: list[str], envp: list[str]) -> int:
+    """The bytes of the kernel's spawn request: every string with its NUL (machine/process.py: spawn)."""
+    return sum(len(s.encode()) + 1 for s in (path, *argv, *envp))
+
+
+def test_an_environment_that_fits_is_passed_whole_in_order():
+    envp = ["HOME=/root", "PATH=/usr/bin:/bin", "TERM=dumb"]
+    assert fit_environment("/bin/prog", ["/bin/prog", "arg"], envp, SPAWN_ARGS_SIZE) == (envp, [])
+
+
+def test_the_largest_variables_are_left_out_until_the_rest_fits():
+    """A make's environment (RUNTESTFLAGS and MAKEFLAGS naming every test file) outgrows the kernel's page: those
+    are left out, the small ones stay, in their order."""
+    files = " ".join(f"gdb.base/file{i}.exp" for i in range(200))
+    envp = ["HOME=/root", f"MAKEFLAGS=w -- RUNTESTFLAGS={files}", "TERM=dumb", f"RUNTESTFLAGS={files}",
+            "LANG=C"]
+    argv = ["/prog", "one"]
+    assert request_size("/prog", argv, envp) > SPAWN_ARGS_SIZE
+    kept, left_out = fit_environment("/prog", argv, envp, SPAWN_ARGS_SIZE)
+    assert left_out == ["MAKEFLAGS", "RUNTESTFLAGS"]
+    assert kept == ["HOME=/root", "TERM=dumb", "LANG=C"]
+
+
+def test_only_as_much_is_left_out_as_the_budget_needs():
+    envp = [f"V{i}={'x' * (10 * i)}" for i in range(1, 8)]
+    budget = request_size("/p", ["/p"], envp) - 1  # one byte too many: the largest goes, nothing else
+    kept, left_out = fit_environment("/p", ["/p"], envp, budget)
+    assert left_out == ["V7"]
+    assert kept == envp[:-1]
+    assert request_size("/p", ["/p"], kept) <= budget
+
+
+def test_arguments_too_long_for_the_kernel_leave_no_environment():
+    """The arguments are the program's own and are never cut: the kernel's refusal of them is the error."""
+    kept, left_out = fit_environment("/p", ["/p", "y" * SPAWN_ARGS_SIZE], ["A=1", "B=2"], SPAWN_ARGS_SIZE)
+    assert (kept, left_out) == ([], ["A", "B"])
+
+
+def test_gdbservers_command_line():
+    options = parse(["--once", "--wrapper", "env", "--", "localhost:2345", "/bin/prog", "a", "b"])
+    assert (options.once, options.wrapper, options.comm, options.program) == (
+        True, ["env"], "localhost:2345", ["/bin/prog", "a", "b"])
+    assert parse_comm("localhost:2345") == ("localhost", 2345)
+    assert parse_comm(":2345") == ("127.0.0.1", 2345)
+    assert parse_comm("stdio") is None
+    with pytest.raises(UsageError):
+        parse(["--once", "localhost:2345"])
+
+
+@contextlib.contextmanager
+def served(program: Path) -> Iterator[tuple[subprocess.Popen, int]]:
+    """`kgtp-sim gdbserver --once` on a free port with PROGRAM, as GDB's testsuite starts gdbserver: the server
+    and the port its `Listening on port` line names; killed at the end if still there."""
+    server = subprocess.Popen([sys.executable, "-m", "kgtp_sim", "gdbserver", "--once", "127.0.0.1:0",
+                               str(program)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        for line in server.stderr:
+            listening = re.match(r"Listening on port (\d+)", line)
+            if listening:
+                port = int(listening.group(1))
+                break
+        assert port is not None, "the server never listened"
+        yield server, port
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+def test_fork_vfork_and_exec_events_are_announced(tmp_path):
+    """The machine's processes never fork or exec; announcing the events, as gdbserver does, lets GDB insert
+    `catch fork`/`vfork`/`exec` (gdb.base/break.exp: test_no_break_on_catchpoint)."""
+    with served(compile_program("hello", "glibc-static", tmp_path)) as (_server, port):
+        with RspClient.connect(port) as client:
+            features = client.request(b"qSupported:multiprocess+;fork-events+;vfork-events+;exec-events+").split(b";")
+            assert {b"fork-events+", b"vfork-events+", b"exec-events+"} <= set(features)
+
+
+def test_monitor_exit_ends_the_server_without_waiting_for_gdb_to_leave(tmp_path):
+    """gdbserver hangs up once `monitor exit` is answered; GDB's testsuite (gdbserver_exit) waits for the
+    server's end of file while GDB stays connected. The client here keeps its socket open and sees the server
+    close it and exit."""
+    with served(compile_program("hello", "glibc-static", tmp_path)) as (server, port):
+        with RspClient.connect(port) as client:
+            assert client.monitor("exit") == ""
+            assert server.wait(timeout=20) == 0
+            client.sock.settimeout(5)
+            with pytest.raises(ConnectionError):
+                client.packet()
