@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -195,6 +196,7 @@ class Server:
                   f"not passed to the program: {', '.join(left_out)}", file=sys.stderr, flush=True)
         self.done = threading.Event()
         self.exit_requested = False
+        self.port: int | None = None  #: the TCP port served (None: a pipe)
         self.session: Session | None = None  #: the connection's session (one at a time), which `monitor exit` closes
 
     def start(self) -> None:
@@ -238,9 +240,13 @@ class Server:
         """The program ended (CPU thread): gdbserver's line on its own terminal."""
         if pid == self.target.pid:
             status = self.machine.processes.exited()[pid]
-            if status & 0x7F:
-                print(f"\nChild terminated with signal = 0x{status & 0x7F:x} ({status & 0x7F})", file=sys.stderr,
-                      flush=True)
+            if status & 0x7F:  # server.cc names it as gdb_signal_to_name does
+                number = status & 0x7F
+                try:
+                    name = signal.Signals(number).name
+                except ValueError:
+                    name = f"signal {number}"
+                print(f"\nChild terminated with signal = 0x{number:x} ({name})", file=sys.stderr, flush=True)
             else:
                 print(f"\nChild exited with status {status >> 8 & 0xFF}", file=sys.stderr, flush=True)
 
@@ -251,7 +257,10 @@ class Server:
                                async_stop=self.handlers.pending_stop)
         return self.session
 
-    def on_connect(self) -> None:
+    def on_connect(self, peer: tuple | None = None) -> None:
+        """gdbserver's line for each connection (server.cc: remote_open's `Remote debugging from host`)."""
+        if peer is not None:
+            print(f"Remote debugging from host {peer[0]}, port {peer[1]}", file=sys.stderr, flush=True)
         self.handlers.forget_session()
         self.trace.forget_session()
 
@@ -268,6 +277,9 @@ class Server:
             if self.target.ended() is None and not self.target.detached:
                 self.target.kill()
             self.done.set()
+        elif self.port is not None:  # gdbserver's words when it serves the program to the next GDB
+            print("Remote side has terminated connection.  GDBserver will reopen the connection.", file=sys.stderr)
+            print(f"Listening on port {self.port}", file=sys.stderr, flush=True)
 
     def shutdown(self) -> None:
         self.machine.shutdown()
@@ -288,28 +300,11 @@ def main(argv: list[str]) -> int:
         return 2
     logging.basicConfig(level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(options.debug, 2)],
                         format="kgtp-sim: %(levelname)s %(name)s: %(message)s")
-    try:
-        server = Server(options)
-    except (OSError, ValueError) as error:
-        print(f"kgtp-sim gdbserver: {options.program[0]}: {getattr(error, 'strerror', None) or error}",
-              file=sys.stderr)
-        return 1
-    try:
-        try:
-            server.start()
-        except Exception as error:  # noqa: BLE001 - a program the kernel cannot start: gdbserver's message
-            print(f"kgtp-sim gdbserver: cannot start {options.program[0]}: {error}", file=sys.stderr)
-            return 1
-        print(f"Process {options.program[0]} created; pid = {server.target.pid}", file=sys.stderr, flush=True)
-        rsp = RspServer(server.make_session, *(address or ("127.0.0.1", 0)), on_connect=server.on_connect,
-                        on_disconnect=server.on_disconnect)
-        server.target.notify_stops(rsp.wake)
-        if address is None:
-            print("Remote debugging using stdio", file=sys.stderr, flush=True)
-            read_fd, write_fd = 0, os.dup(1)
-            os.dup2(2, 1)
-            rsp.serve_pipe(read_fd, write_fd)
-            return 0
+    holder: list[Server] = []  # the server, made once the port is bound (gdbserver binds before it starts PROG)
+    rsp = RspServer(lambda: holder[0].make_session(), *(address or ("127.0.0.1", 0)),
+                    on_connect=lambda: holder[0].on_connect(rsp.peer), on_disconnect=lambda: holder[0].on_disconnect())
+    port = None
+    if address is not None:
         try:
             _host, port = rsp.bind()
         except OSError as error:
@@ -321,6 +316,28 @@ def main(argv: list[str]) -> int:
                 print(f"Can't bind address: {error.strerror}.", file=sys.stderr)
             print("Exiting", file=sys.stderr, flush=True)
             return 1
+    try:
+        server = Server(options)
+    except (OSError, ValueError) as error:
+        print(f"kgtp-sim gdbserver: {options.program[0]}: {getattr(error, 'strerror', None) or error}",
+              file=sys.stderr)
+        return 1
+    holder.append(server)
+    server.port = port
+    try:
+        try:
+            server.start()
+        except Exception as error:  # noqa: BLE001 - a program the kernel cannot start: gdbserver's message
+            print(f"kgtp-sim gdbserver: cannot start {options.program[0]}: {error}", file=sys.stderr)
+            return 1
+        print(f"Process {options.program[0]} created; pid = {server.target.pid}", file=sys.stderr, flush=True)
+        server.target.notify_stops(rsp.wake)
+        if address is None:
+            print("Remote debugging using stdio", file=sys.stderr, flush=True)
+            read_fd, write_fd = 0, os.dup(1)
+            os.dup2(2, 1)
+            rsp.serve_pipe(read_fd, write_fd)
+            return 0
         print(f"Listening on port {port}", file=sys.stderr, flush=True)
         accept = threading.Thread(target=rsp.serve_forever, name="rsp-accept", daemon=True)
         accept.start()

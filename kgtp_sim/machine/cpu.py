@@ -330,6 +330,11 @@ class Cpu:
             return
         self.deliver(vector, error_code if vector == PAGE_FAULT else 0)
 
+    def forget_fault_in_flight(self) -> None:
+        """Between runs: no exception is in flight on the loaded CPU (after a host operation whose instruction
+        fetch may have faulted: see uc_native.old_exception_offset)."""
+        self._forget_exception_in_flight()
+
     def _forget_exception_in_flight(self, read_error_code: bool = False) -> int:
         """We delivered the exception, so QEMU must stop treating it as in flight (see uc_native.old_exception_offset).
         With read_error_code, also returns the #PF error code QEMU computed (same context trip)."""

@@ -270,6 +270,10 @@ class DebugRegisters:
             self.uc.hook_del(hook)
         else:
             delete_hook(self.uc, hook)
+        # unicorn drops the code of an address-ranged hook by an instruction fetch through the loaded CPU's CR3: at
+        # a process's address with another space loaded, that fetch faults and leaves a #PF in flight, which would
+        # make that CPU's next page fault a double fault
+        self.cpu.forget_fault_in_flight()
 
     def _safe_point(self) -> None:
         """Outside emulation: delete retired hooks, drop translated code if due, hand the run end back."""

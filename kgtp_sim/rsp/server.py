@@ -71,6 +71,8 @@ class RspServer:
     _stop: threading.Event = field(init=False, default_factory=threading.Event)
     _threads: list[threading.Thread] = field(init=False, default_factory=list)
     connections: int = field(init=False, default=0)
+    #: (host, port) of the debugger served now, or last (the gdbserver role announces it)
+    peer: tuple | None = field(init=False, default=None)
     refused: int = field(init=False, default=0)
     _wake_r: socket.socket = field(init=False)
     _wake_w: socket.socket = field(init=False)
@@ -115,6 +117,7 @@ class RspServer:
                 raise
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._busy.acquire(blocking=False):
+                self.peer = peer[:2]
                 self.connections += 1
                 log.info("debugger connected from %s:%s", *peer[:2])
                 target = self._serve_client

@@ -9,8 +9,8 @@ GDB's pipe. A debug session: break, next, step, finish with the values returned 
 locals and globals, bt, a watchpoint on a global, hbreak, tbreak, until, advance, a memory write and a register
 write (jump) the program goes on with, registers of x86-64 Linux (xmm0, orig_rax, fs_base), the exit code; a
 SIGSEGV stopped and then ending the program; Ctrl-C on a looping program, which is resumed. The full session
-runs on one combination (each GDB, glibc-dynamic, one CPU: FULL_CPUS says why), a short one on each GDB x link
-mode x CPU count. Where ours differs from gdbserver, the test says so (xfail, strict) with the difference.
+runs on each GDB with glibc-dynamic on one and two CPUs, a short one on each GDB x link
+mode x CPU count, the same sessions under Debian's gdbserver compared.
 
 Every wait is for an event (a line a server prints, a stop GDB reports, a prompt), never a time window; each
 test stops the servers it started.
@@ -288,17 +288,9 @@ def _stop(header: str, function: str, arguments: str, line: str) -> str:
 MAIN_ARGS = r"argc=2, argv=0x[0-9a-f]+"
 
 
-#: The full session's hardware breakpoints and watchpoints can bring the machine down with two CPUs, now and then
-#: (about one session in ten): when GDB removes a watchpoint after it triggered, the debug registers' native gate
-#: hook at the user instruction is deleted (watchpoints.py: DebugRegisters.clear_all, from ProcessTarget's
-#: remove_breakpoint on the CPU thread) while the loaded CPU is one that never ran the program (CR3 the kernel's
-#: tables, as in cpu_idle); unicorn invalidates the hook's code range by a fetch through that CR3, which fails and
-#: leaves a #PF in flight, and that CPU's next #PF or #DE (pagefault_test_thread, traps.c) becomes a double fault
-#: that the kernel's IDT has no gate for: `machine stopped: vector 8 at rip ...pagefault_test_thread...`, and GDB
-#: waits for its stop forever. Not a failure a test can expect each time, so two CPUs are skipped for it.
-FULL_CPUS = [1, pytest.param(2, marks=pytest.mark.skip(
-    reason="a watchpoint's gate hook deleted on a CPU whose CR3 does not map it leaves a #PF in flight: the "
-           "kernel then double-faults at times (see FULL_CPUS)"))]
+#: the full session on one CPU and on two (a watchpoint's hook deleted on a CPU that has another space loaded
+#: once left a #PF in flight there, which double-faulted the kernel: watchpoints.py clears it now)
+FULL_CPUS = [1, 2]
 
 
 @pytest.mark.parametrize("cpus", FULL_CPUS, ids=lambda c: f"{c}cpu")
@@ -371,9 +363,7 @@ def test_a_sigsegv_is_reported_then_ends_the_program(build, servers, mode, kind)
 
 @pytest.mark.parametrize("kind", [
     "gdbserver",
-    pytest.param("kgtp-sim", marks=pytest.mark.xfail(strict=True, reason=(
-        "kgtp-sim gdbserver names the signal by its number, `Child terminated with signal = 0xb (11)`; gdbserver "
-        "(server.cc, gdb_signal_to_name) by its name, `(SIGSEGV)`"))),
+    "kgtp-sim",
 ])
 def test_the_terminating_signal_is_named_as_gdbserver_names_it(build, servers, kind):
     _out, server = debug(servers, kind, _gdb("13"), build(MAIN_MODE), ("segv",), ["continue", "continue"])
@@ -414,9 +404,7 @@ def test_a_port_already_taken(build, servers, kind):
 
 @pytest.mark.parametrize("kind", [
     "gdbserver",
-    pytest.param("kgtp-sim", marks=pytest.mark.xfail(strict=True, reason=(
-        "kgtp-sim gdbserver starts the program (`Process PROG created; pid = N`) before it binds its port; "
-        "gdbserver binds first, so a taken port starts nothing"))),
+    "kgtp-sim",
 ])
 def test_a_port_already_taken_starts_nothing(build, servers, kind):
     program = build(MAIN_MODE)
@@ -460,10 +448,7 @@ def test_a_second_connection_finds_the_program_where_the_first_left_it_and_monit
 
 @pytest.mark.parametrize("kind", [
     "gdbserver",
-    pytest.param("kgtp-sim", marks=pytest.mark.xfail(strict=True, reason=(
-        "kgtp-sim gdbserver ends at `monitor exit` only once GDB has disconnected (gdbserver.py: on_disconnect "
-        "checks exit_requested); gdbserver exits as soon as its reply is sent, and GDB's next packet finds the "
-        "connection gone"))),
+    "kgtp-sim",
 ])
 def test_monitor_exit_ends_the_server_while_gdb_is_still_connected(build, servers, kind):
     """The server ends once its reply is sent: GDB, still attached, finds the connection gone at its next
@@ -482,10 +467,7 @@ def test_monitor_exit_ends_the_server_while_gdb_is_still_connected(build, server
 
 @pytest.mark.parametrize("kind", [
     "gdbserver",
-    pytest.param("kgtp-sim", marks=pytest.mark.xfail(strict=True, reason=(
-        "kgtp-sim gdbserver prints neither `Remote debugging from host H, port P` when GDB connects nor, once it "
-        "disconnects, `Remote side has terminated connection.  GDBserver will reopen the connection.` and "
-        "`Listening on port N` again, the line scripts wait for before they connect anew"))),
+    "kgtp-sim",
 ])
 def test_each_connection_is_announced_and_the_port_reopened(build, servers, kind):
     """Two connections, the second ending the program (`kill`): gdbserver's lines for each, in order."""

@@ -13,6 +13,9 @@ import pytest
 
 from kgtp_sim.client import GDB_CLIENTS
 
+from kgtp_sim.client.mi import GdbMi
+
+from .test_gdbserver_role import QUIET, servers  # noqa: F401 - a fixture, used by name
 from .test_gdbserver_tracing import GDB13, session
 
 SOURCE = Path(__file__).resolve().parents[1] / "programs" / "workers.c"
@@ -49,22 +52,30 @@ def test_every_hit_of_a_breakpoint_in_threads_is_reported_and_the_program_ends_r
     assert re.search(r"\[Inferior 1 \(process \d+\) exited normally\]", text), text
 
 
-def test_ctrl_c_stops_threads_that_sleep_and_wait_and_they_go_on(workers):
-    """SIGINT while main waits in pthread_join (a futex) and the workers sleep (nanosleep): every thread stops
-    (their sleeps restart when they go on), GDB lists them, and the program still ends with its own result."""
-    program = """
-python
-import threading, time, os, signal
-def interrupt():
-    time.sleep(0.0)
-end
-""".strip().splitlines()
-    commands = ["break run", "continue", "delete", "set scheduler-locking off",
-                "python import gdb", "python gdb.execute('continue &')",
-                "python import time; time.sleep(0.3)", "interrupt", "python import time; time.sleep(0.3)",
-                "info threads", "continue"]
-    del program
-    text, out, _ = session(GDB13, workers["static"], commands, "--cpus", "2")
-    assert "received signal SIGINT" in text, text
-    assert "counter 18" in out, (text, out)
-    assert re.search(r"exited normally\]", text), text
+@pytest.mark.parametrize("cpus", [1, 2])
+def test_ctrl_c_stops_threads_that_sleep_and_wait_and_they_go_on(workers, servers, cpus):
+    """SIGINT while main waits in pthread_join (a futex) and the workers sleep between calls (nanosleep): every
+    thread stops (their sleeps restart when they go on: none returns early), GDB lists them all, the program
+    resumes and ends when told to."""
+    server = servers("kgtp-sim", workers["dynamic"], "forever", options=("--once", "--cpus", str(cpus)))
+    with GdbMi(GDB13, program=workers["dynamic"], mi_async=True) as mi:
+        for setting in QUIET:
+            mi.command(f"-gdb-{setting}")
+        assert mi.attach(f"127.0.0.1:{server.listening()}").klass == "connected"
+        mi.command("-exec-continue")
+        server.wait_line(r"^started$", stream="stdout")
+        for _ in range(2):
+            mi.command("-exec-interrupt")
+            stop = mi.wait_stopped()
+            assert stop.get("reason") == "signal-received" and stop.get("signal-name") == "SIGINT", stop
+            listed = mi.command("-thread-info")
+            assert len(listed.get("threads")) == 4, listed  # main and its three workers
+            mi.command("-exec-continue")
+        mi.command("-exec-interrupt")
+        mi.wait_stopped()
+        mi.console("set var stop_all = 1")
+        mi.command("-exec-continue")
+        stop = mi.wait_stopped()
+        assert stop.get("reason") == "exited-normally", stop
+    assert server.wait() == 0, server.text()
+    assert server.out["stdout"] == ["started", "counter -1"], server.out
