@@ -6,7 +6,9 @@ traced and stopped at its first instruction (stub/process.py's target over the k
 on COMM. The command line and the lines printed are gdbserver's (gdbserver/server.cc: captured_main), because GDB's
 testsuite and users' scripts read them: `Process PROG created; pid = N`, `Listening on port N`, `Can't bind
 address: Address already in use.` (then exit 1), `Child exited with status N`. The program's streams are relayed
-on this command's own stdout and stderr, as gdbserver's inferior writes to its terminal.
+on this command's own stdout and stderr, as gdbserver's inferior writes to its terminal. Its environment is this
+command's, less the largest variables when the kernel's spawn request cannot hold them all (`fit_environment`: the
+variables left out are named on stderr).
 
 Options: `--once` (serve one connection, then exit), `--multi` (accepted; the program stays the only one),
 `--wrapper WRAPPER... --` (accepted, not run: the machine has no shell and starts the program directly, as
@@ -15,7 +17,8 @@ only a program started here can be traced yet), and ours: `--cpus`, `--kernel`, 
 (loopback unless HOST says otherwise) or `stdio`/`-` (GDB's `target remote | kgtp-sim gdbserver - PROG`).
 
 Without `--once` the server keeps serving new connections while the process lives, as gdbserver reopens its
-connection; it ends when the process ended or was detached and GDB left, or at `monitor exit`.
+connection; it ends when the process ended or was detached and GDB left, or at `monitor exit` (which hangs up once
+its reply is out, as gdbserver's does).
 
 Threads: the main thread parses, boots, serves (accepts) and waits; each connection is served on its own thread
 (rsp/server.py); the program's output is written from the CPU thread.

@@ -150,15 +150,25 @@ class Unavailable(RuntimeError):
 
 # --- gdb.sum --------------------------------------------------------------------------------------------------
 
+#: what lib/gdb.exp's gdb_test_multiple appends to a failing test's name, `(REASON)`: the test is the one that
+#: passes under the bare name elsewhere, so the reason is kept apart from the name
+FAIL_REASONS = ("timeout", "the program exited", "the program is no longer running", "got interactive prompt",
+                "got breakpoint menu", "GDB internal error", "shared library list corrupted",
+                "probes interface failure")
+_REASON = re.compile(r"^(.*) \((" + "|".join(re.escape(r) for r in FAIL_REASONS) + r")\)$")
+
+
 @dataclass(frozen=True)
 class Result:
     """One outcome line of a gdb.sum: the file it came from, its name, which of the file's tests of that name it
-    is (1 for the first), and its outcome."""
+    is (1 for the first), its outcome, and why it failed when gdb_test_multiple said so (`reason`, taken off the
+    name: `continue (the program exited)` is the test `continue`)."""
 
     file: str
     name: str
     occurrence: int
     outcome: str
+    reason: str = ""
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -168,10 +178,17 @@ class Result:
     def label(self) -> str:
         return self.name if self.occurrence == 1 else f"{self.name} (#{self.occurrence})"
 
+    @property
+    def described(self) -> str:
+        """The outcome with its reason: `FAIL (timeout)`."""
+        return f"{self.outcome} ({self.reason})" if self.reason else self.outcome
+
 
 _RUNNING = re.compile(r"^Running (\S+\.exp) \.\.\.$")
 _SUMMARY = re.compile(r"^\s*=== \S+ Summary ===$")
 _OUTCOME = re.compile(r"^(" + "|".join(OUTCOMES + RARE_OUTCOMES) + r"): (.*)$")
+#: outcomes whose name never carries a failure reason
+_PASSING = ("PASS", "XPASS", "KPASS")
 
 
 def exp_name(path: str) -> str:
@@ -185,7 +202,8 @@ def parse_sum(text: str) -> list[Result]:
     ERROR line, which names no file, keeps its whole text); each belongs to the file of the `Running` line before
     it. Tests of one file that share a name (DejaGnu's DUPLICATE) are told apart by their occurrence. WARNING,
     DUPLICATE and PATH lines are notes, not outcomes, and so are the lines after the closing `=== gdb Summary ===`
-    (where DejaGnu repeats a Tcl error of the last file as ERROR lines)."""
+    (where DejaGnu repeats a Tcl error of the last file as ERROR lines). A test that did not pass loses the reason
+    gdb_test_multiple appended to its name (FAIL_REASONS) to `reason`, so that it pairs with its passing self."""
     results: list[Result] = []
     seen: collections.Counter[tuple[str, str]] = collections.Counter()
     current: str | None = ""
@@ -204,8 +222,12 @@ def parse_sum(text: str) -> list[Result]:
         prefix = f"{current}: "
         if current and name.startswith(prefix):
             name = name[len(prefix):]
+        reason = ""
+        failed = _REASON.match(name) if kind not in _PASSING else None
+        if failed:
+            name, reason = failed.groups()
         seen[(current, name)] += 1
-        results.append(Result(current, name, seen[(current, name)], kind))
+        results.append(Result(current, name, seen[(current, name)], kind, reason))
     return results
 
 
@@ -224,7 +246,8 @@ def count(results: Iterable[Result]) -> dict[str, collections.Counter[str]]:
 
 @dataclass(frozen=True)
 class Difference:
-    """A test that passes with one server and not with the other (`other_outcome` None: not run there)."""
+    """A test that passes with one server and not with the other (`other_outcome`, with the failure's reason
+    when there is one: `FAIL (timeout)`; None: not run there)."""
 
     file: str
     label: str
@@ -245,7 +268,7 @@ def differences(runs: dict[str, list[Result]]) -> list[Difference]:
         for key, result in outcomes[this].items():
             theirs = outcomes[other].get(key)
             if result.outcome == "PASS" and (theirs is None or theirs.outcome != "PASS"):
-                found.append(Difference(result.file, result.label, this, other, theirs and theirs.outcome))
+                found.append(Difference(result.file, result.label, this, other, theirs and theirs.described))
     order = {f: i for i, f in enumerate(dict.fromkeys(r.file for r in results_a + results_b))}
     return sorted(found, key=lambda d: order[d.file])  # stable: each server's own order within a file
 

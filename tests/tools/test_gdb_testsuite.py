@@ -72,7 +72,7 @@ STUB_SUM = HEAD + (
     + "PASS: gdb.trace/actions.exp: 5.1a: set three tracepoints\n"
     + "PASS: gdb.trace/actions.exp: continue\n"
     + "FAIL: gdb.trace/actions.exp: continue\n"
-    + "PASS: gdb.trace/actions.exp: tfind none (timeout)\n"
+    + "PASS: gdb.trace/actions.exp: tfind none\n"
     + "XFAIL: gdb.trace/actions.exp: collect \\$_sdata\n"
     + "KFAIL: gdb.trace/actions.exp: print anarg (PRMS: gdb/13808)\n"
     + RUNNING.format("gdb.trace/ftrace.exp")
@@ -90,7 +90,7 @@ def test_every_outcome_line_is_read_with_its_file_and_name():
         ("gdb.trace/actions.exp", "5.1a: set three tracepoints", 1, "PASS"),
         ("gdb.trace/actions.exp", "continue", 1, "PASS"),
         ("gdb.trace/actions.exp", "continue", 2, "PASS"),
-        ("gdb.trace/actions.exp", "tfind none (timeout)", 1, "FAIL"),
+        ("gdb.trace/actions.exp", "tfind none", 1, "FAIL"),  # the reason is not part of the name
         ("gdb.trace/actions.exp", "collect \\$_sdata", 1, "XFAIL"),
         ("gdb.trace/actions.exp", "print anarg (PRMS: gdb/13808)", 1, "KFAIL"),
         ("gdb.trace/actions.exp", "an expected failure that passed", 1, "XPASS"),
@@ -127,13 +127,37 @@ def test_differences_name_the_tests_by_occurrence_and_the_other_outcome():
     found = [(d.passes_with, d.file, d.label, d.other_outcome) for d in gt.differences(runs)]
     assert found == [
         ("gdbserver", "gdb.trace/actions.exp", "continue (#2)", "FAIL"),
-        ("kgtp-sim", "gdb.trace/actions.exp", "tfind none (timeout)", "FAIL"),
+        ("kgtp-sim", "gdb.trace/actions.exp", "tfind none", "FAIL (timeout)"),
         ("gdbserver", "gdb.trace/ftrace.exp", "IPA loaded", "FAIL"),
     ]
     text = gt.format_differences(gt.differences(runs))
     assert "pass with gdbserver, not with kgtp-sim (2):" in text
     assert "  gdb.trace/actions.exp: continue (#2)  [kgtp-sim: FAIL]" in text
     assert "pass with kgtp-sim, not with gdbserver (1):" in text
+
+
+def test_a_failure_named_with_its_reason_is_the_same_test_as_the_pass():
+    """gdb_test_multiple appends why a test failed to its name: that FAIL is the other server's PASS of the bare
+    name, with the reason beside the outcome; a reason it does not write (a KFAIL's PRMS, a name of the test's own
+    in parentheses) stays in the name, and a PASS keeps its whole name."""
+    lines = ["FAIL: gdb.base/sigstep.exp: leave handler (the program is no longer running)",
+             "FAIL: gdb.base/sigstep.exp: continue to signal (the program exited)",
+             "UNRESOLVED: gdb.base/sigstep.exp: listed args (after initial) (timeout)",
+             "FAIL: gdb.base/sigstep.exp: call function when asleep (wrong output)",
+             "PASS: gdb.base/sigstep.exp: step to handler (timeout)"]
+    text = HEAD + RUNNING.format("gdb.base/sigstep.exp") + "\n".join(lines) + "\n" + TAIL
+    results = gt.parse_sum(text)
+    assert [(r.name, r.outcome, r.reason) for r in results] == [
+        ("leave handler", "FAIL", "the program is no longer running"),
+        ("continue to signal", "FAIL", "the program exited"),
+        ("listed args (after initial)", "UNRESOLVED", "timeout"),
+        ("call function when asleep (wrong output)", "FAIL", ""),
+        ("step to handler (timeout)", "PASS", ""),
+    ]
+    passed = gt.parse_sum(HEAD + RUNNING.format("gdb.base/sigstep.exp") + "PASS: gdb.base/sigstep.exp: leave handler\n"
+                          + TAIL)
+    (difference,) = gt.differences({"gdbserver": passed, "kgtp-sim": results[:1]})
+    assert (difference.label, difference.other_outcome) == ("leave handler", "FAIL (the program is no longer running)")
 
 
 def test_a_test_the_other_server_never_ran_is_a_difference():
