@@ -345,7 +345,12 @@ def main(argv: list[str]) -> int:
         accept = threading.Thread(target=rsp.serve_forever, name="rsp-accept", daemon=True)
         accept.start()
         try:
-            server.done.wait()
+            while not server.done.wait(0.5):
+                if server.machine.stats(count=False).state.startswith("crashed"):  # nothing will ever stop again
+                    print(f"kgtp-sim gdbserver: the machine stopped: {server.machine.stats(count=False).state}",
+                          file=sys.stderr, flush=True)
+                    rsp.shutdown()
+                    return 1
         except KeyboardInterrupt:
             pass
         rsp.shutdown()

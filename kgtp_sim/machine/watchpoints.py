@@ -374,6 +374,15 @@ class DebugRegisters:
         self._gate_cell.armed = 0
         regs = self.cpu.regs
         eflags = regs.read(X.UC_X86_REG_EFLAGS)
+        if replay is not None and not replay.replaying and regs.read(X.UC_X86_REG_RIP) != replay.rip:
+            # the first pass ran the whole instruction (a block of one instruction: the CPU was single-stepped
+            # already): the store has landed and RIP is past it, so this #DB is the exact trap
+            regs.write(X.UC_X86_REG_EFLAGS, (eflags & ~EFLAGS_TF) | replay.tf)
+            self.replays += 1
+            self._deliver(uc, replay.slots)
+            if self._finishing:
+                uc.emu_stop()
+            return
         if replay is None or not replay.replaying:
             if replay is not None:
                 regs.write(X.UC_X86_REG_EFLAGS, eflags & ~EFLAGS_TF)

@@ -302,7 +302,13 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
             pieces = [(address, 1)] if kind == EXECUTE else aligned_pieces(address, length)
             for piece, size in pieces:
                 if not self.tracee.read_memory(piece, size):
-                    raise RspError(E_BAD_PACKET, f"cannot access memory at {piece:#x}")
+                    if kind == EXECUTE:
+                        raise RspError(E_BAD_PACKET, f"cannot access memory at {piece:#x}")
+                    # data nothing maps (`watch *ptr` while ptr is NULL): accepted, as gdbserver's debug registers
+                    # take any address; no access can reach it until it is mapped, and GDB inserts its
+                    # watchpoints again at each resumption, when the page may be there
+                    self._hardware[key] = []
+                    return
         except WatchpointError as error:
             raise RspError(E_BAD_PACKET, str(error)) from None
         except MachineError as error:
@@ -341,6 +347,7 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
             return
         thread.hit = (type, address)
         self.machine.cpu.deliver(1)
+        self.machine.cpu.forget_fault_in_flight()  # from a code hook, the delivery left one (a later #PF: #DF)
 
     def _put_in_breakpoints(self) -> None:
         """Memory follows GDB's breakpoints before the process runs: int3s in, removed ones out (one trip to the
