@@ -76,6 +76,14 @@ def test_signal_handlers_masks_and_default_actions_as_natively(build, mode, cpus
     assert simulated.returncode == native.returncode == 128 + 15, simulated
 
 
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_interval_timers_and_pause_as_natively(build, mode):
+    program = build("timers", mode)
+    native, simulated = _native(program), _simulated(program)
+    assert simulated.stdout == native.stdout == b"alarm 1 left 0\nvt 1\nalarms 4\n", (simulated, native)
+    assert simulated.returncode == native.returncode == 0, simulated
+
+
 def test_a_file_that_is_no_program_is_refused_with_a_message(tmp_path):
     data = tmp_path / "notes.txt"
     data.write_text("not a program\n")
