@@ -235,7 +235,8 @@ class Server:
         self.tracer.inferior_pid = tracee.pid
         register_trace_commands(monitor, self.tracer)
         self.trace = TraceHandlers(self.tracer, self.target.overlay)
-        self.dispatcher = Dispatcher((*self.handlers.families, ProcessHandlers(self.target), self.trace, monitor),
+        process = ProcessHandlers(self.target, self.handlers.threads)
+        self.dispatcher = Dispatcher((*self.handlers.families, process, self.trace, monitor),
                                      extra_features=("swbreak+", "hwbreak+", "multiprocess+", *NO_EVENTS),
                                      on_supported=self.handlers.supported)
 

@@ -1,7 +1,8 @@
 """What the gdbserver role adds around its process target (stub/process.py): the packets only a process has, and
 the program as the tracer's user space.
 
-- `ProcessHandlers`: `qXfer:auxv:read`, `qXfer:exec-file:read`, `qXfer:siginfo:read` (gdbserver's qXfer objects),
+- `ProcessHandlers`: `qXfer:auxv:read`, `qXfer:exec-file:read`, `qXfer:siginfo:read`, `qXfer:threads:read`
+  (gdbserver's qXfer objects),
   `vKill`, `QPassSignals`, `QProgramSignals`;
 - `ProgramSpace`: the process as tracing/core/run.py's `UserSpace`, so that tracepoints at its addresses go into
   its own memory (tracing/engines/userprobes.py).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from xml.sax.saxutils import escape
 
 from ..machine import MachineError
 from ..machine.tracee import TASK_SIZE_MAX, Tracee
@@ -21,6 +23,7 @@ from ..rsp.packets import connect as c
 from ..rsp.packets import run as v
 from ..tracing.core.model import TraceError
 from .process import ProcessTarget
+from .threads import ThreadHandlers
 
 
 class ProgramSpace:
@@ -52,6 +55,8 @@ class ProcessHandlers:
     (gdbserver's qXfer objects)."""
 
     target: ProcessTarget
+    threads: ThreadHandlers
+    _threads_document: bytes | None = None  #: read in windows: made at the first, kept for the next
 
     @staticmethod
     def _window(document: bytes, packet: c.ReadFeatures) -> Reply:
@@ -91,6 +96,39 @@ class ProcessHandlers:
         except MachineError as error:
             raise RspError(E_BAD_PACKET, str(error)) from None
         return self._window(siginfo, packet)
+
+    @handles(c.ReadThreads)
+    def read_threads(self, packet: c.ReadThreads) -> Reply:
+        """Each thread, its name (the task's comm) and the CPU it is bound to, as gdbserver's document."""
+        if packet.annex:
+            raise RspError(E_BAD_PACKET, "qXfer:threads:read takes no annex")
+        if packet.offset == 0 or self._threads_document is None:
+            self._threads_document = self._document()
+        return self._window(self._threads_document, packet)
+
+    def _document(self) -> bytes:
+        machine = self.target.machine
+        layout = machine.ptrace.layout
+        lines = ["<?xml version=\"1.0\"?>", "<threads>"]
+        for tid in self.target.threads():
+            thread = self.target.threads_by_tid.get(tid)
+            name, core = "", -1
+            if thread is not None:
+                try:
+                    raw = machine.read_memory(thread.tracee.task + layout.comm, 16)
+                    name = escape(raw.split(b"\0", 1)[0].decode("latin-1"), {'"': "&quot;"})
+                    core = int.from_bytes(machine.read_memory(thread.tracee.task + layout.cpu, 4), "little",
+                                          signed=True)
+                except MachineError:
+                    pass
+            attributes = f' id="{self.threads.thread_id(tid).decode()}"'
+            if core >= 0:
+                attributes += f' core="{core}"'
+            if name:
+                attributes += f' name="{name}"'
+            lines.append(f"<thread{attributes}/>")
+        lines.append("</threads>")
+        return ("\n".join(lines) + "\n").encode()
 
     @handles(c.ReadExecFile)
     def read_exec_file(self, packet: c.ReadExecFile) -> Reply:

@@ -45,7 +45,7 @@ def test_every_hit_of_a_breakpoint_in_threads_is_reported_and_the_program_ends_r
     ids = [int(v) for v in re.findall(r"^\$\d+ = (\d+)$", text, re.M)]
     assert sorted(ids) == [1, 1, 1, 2, 2, 2, 3, 3, 3], text  # every call of every thread, none lost or doubled
     assert len(re.findall(r"hit Breakpoint 1, work \(id=\d\)", text)) == hits, text
-    listed = re.findall(r"^\*?\s+\d+\s+Thread (\d+)\.(\d+)", text, re.M)
+    listed = re.findall(r"^\*?\s+\d+\s+Thread (\d+)\.(\d+) \"workers-(?:static|dynamic)\"", text, re.M)
     assert len({tid for _, tid in listed}) >= 2 and len({pid for pid, _ in listed}) == 1, text
     assert re.search(r"#1 .* in run \(arg=", text), text
     assert "counter 18" in out  # 3 x (1 + 2 + 3): the program computed what it computes natively

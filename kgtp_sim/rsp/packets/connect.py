@@ -213,6 +213,15 @@ class ReadSiginfo(ReadFeatures):
 
 
 @dataclass(frozen=True)
+class ReadThreads(ReadFeatures):
+    """`qXfer:threads:read::<offset>,<length>`: every thread with its name and core (gdbserver:
+    handle_qxfer_threads), which GDB prefers to qfThreadInfo."""
+
+    PREFIX = b"qXfer:threads:read:"
+    FEATURES = ("qXfer:threads:read+",)
+
+
+@dataclass(frozen=True)
 class ReadExecFile(ReadFeatures):
     """`qXfer:exec-file:read:<pid>:<offset>,<length>`: the path of a process's program (gdbserver:
     handle_qxfer_exec_file); the annex is the pid in hex, empty for the current process."""
