@@ -185,13 +185,15 @@ class Server:
         from .client import paths
         from .machine import KernelImage, Machine
         from .machine.process import SPAWN_ARGS_SIZE
-        from .programs import Program, environment, load_programs, relay_output
+        from .programs import Program, environment, load_programs, relay_input, relay_output
 
         self.options = options
         self.machine = Machine(KernelImage.load(options.kernel or paths.VMLINUX), hz=options.hz, cpus=options.cpus)
         program = Program(Path(options.program[0]), tuple(options.program))
         self.inside = load_programs(self.machine, [program])[program.path]
         relay_output(self.machine)
+        if options.comm not in ("stdio", "-"):  # the program reads this server's standard input, as gdbserver's does
+            relay_input(self.machine)
         self.program = program
         self.environment, left_out = fit_environment(self.inside, list(program.argv), environment(), SPAWN_ARGS_SIZE)
         if left_out:

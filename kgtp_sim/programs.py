@@ -8,7 +8,8 @@ that cannot be found is an error before boot. Each is started as a process once 
 exits with the program's status as a shell reports it (128 + the signal when a signal ended it).
 
 Threads: the main thread starts the machine, the programs, and waits; process output is written from the CPU
-thread (the port handler) straight to the host's file descriptors.
+thread (the port handler) straight to the host's file descriptors; a daemon thread relays the host's standard
+input into the kernel's console ring (`relay_input`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import shlex
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +94,32 @@ def relay_output(machine, stdout_fd: int = 1, stderr_fd: int = 2) -> None:
     machine.processes.sink = sink
 
 
+def relay_input(machine, fd: int = 0) -> None:
+    """The host's file descriptor `fd` becomes the processes' standard input (gdbserver's inferior reads its
+    terminal): a daemon thread feeds what it reads into the kernel's console ring, and says when it ended. Before
+    boot, fds 0-2 that are terminals here are terminals inside too."""
+    import threading
+
+    machine.processes.set_terminals([n for n in (0, 1, 2) if os.isatty(n)])
+
+    def pump() -> None:
+        while True:
+            try:
+                data = os.read(fd, 4096)
+            except OSError:
+                data = b""
+            if not data:
+                machine.processes.end_input()
+                return
+            while data:
+                taken = machine.processes.feed_input(data)
+                data = data[taken:]
+                if data:  # the ring is full: readers take a tick to come round
+                    time.sleep(0.01)
+
+    threading.Thread(target=pump, name="stdin-relay", daemon=True).start()
+
+
 def environment() -> list[str]:
     return [f"{key}={value}" for key, value in os.environ.items()]
 
@@ -127,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"kgtp-sim: {program.path}: {getattr(error, 'strerror', None) or error}", file=sys.stderr)
         return 127
     relay_output(machine)
+    relay_input(machine)
     interrupted = []
     signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
     signal.signal(signal.SIGTERM, lambda signum, frame: interrupted.append(signum))

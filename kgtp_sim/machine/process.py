@@ -12,7 +12,9 @@ initramfs.c, entry_64.S). The machine provides what hardware and a bootloader wo
   next tick makes the process and writes its pid back (`Processes.spawn`);
 - the console of processes: PORT_TTY_WRITE carries a process's write() on fd 1 or 2 to `Processes.output`
   (the host's own streams for `kgtp-sim run`), apart from the kernel's printk console (port 0xe9);
-- PORT_PROC_EXIT: a process ended, with Linux's wait status (`Processes.wait`).
+- PORT_PROC_EXIT: a process ended, with Linux's wait status (`Processes.wait`);
+- the console's input: the machine's standard input put in the kernel's ring (`feed_input`, `end_input`), and
+  which of fds 0-2 are terminals on its side (`set_terminals`, before boot).
 
 | port | access | meaning |
 |------|--------|---------|
@@ -45,6 +47,8 @@ PORTS = (PORT_TTY_WRITE, PORT_PROC_EXIT)
 #: struct spawn_request (fixtures/kernel/process.c): seq, done, result, cpu, flags, then struct spawn_args
 SPAWN_SEQ, SPAWN_DONE, SPAWN_RESULT, SPAWN_CPU, SPAWN_FLAGS, SPAWN_ARGC = 0, 8, 16, 24, 28, 32
 SPAWN_TRACED = 0x1  #: the machine's debugger traces it from its first instruction (tracee.py)
+#: struct console_input (fixtures/kernel/tty.c): head, tail, eof, tty_fds, then the ring
+CONSOLE_EOF, CONSOLE_TTY_FDS, CONSOLE_DATA, CONSOLE_IN_SIZE = 16, 24, 32, 4096
 SPAWN_STRINGS = 44
 SPAWN_ARGS_SIZE = 4096
 SPAWN_TIMEOUT = 10.0  #: seconds for CPU 0's tick to take a request (many ticks)
@@ -131,6 +135,38 @@ class Processes:
         uc.mem_write(image.address_of("initrd_start"), struct.pack("<Q", start))
         uc.mem_write(image.address_of("initrd_size"), struct.pack("<Q", len(archive)))
         self.archive_size = len(archive)
+
+    def set_terminals(self, fds: Sequence[int]) -> None:
+        """Which of fds 0-2 are terminals on the machine's side (before boot): TCGETS answers there, as for a
+        program sharing gdbserver's terminal (fixtures/kernel/tty.c)."""
+        if self._machine.started:
+            raise MachineError("the console's terminals are set before the machine starts")
+        mask = sum(1 << fd for fd in fds if 0 <= fd <= 2)
+        address = self._machine.image.address_of("console_input") + CONSOLE_TTY_FDS
+        self._machine.cpu.uc.mem_write(address, struct.pack("<Q", mask))
+
+    # ---- the console's input (any thread) ------------------------------------------------------------------
+
+    def feed_input(self, data: bytes) -> int:
+        """Put bytes of the machine's standard input where a process's read() on fd 0 takes them; returns how
+        many fit now (the ring holds CONSOLE_IN_SIZE: the rest waits for readers)."""
+        base = self._machine.image.address_of("console_input")
+
+        def put(uc: Any) -> int:
+            head, tail = struct.unpack("<QQ", bytes(uc.mem_read(base, 16)))
+            room = CONSOLE_IN_SIZE - (head - tail)
+            chunk = data[:room]
+            for i, byte in enumerate(chunk):
+                uc.mem_write(base + CONSOLE_DATA + (head + i) % CONSOLE_IN_SIZE, bytes([byte]))
+            uc.mem_write(base, struct.pack("<Q", head + len(chunk)))  # the data first, then head
+            return len(chunk)
+
+        return self._machine.run_on_cpu(put) if data else 0
+
+    def end_input(self) -> None:
+        """The machine's standard input ended: read() on fd 0 returns end of file once the ring is read."""
+        address = self._machine.image.address_of("console_input") + CONSOLE_EOF
+        self._machine.write_memory(address, struct.pack("<Q", 1))
 
     # ---- ports (CPU thread) --------------------------------------------------------------------------------
 

@@ -71,8 +71,9 @@ JIFFIES_MOVE = (
 def test_kgtp_fbt_traces_every_probeable_functions_entry_and_return(gdb, machine):
     stub, cpus = machine
     out = run_gdb(
-        gdb, stub, f"source {ROOT}/scripts/gdb/kgtp_fbt.py", "monitor fbt", "kgtp-fbt *", "info kgtp-fbt",
-        "tstart", *WAIT_FOR_BUSY, "tstop",
+        # a tstart that installs some 450 probes takes seconds on a busy host: more than GDB's 2 s wait for a reply
+        gdb, stub, "set remotetimeout 60", f"source {ROOT}/scripts/gdb/kgtp_fbt.py", "monitor fbt", "kgtp-fbt *",
+        "info kgtp-fbt", "tstart", *WAIT_FOR_BUSY, "tstop",
         # a second run: calls still inside the first run's return probes return through trampolines it retired
         "tstart", *WAIT_FOR_BUSY, "tstop", "tstatus", "monitor probes", *JIFFIES_MOVE, "monitor stats",
         "monitor console",

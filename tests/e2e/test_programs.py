@@ -84,6 +84,35 @@ def test_interval_timers_and_pause_as_natively(build, mode):
     assert simulated.returncode == native.returncode == 0, simulated
 
 
+@pytest.mark.parametrize("mode", ["glibc-static", "glibc-dynamic", "musl-static"])
+def test_standard_input_reaches_the_program_to_its_end(build, mode):
+    """The host's standard input, more than the kernel's 4 KiB ring at once, read to end of file."""
+    program = build("cat", mode)
+    text = b"".join(b"line %d of the input\n" % i for i in range(2000))
+    native = subprocess.run([str(program)], input=text, capture_output=True, timeout=60)
+    simulated = subprocess.run(kgtp_command("run", str(program)), input=text, capture_output=True,
+                               env={**os.environ, **ENV}, timeout=120, cwd=ROOT)
+    assert simulated.stdout == native.stdout == text, simulated.stderr
+    assert simulated.stderr == native.stderr == b"read %d tty 0\n" % len(text), simulated.stderr
+    assert simulated.returncode == native.returncode == 0
+
+
+def test_a_terminal_on_the_host_is_one_inside(build):
+    """stdout a terminal here: TCGETS succeeds inside too (the C library line-buffers it, as at a terminal)."""
+    import pty
+
+    program = build("cat", "glibc-static")
+    leader, follower = pty.openpty()
+    try:
+        simulated = subprocess.run(kgtp_command("run", str(program)), input=b"", stdout=follower,
+                                   stderr=subprocess.PIPE, env={**os.environ, **ENV}, timeout=120, cwd=ROOT)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert simulated.stderr == b"read 0 tty 1\n", simulated.stderr
+    assert simulated.returncode == 0
+
+
 def test_a_file_that_is_no_program_is_refused_with_a_message(tmp_path):
     data = tmp_path / "notes.txt"
     data.write_text("not a program\n")
