@@ -12,7 +12,7 @@ import pytest
 from kgtp_sim.machine import KernelImage
 from kgtp_sim.tracing.patching.probes import decode
 
-from ..conftest import ROOT, VMLINUX, run_gdb, start_stub, wait_for_hits
+from ..conftest import GDB_CLIENTS, ROOT, VMLINUX, run_gdb, start_stub, wait_for_hits
 
 pytestmark = pytest.mark.gdb
 
@@ -28,13 +28,25 @@ BUSY = ("kgtp_test_function", "timer_interrupt", "do_interrupt", "schedule", "sw
         "do_page_fault", "frame_request", "spin_lock_irqsave", "spin_unlock_irqrestore")
 
 
-@pytest.fixture(params=[(1, "interp"), (1, "naive"), (1, "opt"), (2, "interp"), (2, "naive"), (2, "opt")],
-                ids=lambda p: f"{p[0]}cpu-{p[1]}")
+#: every engine on one and two CPUs with GDB 13; GDB 18 on the two ends of that range (its packets are GDB 13's:
+#: what differs between the GDBs is the client, which two machines exercise)
+COMBINATIONS = [(client, cpus, engine) for client in GDB_CLIENTS
+                for cpus, engine in ((1, "interp"), (1, "naive"), (1, "opt"), (2, "interp"), (2, "naive"), (2, "opt"))
+                if client.version == "13" or (cpus, engine) in ((1, "interp"), (2, "opt"))]
+
+
+@pytest.fixture(params=COMBINATIONS, ids=lambda p: f"gdb{p[0].version}-{p[1]}cpu-{p[2]}")
 def machine(request):
-    cpus, engine = request.param
+    _client, cpus, engine = request.param
     server = start_stub("--engine", engine, cpus=cpus)
-    yield server, cpus
+    yield server, cpus, request.param[0]
     server.stop()
+
+
+@pytest.fixture
+def gdb(machine):
+    """The GDB of the machine's combination (overrides the suite's fixture over every GDB)."""
+    return machine[2]
 
 
 #: GDB Python: run until both probes of every BUSY function fired (`monitor probes` counts them)
@@ -69,7 +81,7 @@ JIFFIES_MOVE = (
 
 
 def test_kgtp_fbt_traces_every_probeable_functions_entry_and_return(gdb, machine):
-    stub, cpus = machine
+    stub, cpus, _ = machine
     out = run_gdb(
         # a tstart that installs some 450 probes takes seconds on a busy host: more than GDB's 2 s wait for a reply
         gdb, stub, "set remotetimeout 60", f"source {ROOT}/scripts/gdb/kgtp_fbt.py", "monitor fbt", "kgtp-fbt *",
@@ -112,7 +124,7 @@ def test_kgtp_fbt_traces_every_probeable_functions_entry_and_return(gdb, machine
 def test_kgtp_fbt_entry_or_return_with_a_collection(gdb, machine):
     """One side only, a glob, and `collect` added to the actions: do_syscall's return frames carry its return
     value in %rax, read at the caller's instruction after the call; `delete kgtp-fbt PATTERN` removes some."""
-    stub, _ = machine
+    stub, _, _ = machine
     out = run_gdb(
         gdb, stub, f"source {ROOT}/scripts/gdb/kgtp_fbt.py", "kgtp-fbt do_sys*ll return collect $rax",  # do_syscall, not do_syscall_64
         "kgtp-fbt kgtp_test_* entry", "info kgtp-fbt",
