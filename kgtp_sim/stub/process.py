@@ -118,7 +118,7 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         return struct.pack(f"<{at + 2 - start}Q", *values[start: at + 2]) if at + 1 < len(values) else b""
 
     def ended(self) -> Stop | None:
-        status = self.tracee.ended
+        status = self.machine.processes.exited().get(self.pid)  # the process's end (its pid), whichever thread
         if status is None:
             return None
         return Terminated(signals.to_gdb(status & 0x7F)) if status & 0x7F else Exited(status >> 8 & 0xFF)
@@ -468,7 +468,11 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
                 continue
             if thread.after is not None and stop.serial > thread.after:
                 thread.after = None
-                thread.pending = self._classify(thread, stop.signal)
+                try:
+                    thread.pending = self._classify(thread, stop.signal)
+                except MachineError as error:  # gone meanwhile (its group ended): the process's end says the rest
+                    log.info("thread %d: %s", tid, error)
+                    self.threads_by_tid.pop(tid, None)
 
     def _adopt(self, tid: int, task: int) -> _Thread | None:
         """A traced task GDB has not seen: a new thread of this process (stopped quietly at its start), or

@@ -44,6 +44,7 @@ class ProgramProbes:
         self.machine = tracer.machine
         self.sites: dict[int, _Site] = {}
         self._stepping: tuple[int, Any] | None = None  # (the site being stepped over, the debug trap before ours)
+        self._stepped_by_debugger = False  # TF was the debugger's when the int3 trapped
 
     def install(self, item: Installed) -> None:
         address = item.site.address
@@ -96,6 +97,7 @@ class ProgramProbes:
         self._swap(space, address, site.original)
         uc.ctl_remove_cache(address, address + len(INT3))  # the program's space is loaded: its code is found
         cpu = self.machine.cpu
+        self._stepped_by_debugger = bool(uc.reg_read(X.UC_X86_REG_EFLAGS) & EFLAGS_TF)  # a ptrace single step
         self._stepping = (address, cpu.debug_trap)
         cpu.debug_trap = lambda uc, space=space: self._stepped(uc, space)
         uc.reg_write(X.UC_X86_REG_EFLAGS, uc.reg_read(X.UC_X86_REG_EFLAGS) | EFLAGS_TF)
@@ -112,3 +114,6 @@ class ProgramProbes:
             uc.ctl_remove_cache(address, address + len(INT3))
         else:
             self.machine.cpu.remove_cache(address, len(INT3), space)
+        if self._stepped_by_debugger:  # the program was being single-stepped: this #DB ends its step too
+            uc.reg_write(X.UC_X86_REG_EFLAGS, uc.reg_read(X.UC_X86_REG_EFLAGS) | EFLAGS_TF)
+            self.machine.cpu.deliver(1)
