@@ -4,9 +4,12 @@ runs as a process on the simulated kernel.
 Wiring, as app.py is KGTP mode's: the machine boots with the program in its initramfs, the program is started
 traced and stopped at its first instruction (stub/process.py's target over the kernel's ptrace), and GDB is served
 on COMM. The command line and the lines printed are gdbserver's (gdbserver/server.cc: captured_main), because GDB's
-testsuite and users' scripts read them: `Process PROG created; pid = N`, `Listening on port N`, `Can't bind
-address: Address already in use.` (then exit 1), `Child exited with status N`. The program's streams are relayed
-on this command's own stdout and stderr, as gdbserver's inferior writes to its terminal. Its environment is this
+testsuite and users' scripts read them: `Process PROG created; pid = N`, `Listening on port N`, `Remote debugging
+from host H, port P`, `Can't bind address: Address already in use.` (then exit 1, the port bound before anything
+starts), `Child exited with status N`. The program's streams are relayed on this command's own stdout and stderr,
+and this command's standard input is the program's (unless packets come on it), as gdbserver's inferior shares its
+terminal. Besides gdbserver's packets, the session has KGTP mode's tracing: tracepoints in the program (its own
+memory) and in the kernel under it, with `$inferior_pid` the program. Its environment is this
 command's, less the largest variables when the kernel's spawn request cannot hold them all (`fit_environment`: the
 variables left out are named on stderr).
 
@@ -21,7 +24,8 @@ connection; it ends when the process ended or was detached and GDB left, or at `
 its reply is out, as gdbserver's does).
 
 Threads: the main thread parses, boots, serves (accepts) and waits; each connection is served on its own thread
-(rsp/server.py); the program's output is written from the CPU thread.
+(rsp/server.py); the program's output is written from the CPU thread, its input fed by a daemon thread; the main
+thread ends the server if the machine crashes.
 """
 
 from __future__ import annotations
