@@ -117,7 +117,7 @@ def test_cli_prints_the_gdbserver_rows_beside_ours(tmp_path, capsys):
     except peer.PeerUnavailable as exc:
         pytest.skip(f"gdbserver with libinproctrace.so cannot be installed here: {exc}")
     out = tmp_path / "b.json"
-    assert main(["--calls", "20", "--repetitions", "1", "--json", str(out)]) == 0
+    assert main(["--calls", "20", "--repetitions", "1", "--json", str(out), "--no-stops"]) == 0  # test_stops.py
     rows = json.loads(out.read_text())
     table = capsys.readouterr().out
     ours = [r for r in rows if not r["probe"].startswith("gdbserver")]

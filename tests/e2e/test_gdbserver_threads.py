@@ -79,3 +79,14 @@ def test_ctrl_c_stops_threads_that_sleep_and_wait_and_they_go_on(workers, server
         assert stop.get("reason") == "exited-normally", stop
     assert server.wait() == 0, server.text()
     assert server.out["stdout"] == ["started", "counter -1"], server.out
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_an_inferior_call_in_a_thread_waiting_in_the_kernel(workers, mode):
+    """GDB calls a function in main's thread while it waits in pthread_join (a futex in the kernel): the call runs
+    from GDB's registers (the wait is not restarted over them) and the program goes on to its own result, the call's
+    work included (3 x (1 + 2 + 3) + 5)."""
+    text, out, _ = session(GDB13, workers[mode], ["break work", "continue", "delete", "thread 1", "call work(5)",
+                                                  "continue"], "--cpus", "2")
+    assert "received signal" not in text, text
+    assert "counter 23" in out, (text, out)

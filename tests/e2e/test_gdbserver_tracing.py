@@ -208,3 +208,11 @@ def test_the_tracepoint_session_matches_gdbserver(programs):
         port_holder.wait()
     pairs = re.findall(r"^a=\d+ b=\d+$", ours, re.M)
     assert pairs and pairs == re.findall(r"^a=\d+ b=\d+$", theirs, re.M), (ours, theirs)
+
+
+def test_a_watchpoint_on_data_nothing_maps_is_accepted_as_gdbserver_accepts_it(programs):
+    """`watch *(int *) ADDR` where no page is yet: the debug register is taken (Z2 answered OK, as gdbserver's x86
+    debug registers take any address) and the program runs on to its end."""
+    text, _, _ = session(GDB13, programs["static"], ["watch *(int *) 0x10000", "continue", "continue"])
+    assert "Hardware watchpoint 1: *(int *) 0x10000" in text, text
+    assert "Could not insert" not in text and re.search(r"exited with code 024\]", text), text
