@@ -381,8 +381,9 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         self._notify = notify
 
     def _heard(self, pid: int) -> None:
-        """A stop or an end of some traced task (CPU thread): the server looks when ours may be running."""
-        if self._notify is not None and any(t.after is not None for t in self.threads_by_tid.values()):
+        """A stop or an end of some traced task (CPU thread): the server looks (poll_stop). Always: a thread
+        resumed on the server thread may stop here before the server has marked it running."""
+        if self._notify is not None:
             self._notify()
 
     def _running(self) -> list[_Thread]:
