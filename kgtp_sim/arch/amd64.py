@@ -70,24 +70,12 @@ def encode_registers(values: dict[str, int]) -> bytes:
 
 def decode_registers(block: bytes) -> dict[str, int]:
     """Inverse of `encode_registers` for as many registers as the block holds."""
-    values: dict[str, int] = {}
-    for reg, offset in zip(REGISTERS, OFFSETS):
-        if offset + reg.size > len(block):
-            break
-        values[reg.name] = int.from_bytes(block[offset : offset + reg.size], "little")
-    return values
+    return CORE.decode(block)
 
 
 def hex_registers(values: dict[str, int | None]) -> str:
     """The `g` reply text: hex per register, `xx…` for a register whose value is unavailable (None/missing)."""
-    parts = []
-    for reg in REGISTERS:
-        value = values.get(reg.name)
-        if value is None:
-            parts.append("xx" * reg.size)
-        else:
-            parts.append((value & ((1 << (8 * reg.size)) - 1)).to_bytes(reg.size, "little").hex())
-    return "".join(parts)
+    return CORE.hex(values)
 
 
 def target_xml() -> str:

@@ -451,26 +451,24 @@ class Tracee:
 
     def detach(self, signal: int = 0) -> None:
         """Let it go on untraced (PTRACE_DETACH), taking `signal`; a running one is stopped first."""
-        if self.ended is not None:
-            return
-        if self.stop is None:
-            before = self.ptrace.serial
-            self.interrupt()
-            if self.ptrace.wait(self.pid, before) is None:
-                return
-        self._request(PTRACE_DETACH, signal & 0x7F, wait=False)
+        self._stopped_then(PTRACE_DETACH, signal & 0x7F)
 
     def kill(self) -> None:
         """End it (PTRACE_KILL, or SIGKILL's effect on a running one: stopped at once, then ended)."""
+        if self._stopped_then(PTRACE_KILL, 0):
+            self.machine.processes.wait(self.pid, REQUEST_TIMEOUT)
+
+    def _stopped_then(self, request: int, data: int) -> bool:
+        """`request` for it, stopping it first if it runs; False when it ended before (nothing asked)."""
         if self.ended is not None:
-            return
+            return False
         if self.stop is None:
             before = self.ptrace.serial
             self.interrupt()
             if self.ptrace.wait(self.pid, before) is None:
-                return
-        self._request(PTRACE_KILL, 0, wait=False)
-        self.machine.processes.wait(self.pid, REQUEST_TIMEOUT)
+                return False
+        self._request(request, data, wait=False)
+        return True
 
     def interrupt(self, quiet: bool = False) -> None:
         """Ask it to stop on its way back to user mode: with SIGINT (GDB's Ctrl-C), or `quiet`ly, with no signal
