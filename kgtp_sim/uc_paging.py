@@ -29,7 +29,7 @@ the CPU has not loaded.
 from __future__ import annotations
 
 import struct
-from typing import Iterable
+from typing import Callable, Iterable
 
 import functools
 
@@ -99,6 +99,9 @@ class PagedUc(Uc):
     (and the page-table window, each space's own) through the space whose root CR3 holds, as the CPU would."""
 
     tables: PageTables
+    #: told (address, size) after the host wrote into the lower half through a space (a process's memory, code
+    #: included): the performance counters forget the user code they decoded
+    on_user_write: Callable[[int, int], None] | None = None
 
     def phys_read(self, address: int, size: int) -> bytearray:
         return Uc.mem_read(self, address, size)
@@ -314,12 +317,15 @@ class AddressSpace:
         first = self.translate(address, size)
         if first is not None:
             Uc.mem_write(self.uc, first, data)
-            return
-        data = bytes(data)
-        offset = 0
-        for physical, length in self._runs(address, size, UC_ERR_WRITE_UNMAPPED):  # all translated first
-            Uc.mem_write(self.uc, physical, data[offset: offset + length])
-            offset += length
+        else:
+            data = bytes(data)
+            offset = 0
+            for physical, length in self._runs(address, size, UC_ERR_WRITE_UNMAPPED):  # all translated first
+                Uc.mem_write(self.uc, physical, data[offset: offset + length])
+                offset += length
+        listener = getattr(self.uc, "on_user_write", None)
+        if listener is not None and not kernel_half(address):
+            listener(address, size)
 
     def _runs(self, address: int, size: int, error: int) -> list[tuple[int, int]]:
         """[address, address + size) as runs of contiguous physical memory; UcError(error) if a page is absent."""

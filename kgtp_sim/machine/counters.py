@@ -29,9 +29,18 @@ so these are the machine's own device, like its ports, and count exactly:
   under probes are the kernel's exactly. A hit sees the counts as they were before the probed instruction
   (`at=site`), as KGTP's handler runs before it, with the counters off for the handler's duration.
 - **Code outside the image's text** (user programs, ring 3, the lower half): a native hook on each of their
-  instructions counts them (exact); their branches are not counted (no decoded map of them).
+  instructions counts them (exact). Their branches are counted by a block hook on the lower half, armed only
+  while a counter of user branches is open (a Python call a block): a translated block ends at its first branch,
+  so each block run adds one if its last instruction is a branch, decoded once per (CR3, address, size) and
+  remembered until the process's code can have changed (the kernel unmapping or reprotecting memory or releasing
+  an address space, the host writing into the lower half; a block on a writable page is decoded at each run). An
+  int3 is not counted: in a program it is a debugger's breakpoint or the tracer's probe, standing for the
+  instruction it displaced, which is counted when it runs (as a probe in the kernel stands for its instruction).
 - **Cycles** are the TSC's ticks while the CPU runs (its turns on the emulator, the tracer's Python handlers
-  excluded), `task-clock` the same in nanoseconds, `cpu-clock` the wall time a counter was enabled.
+  excluded), `task-clock` the same in nanoseconds, `cpu-clock` the wall time a counter was enabled. Cycles in
+  user mode are the ticks from each user instruction to the next one when no kernel code ran between them (the
+  user instruction hook reads the TSC; the kernel's block hook, a CPU switch and a handler end the user span);
+  cycles in kernel mode are the rest. `task-clock` counts both modes whatever the exclusions, as Linux's does.
 - **Software events** are counted where the machine or the kernel knows them: page faults when the machine
   delivers a #PF to the kernel (each is resolved from memory: minor; major faults would need storage the machine
   has not), context switches at the kernel's own `sched_switch` marker site (a hook on that one address), a CPU
@@ -124,23 +133,26 @@ PERF_PORTS = (PORT_PERF_SELECT, PORT_PERF_LO, PORT_PERF_HI)
 
 
 class Source(enum.IntEnum):
-    """What the machine counts per CPU; an event is a sum of sources. The first three are native cells."""
+    """What the machine counts per CPU; an event is a sum of sources. The first four are native cells."""
 
     INSTRUCTIONS_KERNEL = 0
     BRANCHES_KERNEL = 1
     INSTRUCTIONS_USER = 2
-    CYCLES = 3
-    BUSY_NS = 4
-    CONTEXT_SWITCHES = 5
-    MIGRATIONS = 6
-    FAULTS_KERNEL = 7
-    FAULTS_USER = 8
-    MAJOR_FAULTS_KERNEL = 9
-    MAJOR_FAULTS_USER = 10
+    CYCLES_USER = 3
+    CYCLES = 4
+    BUSY_NS = 5
+    CONTEXT_SWITCHES = 6
+    MIGRATIONS = 7
+    FAULTS_KERNEL = 8
+    FAULTS_USER = 9
+    MAJOR_FAULTS_KERNEL = 10
+    MAJOR_FAULTS_USER = 11
+    BRANCHES_USER = 12
+    CYCLES_KERNEL = 13  #: not kept: CYCLES less CYCLES_USER
 
 
-NATIVE_SOURCES = (Source.INSTRUCTIONS_KERNEL, Source.BRANCHES_KERNEL, Source.INSTRUCTIONS_USER)
-_CELLS = 4  # u64 cells per CPU the native hooks write: the three native sources and a spare
+NATIVE_SOURCES = (Source.INSTRUCTIONS_KERNEL, Source.BRANCHES_KERNEL, Source.INSTRUCTIONS_USER, Source.CYCLES_USER)
+_CELLS = 4  # u64 cells per CPU the native hooks write: the native sources
 _SWITCH_SOURCES = (Source.CONTEXT_SWITCHES, Source.MIGRATIONS)
 
 
@@ -173,21 +185,17 @@ class CounterError(MachineError):
 
 def sources_of(attr: EventAttr) -> tuple[Source, ...] | None:
     """The sources an event sums (None: cpu-clock, the time the counter was enabled). Raises CounterError for an
-    event the machine does not count, as perf_event_open fails with ENOENT (or EOPNOTSUPP for a mode split the
-    machine cannot make)."""
+    event the machine does not count, as perf_event_open fails with ENOENT."""
     kernel, user = not attr.exclude_kernel, not attr.exclude_user
     if attr.type == PerfType.HARDWARE:
         if attr.config == HwEvent.INSTRUCTIONS:
             return (Source.INSTRUCTIONS_KERNEL,) * kernel + (Source.INSTRUCTIONS_USER,) * user
         if attr.config == HwEvent.BRANCH_INSTRUCTIONS:
-            if not kernel:
-                raise CounterError("branches of user code are not counted (no decoded map of its code)",
-                                   errno.EOPNOTSUPP)
-            return (Source.BRANCHES_KERNEL,)
+            return (Source.BRANCHES_KERNEL,) * kernel + (Source.BRANCHES_USER,) * user
         if attr.config in (HwEvent.CPU_CYCLES, HwEvent.REF_CPU_CYCLES):
-            if not (kernel and user):
-                raise CounterError("cycles are not split by mode", errno.EOPNOTSUPP)
-            return (Source.CYCLES,)
+            if kernel and user:
+                return (Source.CYCLES,)
+            return (Source.CYCLES_KERNEL,) * kernel + (Source.CYCLES_USER,) * user
     elif attr.type == PerfType.SOFTWARE:
         if attr.config == SwEvent.CPU_CLOCK:
             return None
@@ -266,35 +274,42 @@ class _Cell(ctypes.Structure):
 
     _fields_ = [("current", ctypes.c_uint64), ("text_lo", ctypes.c_uint64), ("text_size", ctypes.c_uint64),
                 ("prefix", ctypes.c_uint64), ("ends", ctypes.c_uint64), ("last_start", ctypes.c_uint64),
-                ("last_end", ctypes.c_uint64), ("last_user", ctypes.c_uint64)]
+                ("last_end", ctypes.c_uint64), ("last_user", ctypes.c_uint64), ("user_tsc", ctypes.c_uint64),
+                ("in_user", ctypes.c_uint64)]
 
 
 # The block hook, on the kernel's text (rsi = block address, edx = its size in bytes, rcx = the _Cell):
+#   in_user = 0                                                (kernel code ran: a user span of cycles ends)
 #   r8 = address - text_lo; r9 = r8 + size; if r9 > text_size: last_end = 0, ret (not the image's code)
 #   current->instructions_kernel += prefix[r9] - prefix[r8]   (u32 table: instructions starting before each byte)
 #   e = ends[r9]                                               (u16 table, CodeMap.ends: what ending there means)
 #   current->branches_kernel += e & 0xff; current->instructions_kernel += e >> 8
 #   last_start = address; last_end = address + size
 _BLOCK_CODE = bytes.fromhex(
-    "4989f0" "4c2b4108" "4189d1" "4d01c1" "4c3b4910" "7737"
+    "48c7414800000000" "4989f0" "4c2b4108" "4189d1" "4d01c1" "4c3b4910" "7737"
     "4c8b5118" "438b048a" "432b0482" "4c8b19" "490103"
     "4c8b5120" "430fb7044a" "440fb6d0" "4d015308" "c1e808" "490103"
     "48897128" "89d0" "4801f0" "48894130" "c3"
     "48c7413000000000" "c3"
 )
-# The instruction hook, on the lower half (user code): current->instructions_user += 1; last_user = address
-_USER_CODE = bytes.fromhex("488b01" "48ff4010" "48897138" "c3")
+# The instruction hook, on the lower half (user code): current->instructions_user += 1; last_user = address;
+#   now = rdtsc; if in_user: current->cycles_user += now - user_tsc; user_tsc = now; in_user = 1
+_USER_CODE = bytes.fromhex(
+    "4c8b01" "49ff4010" "48897138" "0f31" "48c1e220" "4809d0" "4883794800" "740b"
+    "4889c2" "482b5140" "49015018"
+    "48894140" "48c7414801000000" "c3"
+)
 # rdtsc; shl $32, %rdx; or %rdx, %rax; ret: the host's TSC, which is what the emulated rdtsc returns
 _RDTSC_CODE = bytes.fromhex("0f31" "48c1e220" "4809d0" "c3")
 USER_END = 0x0000_7FFF_FFFF_FFFF  #: the last address of the lower (user) half
 _NOWHERE = (1 << 64) - 1
 
 
-def _branch_ids() -> frozenset[int]:
-    return frozenset({CX.X86_INS_SYSCALL, CX.X86_INS_SYSRET, CX.X86_INS_SYSENTER, CX.X86_INS_SYSEXIT})
-
-
+_BRANCH_IDS = frozenset({CX.X86_INS_SYSCALL, CX.X86_INS_SYSRET, CX.X86_INS_SYSENTER, CX.X86_INS_SYSEXIT})
 _BRANCH_GROUPS = (CX.X86_GRP_JUMP, CX.X86_GRP_CALL, CX.X86_GRP_RET, CX.X86_GRP_IRET, CX.X86_GRP_INT)
+#: the kernel's functions through which a process's code can change under a block decoded before (fixtures/kernel/
+#: mm.c): unmapping (munmap, brk, a fixed mmap over a mapping), mprotect, and an address space's release
+USER_CODE_CHANGES = ("do_munmap", "sys_mprotect", "mm_release")
 
 
 class CodeMap:
@@ -333,7 +348,6 @@ class CodeMap:
             at = max(at, min(end, hi))
         if at < hi:
             pieces.append((at, hi))
-        branch_ids = _branch_ids()
         for start, end in pieces:
             if end <= start:
                 continue
@@ -342,7 +356,7 @@ class CodeMap:
                     continue
                 starts[insn.address - lo] = 1
                 self.length_at[insn.address] = insn.size
-                self.branch_at[insn.address] = insn.id in branch_ids or any(insn.group(g) for g in _BRANCH_GROUPS)
+                self.branch_at[insn.address] = insn.id in _BRANCH_IDS or any(insn.group(g) for g in _BRANCH_GROUPS)
         self.prefix = (ctypes.c_uint32 * (self.size + 1))()
         total = 0
         for offset in range(self.size):
@@ -407,6 +421,11 @@ class Counters:
         self.open_counters: list[Counter] = []
         self._hooks: list[object] = []
         self._switch_hook: int | None = None
+        self._user_branch_hooks: list[int] = []
+        self._user_blocks: dict[tuple[int, int, int], int] = {}  # (cr3, address, size) -> branches at its end
+        self._last_user_block = (0, 0, 0)  # (start, end, branches) of the last user block counted
+        self._user_decoder = Cs(CS_ARCH_X86, CS_MODE_64)
+        self._user_decoder.detail = True
         self._native_armed = False
         self._switches_armed = False
         self._flush_due = False
@@ -485,6 +504,9 @@ class Counters:
                 self._hooks.append(hook)
             self._cell.last_end = 0
             self._native_armed = changed = True
+        if not self._user_branch_hooks and Source.BRANCHES_USER in sources:
+            self._arm_user_branches()
+            changed = True
         if not self._switches_armed and set(sources) & set(_SWITCH_SOURCES) and self._marker is not None:
             site = self._marker.site
             self._switch_hook = self.uc.hook_add(UC_HOOK_CODE, self._on_switch, None, site, site)
@@ -496,16 +518,68 @@ class Counters:
         """No counter is open any more: the hooks go, and the CPU stops reporting to the counters (inside
         emulation, at the run's end, when the hooks can be deleted)."""
         self.counted_since = None
-        if self._native_armed or self._switches_armed:
-            self._retired_hooks += self._hooks
+        if self._native_armed or self._switches_armed or self._user_branch_hooks:
+            self._retired_hooks += self._hooks + self._user_branch_hooks
             if self._switch_hook is not None:
                 self._retired_hooks.append(self._switch_hook)
-            self._hooks, self._switch_hook = [], None
+            self._hooks, self._switch_hook, self._user_branch_hooks = [], None, []
+            self._forget_user_blocks()
+            if getattr(self.uc, "on_user_write", None) == self._user_code_written:
+                self.uc.on_user_write = None
             self._native_armed = self._switches_armed = False
             self._flush()
         self._detach_due = True
         if not self._in_emulation():
             self._safe_point()
+
+    def _arm_user_branches(self) -> None:
+        """The block hook counting user code's branches, and what tells it a process's code may have changed:
+        the kernel's functions that unmap, reprotect or release user memory (at their entry), and the host's writes
+        into the lower half."""
+        self._user_branch_hooks.append(self.uc.hook_add(UC_HOOK_BLOCK, self._on_user_block, None, 0, USER_END))
+        for name in USER_CODE_CHANGES:
+            symbol = self.image.symbols.get(name)
+            if symbol is not None:
+                self._user_branch_hooks.append(self.uc.hook_add(
+                    UC_HOOK_CODE, lambda *_: self._forget_user_blocks(), None, symbol.address, symbol.address))
+        if hasattr(self.uc, "on_user_write"):
+            self.uc.on_user_write = self._user_code_written
+
+    def _on_user_block(self, uc: Uc, address: int, size: int, _data: object) -> None:
+        """A block of user code begins (CPU thread): the branch that ends it, if any, counts."""
+        cr3 = uc.reg_read(X.UC_X86_REG_CR3)
+        branches = self._user_blocks.get((cr3, address, size))
+        if branches is None:
+            branches = self._decode_user_block(cr3, address, size)
+        self._python[self._cpu][Source.BRANCHES_USER] += branches
+        self._last_user_block = (address, address + size, branches)
+
+    def _decode_user_block(self, cr3: int, address: int, size: int) -> int:
+        """Is the last instruction of the user block [address, address + size) a branch (1) or not (0)? Kept for
+        the next run of the block unless one of its pages is writable (code that may change under it)."""
+        tables = getattr(self.uc, "tables", None)
+        if tables is None:  # a bare CPU (no page tables): what it reads is what runs
+            code, writable = bytes(self.uc.mem_read(address, size)), True
+        else:
+            space = tables.space_at(cr3)
+            code = bytes(space.read(address, size))
+            entries = [space.walk(page) for page in range(address & ~0xFFF, address + size, 0x1000)]
+            writable = any(entry is None or entry & 2 for entry in entries)
+        last = None
+        for last in self._user_decoder.disasm(code, address):
+            pass
+        branches = 0
+        if last is not None and last.address + last.size == address + size and last.id != CX.X86_INS_INT3:
+            branches = int(last.id in _BRANCH_IDS or any(last.group(g) for g in _BRANCH_GROUPS))
+        if not writable:
+            self._user_blocks[(cr3, address, size)] = branches
+        return branches
+
+    def _user_code_written(self, address: int, size: int) -> None:
+        self._forget_user_blocks()
+
+    def _forget_user_blocks(self) -> None:
+        self._user_blocks.clear()
 
     def _flush(self) -> None:
         if self._in_emulation():
@@ -550,6 +624,8 @@ class Counters:
         """What the machine counted of `source` on `cpu` while counting (not only while a counter was enabled)."""
         if source < len(NATIVE_SOURCES):
             return self._native[_CELLS * cpu + source]
+        if source == Source.CYCLES_KERNEL:
+            return self.source(cpu, Source.CYCLES) - self.source(cpu, Source.CYCLES_USER)
         value = self._python[cpu][source]
         if cpu == self._cpu and self._run_since is not None and source in (Source.CYCLES, Source.BUSY_NS):
             tsc, ns = self._run_since
@@ -574,6 +650,8 @@ class Counters:
         self._cell.current = ctypes.addressof(self._native) + 8 * _CELLS * index
         self._cell.last_end = 0
         self._cell.last_user = _NOWHERE
+        self._cell.in_user = 0
+        self._last_user_block = (0, 0, 0)
 
     def run_begins(self) -> None:
         self._cell.current = ctypes.addressof(self._native) + 8 * _CELLS * self._cpu
@@ -587,6 +665,7 @@ class Counters:
     def handler_begins(self) -> None:
         """The stub's Python handler (a hit) begins: the CPU's busy time stops, as KGTP's handler disables its
         per-CPU counters."""
+        self._cell.in_user = 0  # the handler's time is nobody's
         if self._run_since is None:
             return
         tsc, ns = self._run_since
@@ -610,6 +689,10 @@ class Counters:
             self._native[base + Source.BRANCHES_KERNEL] -= branches
         elif rip <= USER_END and rip == cell.last_user:
             self._native[_CELLS * self._cpu + Source.INSTRUCTIONS_USER] -= 1
+            start, end, branches = self._last_user_block
+            if start <= rip < end:  # the block's branch, at its end, did not run either
+                self._python[self._cpu][Source.BRANCHES_USER] -= branches
+        self._last_user_block = (0, 0, 0)
         cell.last_end = 0
         cell.last_user = _NOWHERE
 

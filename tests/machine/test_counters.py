@@ -12,6 +12,11 @@ import time
 
 import pytest
 
+from capstone import CS_ARCH_X86, CS_MODE_64, Cs
+from capstone import x86_const as CX
+from unicorn import UC_HOOK_CODE
+from unicorn import x86_const as UX
+
 from kgtp_sim.machine import KernelImage, Machine, MachineError
 from kgtp_sim.machine.counters import (
     PORT_PERF_HI,
@@ -27,6 +32,7 @@ from kgtp_sim.machine.counters import (
 from kgtp_sim.machine.dwarf import KernelDwarf
 
 from ..conftest import VMLINUX
+from ..programs import compile_program
 
 IMAGE = KernelImage.load(VMLINUX)
 INSTRUCTIONS = EventAttr(PerfType.HARDWARE, HwEvent.INSTRUCTIONS)
@@ -89,8 +95,6 @@ def test_events_the_machine_does_not_count_are_refused_as_perf_refuses_them():
         with pytest.raises(CounterError) as refused:
             machine.counters.open(0, attr)
         assert refused.value.errno == 2  # ENOENT, as perf_event_open
-    with pytest.raises(CounterError):
-        machine.counters.open(0, EventAttr(PerfType.HARDWARE, HwEvent.CPU_CYCLES, exclude_user=True))
     with pytest.raises(CounterError):
         machine.counters.open(2, INSTRUCTIONS)
     assert machine.cpu.observer is None
@@ -171,3 +175,90 @@ def test_a_counter_opened_on_a_machine_without_native_hooks_says_why():
     with pytest.raises(MachineError, match="native hooks"):
         machine.counters.open(0, INSTRUCTIONS)
     machine.counters.open(0, SOFTWARE["page-faults"])  # counted in Python: still there
+
+
+def _mode(attr: EventAttr, user: bool) -> EventAttr:
+    """attr counting one mode: user (exclude_kernel) or kernel (exclude_user)."""
+    return EventAttr(attr.type, attr.config, exclude_user=not user, exclude_kernel=user)
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
+def test_a_program_is_counted_by_mode_against_an_instruction_by_instruction_decoder(tmp_path, cpus):
+    """A process making system calls without end (tests/programs/counted.c): over a window with no fault in user
+    code, its instructions (`:u`) and branches (`:u`) are what an independent hook on each of its instructions,
+    decoding it, counts; the kernel's (`:k`) with them add up to the counters of both modes and to the machine's
+    own count less the faulting instructions; cycles split into a user and a kernel part that both grew."""
+    from kgtp_sim.machine.initramfs import Archive
+
+    program = compile_program("counted", "musl-static", tmp_path)
+    archive = Archive()
+    inside = archive.add_program(program)
+    machine = Machine(IMAGE, cpus=cpus)
+    machine.processes.load_archive(archive.pack())
+    machine.processes.sink = lambda fd, data: None
+    decoder = Cs(CS_ARCH_X86, CS_MODE_64)
+    decoder.detail = True
+    branch_groups = (CX.X86_GRP_JUMP, CX.X86_GRP_CALL, CX.X86_GRP_RET, CX.X86_GRP_IRET, CX.X86_GRP_INT)
+    decoded: dict[tuple[int, int], bool] = {}
+    oracle = {"instructions": 0, "branches": 0}
+
+    def each_user_instruction(uc, address, size, _data):
+        key = (uc.reg_read(UX.UC_X86_REG_CR3), address)
+        if key not in decoded:
+            insn = next(decoder.disasm(bytes(uc.mem_read(address, size)), address))
+            decoded[key] = insn.id != CX.X86_INS_INT3 and (
+                insn.id in (CX.X86_INS_SYSCALL, CX.X86_INS_SYSRET) or any(insn.group(g) for g in branch_groups))
+        oracle["instructions"] += 1
+        oracle["branches"] += decoded[key]
+
+    machine.uc.hook_add(UC_HOOK_CODE, each_user_instruction, None, 0, (1 << 47) - 1)
+    names = {"instructions": INSTRUCTIONS, "branches": BRANCHES, "cycles": CYCLES}
+    counters = {(cpu, name + suffix): _open(machine, cpu, _mode(attr, suffix == ":u") if suffix else attr)
+                for cpu in range(cpus) for name, attr in names.items() for suffix in ("", ":u", ":k")}
+    faults = {cpu: _open(machine, cpu, _mode(SOFTWARE["page-faults"], True)) for cpu in range(cpus)}
+    machine.set_counting(True)
+    machine.start()
+    try:
+        machine.processes.spawn(inside, [str(program)])
+
+        def snapshot(uc) -> dict:
+            values = {key: counter.read().value for key, counter in counters.items()}
+            values.update(oracle)
+            values["machine"] = machine.instructions()
+            values["faults"] = sum(machine.cpu.delivered[v] for v in FAULTS)
+            values["user faults"] = sum(counter.read().value for counter in faults.values())
+            return values
+
+        _wait(lambda: machine.run_on_cpu(snapshot)["instructions"] > 20_000, "the program running")
+        while True:  # a window without a fault in user code (its pages are in after the first rounds)
+            first = machine.run_on_cpu(snapshot)
+            _wait(lambda: machine.run_on_cpu(snapshot)["instructions"] >= first["instructions"] + 20_000,
+                  "the program's next rounds")
+            last = machine.run_on_cpu(snapshot)
+            if last["user faults"] == first["user faults"]:
+                break
+    finally:
+        machine.shutdown()
+    delta = {key: last[key] - first[key] for key in first}
+
+    def total(name: str) -> int:
+        return sum(delta[(cpu, name)] for cpu in range(cpus))
+
+    assert total("instructions:u") == delta["instructions"] > 0
+    assert total("branches:u") == delta["branches"] > 0
+    assert total("instructions:u") > total("branches:u")
+    assert total("instructions:u") + total("instructions:k") == total("instructions") == \
+        delta["machine"] - delta["faults"]
+    assert total("branches:u") + total("branches:k") == total("branches")
+    assert total("cycles:u") > 0 and total("cycles:k") > 0
+    # the three cycle counters are read one after the other: each split is the whole to within those reads
+    assert abs(total("cycles:u") + total("cycles:k") - total("cycles")) < total("cycles") // 10
+
+
+def test_a_kernel_without_processes_counts_nothing_in_user_mode():
+    machine = Machine(IMAGE)
+    counters = [_open(machine, 0, _mode(attr, True)) for attr in (INSTRUCTIONS, BRANCHES, CYCLES)]
+    whole = _open(machine, 0, CYCLES)
+    machine.call("kgtp_bench_loop", 1000)
+    assert [counter.read().value for counter in counters] == [0, 0, 0]
+    assert whole.read().value > 0
