@@ -113,3 +113,25 @@ def test_a_reconnecting_gdb_is_told_what_disable_switched_off(gdb, fresh_stub):
                re.findall(r"Created tracepoint (\d+) for target's tracepoint (\d+)", later)}
     assert re.search(rf"^{numbers[1]}\s+tracepoint\s+keep\s+n\s+0x[0-9a-f]+ in kgtp_test_function", later, re.M), later
     assert re.search(rf"^{numbers[2]}\s+tracepoint\s+keep\s+y\s+0x[0-9a-f]+ in timer_interrupt", later, re.M), later
+
+
+@pytest.mark.parametrize("engine", ["interp", "naive", "opt"])
+def test_an_expression_over_a_register_prints_its_value(gdb, engine):
+    """The issue's example: `collect counter1+0` of kgtp_test_function's register argument traces nothing (GDB
+    computes it from the `R` registers and pops it); at level 0 its value prints at each hit, and the registers go
+    with it: nothing is recorded. Each line's value is the call's counter1, which kmodload's caller counts up by
+    one a call on each CPU."""
+    server = start_stub("--engine", engine)
+    try:
+        out = run_gdb(gdb, server, "trace kgtp_test_function", "actions", "teval $printk_level = 0",
+                      "collect counter1+0", "end", "tstart", *wait_for_hits(1, 3), "tstop", "tstatus",
+                      "monitor console")
+    finally:
+        server.stop()
+    at = _address(out)
+    assert "Collected 0 trace frames" in out, out
+    lines = re.findall(rf"^<0>CPU(\d+) gtp 1 {at}:counter1\+0=(\d+)$", out, re.M)
+    assert len(lines) >= 3, out
+    for cpu in {cpu for cpu, _ in lines}:  # each CPU's caller counts its own calls: consecutive values
+        values = [int(value) for c, value in lines if c == cpu]
+        assert all(b == a + 1 for a, b in zip(values, values[1:])), out

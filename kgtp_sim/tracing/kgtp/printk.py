@@ -4,7 +4,9 @@ context (`$current`).
 
 **Direct output.** Each hit starts with `$printk_level` 8 and `$printk_format` 0 (KGTP clears its per-hit state).
 While the level is below 8, a `collect` expression prints on the kernel's console instead of recording: the
-last value it traces is printed, the others it traces are dropped, nothing of it reaches the frame. One line per
+last value it traces is printed, the others it traces are dropped, nothing of it reaches the frame. An expression
+that traces nothing (GDB computes `counter1 + 0` of a register variable from the `R` registers and pops it) prints
+the value it computed, 8 bytes in the format: gtp.c prints nothing there (and drops the registers). One line per
 collect, as KGTP's `gtp_action_printk` writes it:
 
     <0>CPU0 gtp 1 ffffffff81001110:$c=$c+1=41
@@ -60,10 +62,10 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from ...agent.errors import ErrorCode, EvalError, EvalResult, UnreadableMemory
+from ...agent.errors import BytecodeError, ErrorCode, EvalError, EvalResult, UnreadableMemory
 from ...agent.interp import evaluate
 from ...agent.opcodes import OpClass
-from ...agent.verify import Program
+from ...agent.verify import Program, verify
 from ...arch import amd64
 from ...machine import smp
 from ..core import model as t
@@ -311,14 +313,20 @@ class DirectHit(HitContext):
         printed once the expression ends."""
         ordinal, self._actions_run = self._actions_run, self._actions_run + 1
         self._held = []
-        result = evaluate(program, self)
+        computed = _computed(program) if self.level < 8 else None
+        result = evaluate(computed or program, self)
         held, self._held = self._held, []
-        if held and result.error is None:
-            try:
+        if result.error is not None:
+            return result
+        try:
+            if held:
                 self._print(_last_traced(held), ordinal)
-            except PrintkError as error:
-                return EvalResult(None, EvalError(ErrorCode.NONE, 0, f"direct output: $printk_{error}"))
-        elif self.level >= 8 and _is_collect(program):
+            elif computed is not None:  # nothing traced: the value the expression computed
+                self._print_value(result.value.to_bytes(8, "little"), f"{result.value:#x}", ordinal)
+                return EvalResult(None, steps=result.steps)
+        except PrintkError as error:
+            return EvalResult(None, EvalError(ErrorCode.NONE, 0, f"direct output: $printk_{error}"))
+        if not held and self.level >= 8 and _is_collect(program):
             self._recorded_collects += 1
         return result
 
@@ -363,6 +371,11 @@ class DirectHit(HitContext):
         else:
             address, length = struct.unpack_from("<QH", block, 1)
             data, traced = block[11:11 + length], f"*{address:#x}@{length}"
+        self._print_value(data, traced, ordinal)
+
+    def _print_value(self, data: bytes, traced: str, ordinal: int) -> None:
+        """One line: the expression's text (or `traced`, what was traced) and `data` in `$printk_format`."""
+        assert self.plan is not None
         value = render(self.format, data)
         names = self.plan.names
         name = names.by_action[ordinal] if ordinal < len(names.by_action) else None
@@ -382,6 +395,27 @@ class DirectHit(HitContext):
 def _is_collect(program: Program) -> bool:
     """A `collect` expression: it traces, or it is empty (a register variable: GDB put its register in `R`)."""
     return any(insn.op.cls is OpClass.TRACE for insn in program.insns) or len(program.insns) == 1
+
+
+def _computed(program: Program) -> Program | None:
+    """A `collect` of an expression that reads only registers and constants (`counter1 + 0` of a register
+    variable: GDB's bytecode computes the value, then `pop`s it, tracing nothing, the registers going in the `R`
+    action): the same bytecode keeping the value for `end`, which direct output prints. None for anything else.
+    gtp.c prints nothing for such an expression (it prints the last value traced, and there is none); printing
+    the value is what the user asked for and costs nothing else."""
+    insns = program.insns
+    if len(insns) < 3 or insns[-1].name != "end" or insns[-2].name != "pop" or program.jump_targets or \
+            any(insn.op.cls is OpClass.TRACE for insn in insns) or insns[-2].offset != len(program.code) - 2:
+        return None
+    return _keeping_value(program.code)
+
+
+@functools.lru_cache(maxsize=256)
+def _keeping_value(code: bytes) -> Program | None:
+    try:
+        return verify(code[:-2] + code[-1:], require_value=True)
+    except BytecodeError:  # not one whose value can be kept: printed as gtp.c would (nothing)
+        return None
 
 
 def _last_traced(held: list[bytes]) -> bytes:
