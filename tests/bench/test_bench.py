@@ -99,35 +99,38 @@ def test_json_schema_and_markdown(rows, tmp_path):
     assert table.count("\n| ") == len(rows) + 1 and "different unit" in table
 
 
-def test_cli_quick_json(tmp_path, capsys):
-    from kgtp_sim.bench.cli import main
-
-    out = tmp_path / "b.json"
-    assert main(["--calls", "20", "--repetitions", "1", "--json", str(out), "--no-peer"]) == 0
-    assert len(json.loads(out.read_text())) == len(configurations())
-    assert "| dynamic-jump | false-cond | opt |" in capsys.readouterr().out
-
-
-def test_cli_prints_the_gdbserver_rows_beside_ours(tmp_path, capsys):
+def test_the_cli_prints_and_writes_every_table(tmp_path, capsys):
+    """One run of the benchmark's command line (the tables' contents are the other tests'): our rows, gdbserver's
+    beside them (where gdbserver and its in-process agent can be installed), the probe effect, as JSON and as the
+    printed tables."""
     from kgtp_sim.bench import peer
     from kgtp_sim.bench.cli import main
+    from kgtp_sim.bench.probe_effect import ENGINES as EFFECT_ENGINES
 
     try:
         peer.ensure_gdbserver(install=True)
+        unavailable = None
     except peer.PeerUnavailable as exc:
-        pytest.skip(f"gdbserver with libinproctrace.so cannot be installed here: {exc}")
-    out = tmp_path / "b.json"
-    assert main(["--calls", "20", "--repetitions", "1", "--json", str(out), "--no-stops"]) == 0  # test_stops.py
+        unavailable = str(exc)
+    out, effect = tmp_path / "b.json", tmp_path / "effect.json"
+    args = ["--calls", "20", "--repetitions", "1", "--json", str(out), "--probe-effect-json", str(effect),
+            "--no-stops"]  # the stops' table: test_stops.py
+    assert main(args + (["--no-peer"] if unavailable else [])) == 0
     rows = json.loads(out.read_text())
     table = capsys.readouterr().out
     ours = [r for r in rows if not r["probe"].startswith("gdbserver")]
-    theirs = [r for r in rows if r["probe"].startswith("gdbserver")]
     assert len(ours) == len(configurations())
+    assert "| dynamic-jump | false-cond | opt |" in table and "| dynamic-jump | expr | opt |" in table
+    assert len(json.loads(effect.read_text())) == 1 + 2 * len(EFFECT_ENGINES)
+    assert "Probe effect of function-boundary tracing" in table and "| entry+return | opt |" in table
+    if unavailable:
+        pytest.skip(f"gdbserver with libinproctrace.so cannot be installed here: {unavailable}")
+    theirs = [r for r in rows if r["probe"].startswith("gdbserver")]
     assert {(r["probe"], r["case"]) for r in theirs} >= {
         ("gdbserver-trap", case) for case in ("false-cond", "expr", "cond+expr")} | {
         ("gdbserver-fast", case) for case in ("false-cond", "expr", "cond+expr")}
     assert all(r["insns_per_hit"] is None and r["ns_per_hit_median"] is not None for r in theirs)
-    assert "| gdbserver-fast | expr | gdbserver |" in table and "| dynamic-jump | expr | opt |" in table
+    assert "| gdbserver-fast | expr | gdbserver |" in table
 
 
 def test_configs_cover_issue_matrix():

@@ -4,8 +4,6 @@ the untraced loop's instructions in every row, while the machine's own count sho
 
 from __future__ import annotations
 
-import json
-
 from kgtp_sim.bench.probe_effect import ENGINES, PROBES, markdown, probe_effect_rows
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.tracing import Tracer
@@ -32,13 +30,3 @@ def test_every_row_counts_the_untraced_kernels_instructions():
             assert row["hits_per_call"] == 2, row  # kgtp_test_function's entry and its return
     table = markdown(rows)
     assert table.count("\n| ") == len(rows) and "perf counter" in table
-
-
-def test_the_benchmark_prints_the_probe_effect(tmp_path, capsys):
-    from kgtp_sim.bench.cli import main
-
-    out = tmp_path / "effect.json"
-    assert main(["--calls", "20", "--repetitions", "1", "--no-peer", "--probe-effect-json", str(out)]) == 0
-    assert len(json.loads(out.read_text())) == 1 + 2 * len(ENGINES)
-    printed = capsys.readouterr().out
-    assert "Probe effect of function-boundary tracing" in printed and "| entry+return | opt |" in printed
