@@ -417,8 +417,8 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
             return spaces[self.process]
         mapping = [pid for pid in self.processes.mapping(address, code) if pid in spaces]
         if not mapping:
-            raise MachineError(f"{address:#x} is a user address and no process maps it"
-                               f"{' as code' if code else ''}")
+            raise MachineError(f"{address:#x} is not mapped{' as code' if code else ''} in the kernel's address space "
+                               "(no process maps it)")
         if len(mapping) > 1:
             raise MachineError(f"processes {', '.join(map(str, mapping))} map {address:#x}: name the one the "
                                "breakpoint is for with `monitor process PID`")
