@@ -28,14 +28,14 @@ replay, run control and software breakpoints are the replay's, and never touch t
 Processes. Memory at a user address is read (and, with --allow-writes, written) through the page tables the
 thread's CPU has loaded, as QEMU's gdbstub reads through the selected CPU's: the process that CPU runs (kernel
 addresses read the same through every CPU). A breakpoint at a user address belongs to one process: the one
-`monitor process PID` names, else the one process one of whose memory areas covers the address (an executable
-one for `break`/`hbreak`: its page may not have been touched yet); the
-machine stops only when a CPU runs that process's code there (its CR3: machine/runcontrol.py), never when another
-process mapping the same address does. No process mapping it, several (and none named), or a named process that
-does not: GDB's "Cannot insert breakpoint N", the reason in the stub's log. At the stop the CPU's registers are the
-process's user registers and its memory is the process's, so `bt`, `x`, `stepi` and `continue` work on the program
-with its symbols (`add-symbol-file PROG`). GDB inserts its breakpoints again at each resumption: the process is
-chosen again each time.
+`monitor process PID` names, else the one process one of whose memory areas covers the address (an executable one
+for `break`/`hbreak`; its page may not have been touched yet). The machine stops only when a CPU runs that
+process's code there (its CR3: machine/runcontrol.py), never when another process mapping the same address does.
+No process mapping it, several (and none named), or a named process whose areas do not hold it: GDB's "Cannot
+insert breakpoint N", the reason in the stub's log. At the stop the CPU's registers are the process's user
+registers and its memory is the process's, so `bt`, `x`, `stepi` and `continue` work on the program with its
+symbols (`add-symbol-file PROG`). GDB inserts its breakpoints again at each resumption: the process is chosen
+again each time.
 
 Runs on the server thread, as every handler that calls it; the listener `_stopped` on the CPU thread.
 """
