@@ -20,7 +20,7 @@ from .rsp.server import RspServer
 from .rsp.session import Session
 from .stub.core import TargetHandlers
 from .stub.kernel import KernelTarget
-from .stub.machine_monitor import register_machine_commands
+from .stub.machine_monitor import register_machine_commands, register_process_command
 from .stub.monitor import Monitor
 from .stub.replay import register_replay_commands
 from .stub.trace import TraceHandlers, register_trace_commands
@@ -51,6 +51,7 @@ class Stub:
         self.handlers = TargetHandlers(self.target)
         self.monitor = Monitor()
         register_machine_commands(self.monitor, self.machine, self.started)
+        register_process_command(self.monitor, self.target)
         self.tracer = Tracer(self.machine, self.config.engine)
         self.target.refuses_breakpoint = self.tracer.refuses_breakpoint  # breakpoints the trace run lets work
         register_trace_commands(self.monitor, self.tracer)

@@ -193,6 +193,13 @@ class Machine:
         thread with `space.map(virtual, physical, size, flags)` (flags: uc_paging's USER_TEXT, USER_DATA)."""
         return self.run_on_cpu(lambda uc: self.cpu.memory.new_space())
 
+    def cpu_space(self, cpu: int | None = None) -> AddressSpace:
+        """The address space CPU `cpu` has loaded (its CR3; None: the loaded CPU's): a process's while the CPU
+        runs one of its tasks (or a kernel thread that came after it: the kernel keeps CR3, Linux's lazy TLB),
+        else the kernel's. The user half reads as that CPU's code sees it, as QEMU's gdbstub reads memory through
+        the selected CPU's page tables."""
+        return self.on_cpu(cpu, lambda uc: self.cpu.memory.loaded_space(), stay=False)
+
     def read_memory(self, address: int, length: int, space: AddressSpace | None = None) -> bytes:
         """Read memory as `space` (None: the kernel's) maps it, at an instruction boundary, through the space's
         own tables whichever space the CPU has loaded (as gdbserver reads a process that is not running).

@@ -25,6 +25,11 @@ debug registers (shared with KGTP's watch tracepoints, tracing/kgtp/watch.py), a
   tracepoint's probe at the same address (an int3 or a jump into a detour) runs when the CPU goes on. Hardware
   breakpoints and watchpoints take the debug registers (watchpoints.py): four at most, tracepoints' watches
   included; a watchpoint traps after the access (RIP at the next instruction), as x86's do.
+- **A process's breakpoints.** A breakpoint (software or hardware) at a user address names the address space it
+  belongs to (a process's page tables): the hook sees every CPU that runs code at that virtual address, whichever
+  process it is, and stops the machine only when the CPU's CR3 holds that space's root, so another process
+  mapping the same address runs on. Neither the process's memory nor its translated code as seen by other spaces
+  changes. A watchpoint in a process's data watches the frame its space maps there (watchpoints.py).
 
 A breakpoint is not taken while the tracer single-steps the CPU (TF set: while-stepping, or a watchpoint's replay of
 the instruction) nor during `Machine.call` (`quiet`).
@@ -47,6 +52,7 @@ from unicorn import UC_HOOK_CODE, Uc
 from unicorn import x86_const as X
 
 from ..uc_native import tsc_offset_field, write_context_u64
+from ..uc_paging import PTE_ADDRESS, AddressSpace, kernel_half
 from .clock import MachineClock
 from .cpu import EFLAGS_TF, Cpu, Stop
 from .errors import MachineError
@@ -103,7 +109,11 @@ class RunControl:
         self.serial = 0  #: stops so far
         self.listeners: list[Callable[[StopEvent], None]] = []
         self._breakpoints: dict[int, int] = {}  # address -> code hook
-        self._hardware: dict[tuple[int, int, int], list[int]] = {}  # (kind, address, size) -> debug registers
+        #: address -> the spaces it stops in, by root (None: the kernel's, which stops in any)
+        self._owners: dict[int, dict[int | None, AddressSpace | None]] = {}
+        #: (kind, address, size, root) -> debug registers; root None: a kernel address (any space)
+        self._hardware: dict[tuple[int, int, int, int | None], list[int]] = {}
+        self._slot_roots: dict[int, int | None] = {}  # debug register -> the root of the space its breakpoint is in
         self._registers: DebugRegisters | None = None
         self._quiet = 0
         #: the stepped CPU runs (step_turn): other threads' wake-ups must not cut its runs short (scheduler._kick)
@@ -124,7 +134,7 @@ class RunControl:
     @property
     def hardware(self) -> frozenset[tuple[int, int, int]]:
         """(kind, address, size) of the hardware breakpoints and watchpoints set."""
-        return frozenset(self._hardware)
+        return frozenset(key[:3] for key in self._hardware)
 
     @property
     def debug_registers(self) -> DebugRegisters:
@@ -211,41 +221,56 @@ class RunControl:
 
     # ---- breakpoints and watchpoints (any thread; the work on the CPU thread) -------------------------------
 
-    def insert_breakpoint(self, address: int) -> None:
-        """A software breakpoint: the machine stops before any CPU runs the instruction at `address`. Raises
-        MachineError where there is no code to stop in (the caller checks instruction boundaries)."""
-        self._check_code(address)
+    def insert_breakpoint(self, address: int, space: AddressSpace | None = None) -> None:
+        """A software breakpoint: the machine stops before any CPU runs the instruction at `address` (of a
+        process's `space`: only a CPU with that space loaded). Raises MachineError where there is no code to stop
+        in (the caller checks instruction boundaries, and for a process that the address is in one of its
+        executable areas: its page may not have been faulted in yet, which a code hook does not need)."""
+        self._check_code(address, space)
+        root = None if space is None else space.root
 
         def insert(uc: Uc) -> None:
+            owners = self._owners.setdefault(address, {})
+            if root in owners:
+                return
+            owners[root] = space
             if address not in self._breakpoints:
                 self._breakpoints[address] = uc.hook_add(UC_HOOK_CODE, self._on_breakpoint, None, address, address)
-                self.cpu.remove_cache(address, 1)  # translated code gets the hook when translated again
+            self.cpu.remove_cache(address, 1, space)  # translated code gets the hook when translated again
 
         self._sched.run_on_cpu(insert)
 
-    def remove_breakpoint(self, address: int) -> None:
+    def remove_breakpoint(self, address: int, space: AddressSpace | None = None) -> None:
+        root = None if space is None else space.root
+
         def remove(uc: Uc) -> None:
-            hook = self._breakpoints.pop(address, None)
-            if hook is not None:
-                uc.hook_del(hook)
-                self.cpu.remove_cache(address, 1)
+            owners = self._owners.get(address, {})
+            if root not in owners:
+                return
+            del owners[root]
+            if not owners:
+                del self._owners[address]
+                uc.hook_del(self._breakpoints.pop(address))
+                self.cpu.remove_cache(address, 1, space)
 
         self._sched.run_on_cpu(remove)
 
-    def insert_hardware(self, kind: int, address: int, size: int) -> None:
+    def insert_hardware(self, kind: int, address: int, size: int, space: AddressSpace | None = None) -> None:
         """An instruction breakpoint (`kind` EXECUTE, size 1) or a watchpoint (WRITE, READ_WRITE) over
         [address, address + size) on the debug registers: an unaligned or odd-sized range takes one register per
-        aligned piece, as x86's debuggers split it. Raises WatchpointError when the registers free do not
+        aligned piece, as x86's debuggers split it. `space`: a process's, whose code (only a CPU with it loaded
+        stops) or data (the frames it maps there) it is. Raises WatchpointError when the registers free do not
         suffice or the memory is not mapped."""
         if kind == EXECUTE:
-            self._check_code(address)
+            self._check_code(address, space)
             pieces = [(address, 1)]
         else:
             pieces = aligned_pieces(address, size)
         if len(pieces) > COUNT:
             raise WatchpointError(f"{size} bytes at {address:#x} need {len(pieces)} debug registers; x86 has "
                                   f"{COUNT}")
-        key = (kind, address, size)
+        root = None if space is None else space.root
+        key = (kind, address, size, root)
 
         def insert(uc: Uc) -> None:
             if key in self._hardware:
@@ -257,20 +282,25 @@ class RunControl:
                     slot = registers.free_slot()
                     if slot is None:
                         raise WatchpointError(busy_message(registers, len(pieces)))
-                    registers.set(slot, piece, length, kind, self._on_debug_register)
+                    registers.set(slot, piece, length, kind, self._on_debug_register, space=space)
                     taken.append(slot)
             except WatchpointError:
                 registers.release(taken)
                 raise
             self._hardware[key] = taken
+            self._slot_roots.update(dict.fromkeys(taken, root))
 
         self._sched.run_on_cpu(insert)
 
-    def remove_hardware(self, kind: int, address: int, size: int) -> None:
+    def remove_hardware(self, kind: int, address: int, size: int, space: AddressSpace | None = None) -> None:
+        root = None if space is None else space.root
+
         def remove(uc: Uc) -> None:
-            slots = self._hardware.pop((kind, address, size), None)
+            slots = self._hardware.pop((kind, address, size, root), None)
             if slots:
                 self.debug_registers.release(slots)
+                for slot in slots:
+                    self._slot_roots.pop(slot, None)
 
         self._sched.run_on_cpu(remove)
 
@@ -283,23 +313,32 @@ class RunControl:
         def clear(uc: Uc) -> None:
             for hook in self._breakpoints.values():
                 uc.hook_del(hook)
-            for address in self._breakpoints:
-                self.cpu.remove_cache(address, 1)
-            self._breakpoints = {}
+            for address, owners in self._owners.items():
+                for space in owners.values():
+                    self.cpu.remove_cache(address, 1, space)
+            self._breakpoints, self._owners = {}, {}
             slots = [slot for taken in self._hardware.values() for slot in taken]
-            self._hardware = {}
+            self._hardware, self._slot_roots = {}, {}
             if slots:
                 self.debug_registers.release(slots)
 
         self._sched.run_on_cpu(clear)
 
-    def _check_code(self, address: int) -> None:
+    def _check_code(self, address: int, space: AddressSpace | None = None) -> None:
         if MODULE_BASE <= address < MODULE_BASE + MODULE_SIZE:
             raise MachineError(f"{address:#x} is in module space, the stub's own code (tracepoint detours, "
                                "compiled expressions): the machine cannot stop there")
+        if space is not None:
+            if kernel_half(address):
+                raise MachineError(f"{address:#x} is a kernel address, not one of a process's")
+            return  # the caller found it in an executable area of the process, whose page may not be there yet
         if not self._sched.run_on_cpu(lambda uc: self.cpu.memory.executable(address)):
             raise MachineError(f"{address:#x} is not mapped as code in the kernel's address space (no process maps "
                                "it)")
+
+    def _in_space(self, uc: Uc, root: int | None) -> bool:
+        """Does the loaded CPU run in the space of this root (None: the kernel's address, the same in all)?"""
+        return root is None or uc.reg_read(X.UC_X86_REG_CR3) & PTE_ADDRESS == root
 
     # ---- the hooks (CPU thread, inside emulation) ------------------------------------------------------------
 
@@ -309,7 +348,8 @@ class RunControl:
         return self._pending is None and not self._quiet and not self.cpu.regs.read(X.UC_X86_REG_EFLAGS) & EFLAGS_TF
 
     def _on_breakpoint(self, uc: Uc, address: int, _size: int, _data: object) -> None:
-        if address in self._breakpoints and self._taken():
+        owners = self._owners.get(address)
+        if owners and self._taken() and any(self._in_space(uc, root) for root in owners):
             self._pending = (Reason.BREAKPOINT, self._sched.current_cpu, address, 0)
             uc.emu_stop()  # from a code hook: before the instruction runs
 
@@ -320,6 +360,8 @@ class RunControl:
         if watch.kind == EXECUTE:
             if self.cpu.regs.read(X.UC_X86_REG_EFLAGS) & EFLAGS_TF:
                 return
+            if not self._in_space(uc, self._slot_roots.get(slot)):
+                return  # another process's code at the address
             self._pending = (Reason.HARDWARE_BREAKPOINT, self._sched.current_cpu, watch.address, EXECUTE)
             uc.emu_stop()  # a code hook: before the instruction
         else:

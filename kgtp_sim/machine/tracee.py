@@ -37,10 +37,11 @@ from unicorn import x86_const as X
 
 from .errors import MachineError
 from .layout import PAGE_SIZE
+from .tasks import live_tasks
 
 PORT_PTRACE = 0xE8
 PTRACE_PEEKDATA, PTRACE_CONT, PTRACE_KILL, PTRACE_SINGLESTEP, PTRACE_DETACH = 2, 7, 8, 9, 17
-TASK_TRACED, EXIT_ZOMBIE, TASK_DEAD = 0x8, 0x20, 0x80
+TASK_TRACED = 0x8
 #: PORT_PTRACE's %rsi for a thread of a traced process that ended (its process lives on)
 THREAD_ENDED = (1 << 64) - 1
 #: what `Tracee.interrupt` asks: SIGINT (GDB's Ctrl-C), or a stop with no signal (gdbserver's stop of the other
@@ -184,24 +185,8 @@ class Ptrace:
     def threads_of(self, tgid: int) -> dict[int, int]:
         """The live threads of process `tgid`: tid -> task, from the kernel's tasks[] (a thread that ended, or
         whose slot waits to be freed, is not one)."""
-        layout = self.layout
-        symbol = self._machine.image.symbols["tasks"]
-        count = symbol.size // layout.size
-
-        def scan(uc: Any) -> dict[int, int]:
-            raw = bytes(uc.mem_read(symbol.address, count * layout.size))
-            found = {}
-            for index in range(count):
-                base = index * layout.size
-                pid, = struct.unpack_from("<i", raw, base + layout.pid)
-                group, = struct.unpack_from("<i", raw, base + layout.tgid)
-                state, = struct.unpack_from("<q", raw, base + layout.state)
-                mm, = struct.unpack_from("<Q", raw, base + layout.mm)
-                if group == tgid and mm and state not in (TASK_DEAD, EXIT_ZOMBIE):
-                    found[pid] = symbol.address + base
-            return found
-
-        return self._machine.run_on_cpu(scan)
+        tasks = self._machine.run_on_cpu(lambda uc: live_tasks(uc, self._machine.image, self.layout))
+        return {task.pid: task.address for task in tasks if task.tgid == tgid}
 
     def stopped_tids(self) -> dict[int, PtraceStop]:
         """Every traced task stopped now, by tid."""

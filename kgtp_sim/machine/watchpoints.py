@@ -164,7 +164,8 @@ class DebugRegisters:
         """Arm `slot` on [address, address + size) of `space` (None: the kernel's) for `kind`; raises
         WatchpointError. Between runs, or inside emulation from an interrupt hook (a tracepoint's int3): the first
         data breakpoint then ends the run. An instruction breakpoint is on the virtual address in every space (the
-        handler tells them apart); a data breakpoint on the frame `space` maps there."""
+        handler tells them apart; in a process's `space` the caller has checked the address is code of it, its page
+        perhaps not faulted in yet); a data breakpoint on the frame `space` maps there."""
         if size not in SIZES:
             raise WatchpointError(f"a hardware breakpoint covers 1, 2, 4 or 8 bytes, not {size}")
         if kind not in (EXECUTE, WRITE, READ_WRITE):
@@ -174,8 +175,9 @@ class DebugRegisters:
         watch = Watchpoint(slot, address, size, kind, handler)
         uc = self.uc
         if kind == EXECUTE:
-            if not (space or self.cpu.tables).executable(address):
-                raise WatchpointError(f"{address:#x} is not mapped executable")
+            tables = space or self.cpu.tables
+            if not tables.executable(address) and (space is None or tables.translate(address) is not None):
+                raise WatchpointError(f"{address:#x} is not mapped executable")  # a page not there yet: the caller's
             watch.hook = uc.hook_add(UC_HOOK_CODE, self._on_execute, slot, address, address)
             self.cpu.remove_cache(address, 1, space)  # translated code gets the hook when translated again
         else:

@@ -25,6 +25,18 @@ with no breakpoint it stops nothing, as KGTP. A step of the running kernel is re
 killing, or the debugger leaving removes every breakpoint and watchpoint GDB set and leaves the kernel running. In a
 replay, run control and software breakpoints are the replay's, and never touch the kernel.
 
+Processes. Memory at a user address is read (and, with --allow-writes, written) through the page tables the
+thread's CPU has loaded, as QEMU's gdbstub reads through the selected CPU's: the process that CPU runs (kernel
+addresses read the same through every CPU). A breakpoint at a user address belongs to one process: the one
+`monitor process PID` names, else the one process one of whose memory areas covers the address (an executable one
+for `break`/`hbreak`; its page may not have been touched yet). The machine stops only when a CPU runs that
+process's code there (its CR3: machine/runcontrol.py), never when another process mapping the same address does.
+No process mapping it, several (and none named), or a named process whose areas do not hold it: GDB's "Cannot
+insert breakpoint N", the reason in the stub's log. At the stop the CPU's registers are the process's user
+registers and its memory is the process's, so `bt`, `x`, `stepi` and `continue` work on the program with its
+symbols (`add-symbol-file PROG`). GDB inserts its breakpoints again at each resumption: the process is chosen
+again each time.
+
 Runs on the server thread, as every handler that calls it; the listener `_stopped` on the CPU thread.
 """
 
@@ -36,7 +48,9 @@ from dataclasses import dataclass, field
 
 from ..machine import Machine, MachineError, MemoryFault
 from ..machine.runcontrol import Reason, StopEvent
+from ..machine.tasks import ProcessTable
 from ..machine.watchpoints import EXECUTE, READ_WRITE, WRITE
+from ..uc_paging import AddressSpace, kernel_half
 from ..rsp.dispatch import E_PERMISSION, RspError
 from ..rsp.packets.connect import ALL_THREADS, ANY_THREAD
 from ..tracing.core.frames import ViewError
@@ -135,14 +149,19 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
     refuses_breakpoint: Callable[..., str | None] = lambda address, data=False: None
     live: LiveView = field(init=False)
     overlay: FrameOverlay = field(init=False)
-    #: the breakpoints and watchpoints GDB inserted in the machine: (type, address, kind)
-    inserted: set[tuple[BreakpointType, int, int]] = field(init=False, default_factory=set)
+    #: the breakpoints and watchpoints GDB inserted in the machine: (type, address, kind) -> the process's space of
+    #: one at a user address, None at a kernel address
+    inserted: dict[tuple[BreakpointType, int, int], AddressSpace | None] = field(init=False, default_factory=dict)
+    #: the process breakpoints at user addresses belong to (`monitor process PID`); None: the one that maps it
+    process: int | None = None
+    processes: ProcessTable = field(init=False)
     _notify: Callable[[], None] | None = field(init=False, default=None)
     _waiting: int | None = field(init=False, default=None)  # a `c` waits for the first stop after this one
     _kgtp: bool = field(init=False, default=False)  # ... and it was KGTP's: the kernel never stops
 
     def __post_init__(self) -> None:
         self.live = LiveView(self.machine)
+        self.processes = ProcessTable(self.machine)
         self.overlay = FrameOverlay(self.live)
         if self.names is None:
             self.names = TaskNames(self.machine)
@@ -182,10 +201,20 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
         return self.live.registers(cpu_of(thread))
 
     def read_memory(self, address: int, length: int, thread: int, space: object | None = None) -> bytes:
+        """The overlay's memory, else the live memory as the thread's CPU sees it (a user address: the process
+        it runs)."""
         if space is not None:
             raise ViewError("the kernel target reads the kernel's address space only")
         view = self.overlay.view
-        return (view if view is not None else self.live).read_memory(address, length)
+        if view is not None:
+            return view.read_memory(address, length)
+        return self.live.read_memory(address, length, self._cpu_space(address, thread))
+
+    def _cpu_space(self, address: int, thread: int) -> AddressSpace | None:
+        """The space a user address is read in: the one the thread's CPU has loaded (None: a kernel address)."""
+        if kernel_half(address):
+            return None
+        return self.machine.cpu_space(cpu_of(thread) if self.thread_alive(thread) else 0)
 
     def stop_reason(self) -> Stop:
         """The running kernel (KGTP: never really stopped): a SIGTRAP of the thread GDB looks at (CPU 0 after
@@ -203,7 +232,7 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
             raise ViewError("the kernel target writes the kernel's address space only")
         if self.overlay.current is not None or self.overlay.replay is not None:
             raise RspError(E_PERMISSION, "cannot write while a trace frame is selected or replayed")
-        self.live.write_memory(address, data)
+        self.live.write_memory(address, data, self._cpu_space(address, thread))
 
     # ---- run control: the machine's (runcontrol.py), or a replay's ------------------------------------------
 
@@ -315,6 +344,7 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
     def release(self) -> None:
         """GDB leaves: its breakpoints and watchpoints go, and the kernel runs."""
         self.inserted.clear()
+        self.process = None
         self._waiting = None
         control = self.machine.control
         control.clear()
@@ -336,24 +366,26 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
             replay.breakpoints.add(address)
             return
         control = self.machine.control
+        code = type in (BreakpointType.SOFTWARE, BreakpointType.HARDWARE)
         try:
-            if type in (BreakpointType.SOFTWARE, BreakpointType.HARDWARE):
-                self._check_code(address)
-            else:
+            space = None if kernel_half(address) else self.process_space(address, code)
+            if not code:
                 self._check(address, self.refuses_breakpoint(address, data=True))
+            elif space is None:
+                self._check_code(address)
             if type == BreakpointType.SOFTWARE:
-                control.insert_breakpoint(address)
+                control.insert_breakpoint(address, space)
             elif type == BreakpointType.HARDWARE:
-                control.insert_hardware(EXECUTE, address, 1)
+                control.insert_hardware(EXECUTE, address, 1, space)
             else:  # a watchpoint: `kind` is its length
-                control.insert_hardware(_WATCH_KINDS[type], address, kind)
+                control.insert_hardware(_WATCH_KINDS[type], address, kind, space)
         except (MachineError, ProbePlacementError, RspError) as error:
             # GDB shows only "Cannot insert breakpoint N": the reason goes to the stub's log too
             message = error.message if isinstance(error, RspError) else f"cannot insert a breakpoint at " \
                 f"{address:#x}: {error}"
             log.warning("%s (GDB's %s)", message, type.name.lower().replace("_", " "))
             raise RspError(E_PERMISSION, message, text=True) from None
-        self.inserted.add((type, address, kind))
+        self.inserted[(type, address, kind)] = space
 
     def remove_breakpoint(self, type: BreakpointType, address: int, kind: int) -> None:
         replay = self.overlay.replay
@@ -362,14 +394,35 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
             return
         if (type, address, kind) not in self.inserted:
             return
-        self.inserted.discard((type, address, kind))
+        space = self.inserted.pop((type, address, kind))
         control = self.machine.control
         if type == BreakpointType.SOFTWARE:
-            control.remove_breakpoint(address)
+            control.remove_breakpoint(address, space)
         elif type == BreakpointType.HARDWARE:
-            control.remove_hardware(EXECUTE, address, 1)
+            control.remove_hardware(EXECUTE, address, 1, space)
         else:
-            control.remove_hardware(_WATCH_KINDS[type], address, kind)
+            control.remove_hardware(_WATCH_KINDS[type], address, kind, space)
+
+    def process_space(self, address: int, code: bool = True) -> AddressSpace:
+        """The address space of the process a breakpoint at user address `address` belongs to: the one `process`
+        names, else the only process that maps the address (as code, for a breakpoint; for a watchpoint, at all).
+        MachineError when there is none, or several and none named."""
+        spaces = self.processes.spaces()
+        if self.process is not None:
+            if self.process not in spaces:
+                raise MachineError(f"process {self.process} (monitor process) is not running")
+            if self.process not in self.processes.mapping(address, code):
+                raise MachineError(f"{address:#x} is not in a memory area of process {self.process}"
+                                   f"{' that may run' if code else ''}")
+            return spaces[self.process]
+        mapping = [pid for pid in self.processes.mapping(address, code) if pid in spaces]
+        if not mapping:
+            raise MachineError(f"{address:#x} is not mapped{' as code' if code else ''} in the kernel's address space "
+                               "(no process maps it)")
+        if len(mapping) > 1:
+            raise MachineError(f"processes {', '.join(map(str, mapping))} map {address:#x}: name the one the "
+                               "breakpoint is for with `monitor process PID`")
+        return spaces[mapping[0]]
 
     def _check_code(self, address: int) -> None:
         """Where a breakpoint can stop: the start of an instruction of a kernel function that runs in place (not

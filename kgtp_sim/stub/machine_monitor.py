@@ -1,6 +1,7 @@
 """`monitor` commands about the machine itself: statistics, CPUs, tick rate, workload pace, kernel console, the
-performance counters (`perf`, as `perf stat -a -A` prints them), and a stop without a breakpoint (`stop`, `go`:
-the machine's run control, machine/runcontrol.py).
+performance counters (`perf`, as `perf stat -a -A` prints them), a stop without a breakpoint (`stop`, `go`:
+the machine's run control, machine/runcontrol.py), and the process breakpoints at user addresses belong to
+(`process`: stub/kernel.py).
 
 Runs on the server thread; the machine answers through its CPU thread (`Machine.run_on_cpu`)."""
 
@@ -9,9 +10,14 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from typing import TYPE_CHECKING
+
 from ..machine import Machine
 from ..machine.counters import Counter, EventAttr, HwEvent, PerfType, SwEvent
 from .monitor import Monitor, MonitorUsageError, parse_int
+
+if TYPE_CHECKING:
+    from .kernel import KernelTarget
 
 #: what `monitor perf on` counts on every CPU: perf stat's default events, and the user-mode share of the
 #: instructions (ring 3)
@@ -165,3 +171,24 @@ def register_machine_commands(monitor: Monitor, machine: Machine, started: float
             return "the machine is running"
         machine.control.resume()
         return "machine running"
+
+
+def register_process_command(monitor: Monitor, target: KernelTarget) -> None:
+    @monitor.register("process", "process [PID|auto]",
+                      "the process breakpoints at user addresses stop in (auto: the one that maps the address)")
+    def process(args: list[str]) -> str:
+        if args:
+            if args[0] == "auto":
+                target.process = None
+            else:
+                pid = parse_int(args[0], "process", low=1, high=2**31 - 1)
+                running = target.processes.spaces()
+                if pid not in running:
+                    raise MonitorUsageError(f"no process {pid} runs (processes: "
+                                            f"{', '.join(map(str, sorted(running))) or 'none'})")
+                target.process = pid
+        if target.process is None:
+            return ("breakpoints at user addresses: in the one process that maps the address (processes: "
+                    f"{', '.join(map(str, sorted(target.processes.spaces()))) or 'none'})")
+        return (f"breakpoints at user addresses: in process {target.process} (GDB inserts them again at each "
+                "continue)")

@@ -45,3 +45,38 @@ def test_do_syscall_sees_the_process_with_its_pid_and_comm(gdb, program_stub):
     assert values[0] == str(pid), out
     assert values[1] == f'"{program.name[:15]}"', out  # comm: the program's name, as Linux cuts it
     assert values[2:] == ["110", "1", "51", "43", "1", "256"], out  # getppid; USER_CS 0x33, USER_DS 0x2b
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
+@pytest.mark.parametrize("engine", ["interp", "naive", "opt"])
+def test_collect_current_and_bt_show_the_program_stack_down_to_main(gdb, tmp_path, engine, cpus):
+    """KGTP's howto ("Use KGTP with user space program"): `collect $current` and `collect $bt` at a system call of
+    the process; after tfind, GDB with the program's symbols shows the program's registers and walks its stack from
+    the system call's wrapper down to main."""
+    program = compile_program("syscalls", "glibc-static", tmp_path)
+    server = start_stub("--run", f"{program} forever", "--engine", engine, cpus=cpus)
+    try:
+        wait_until(lambda: any("round" in line for line in server.output), "the program's first output")
+        started = next(line for line in server.output if "started" in line)
+        pid = int(re.search(r"as pid (\d+)", started).group(1))
+        out = run_gdb(
+            gdb, server, f"add-symbol-file {program}",
+            f"trace do_syscall if $current_task_user && $current_task_pid == {pid} && "
+            "((struct pt_regs *)$task_pt_regs)->orig_ax == 110",
+            "actions", "collect $current", "collect $bt", "end",
+            "tstart", *wait_for_hits(1, 2), "tstop", "tfind 0",
+            "bt", "print $pc", "print $cs", "print $ss", "info symbol *(long *)$sp", "tfind 1", "bt",
+        )
+    finally:
+        server.stop()
+    walks = [re.findall(r"^#\d+\s+(?:0x[0-9a-f]+ in )?(\w+) \(", walk, re.M)
+             for walk in out.split("Found trace frame")[1:]]
+    assert len(walks) == 2, out + "".join(server.output[-20:])
+    for walk in walks:
+        # the program's frames from the system call's wrapper through main (GDB goes on below main to _start: its
+        # main program is the kernel, whose symbols have no main)
+        assert walk[:2] == ["getppid", "main"] and walk[-1] == "_start", out
+    values = _values(out)
+    assert re.fullmatch(r"\(void \(\*\)\(\)\) 0x[0-9a-f]+ <getppid\+\d+>", values[0]), out
+    assert values[1:3] == ["51", "43"], out  # USER_CS, USER_DS: the process's registers
+    assert re.search(r"^main \+ \d+ in section \.text", out, re.M), out  # its stack, collected by $bt

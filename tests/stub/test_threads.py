@@ -35,10 +35,10 @@ class FakeControl:
     listeners: list = field(default_factory=list)
     breakpoints: list = field(default_factory=list)
 
-    def insert_breakpoint(self, address):
+    def insert_breakpoint(self, address, space=None):
         self.breakpoints.append(("software", address))
 
-    def insert_hardware(self, kind, address, size):
+    def insert_hardware(self, kind, address, size, space=None):
         self.breakpoints.append((kind, address, size))
 
     def clear(self):
@@ -237,10 +237,11 @@ def test_outside_a_replay_continue_waits_and_nothing_else_moves():
     assert isinstance(dispatcher.dispatch(b"c"), Deferred)
     for packet in (b"s", b"bs", b"bc", b"vCont;s:1;c"):
         assert dispatcher.dispatch(packet).startswith(b"E.the kernel never stops")
-    assert dispatcher.dispatch(b"Z3,1000,1") == b"" and dispatcher.dispatch(b"z3,1000,1") == b""
+    kernel = 0xFFFF888000001000  # a kernel address (a process's are its own: tests/stub/test_kernel_user_breakpoints.py)
+    assert dispatcher.dispatch(b"Z3,%x,1" % kernel) == b"" and dispatcher.dispatch(b"z3,%x,1" % kernel) == b""
     for kind in (0, 1, 2, 4):
-        assert dispatcher.dispatch(b"Z%d,1000,1" % kind) == b"OK"
-    assert machine.control.breakpoints == [("software", 0x1000), (0, 0x1000, 1), (1, 0x1000, 1), (2, 0x1000, 1)]
+        assert dispatcher.dispatch(b"Z%d,%x,1" % (kind, kernel)) == b"OK"
+    assert machine.control.breakpoints == [("software", kernel), (0, kernel, 1), (1, kernel, 1), (2, kernel, 1)]
     assert b"ReverseStep+" in dispatcher.dispatch(b"qSupported").split(b";")
 
 

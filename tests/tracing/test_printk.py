@@ -435,7 +435,6 @@ def test_current_makes_a_pt_regs_the_hits_registers(engine):
 
 
 @pytest.mark.parametrize("actions, condition, text", [
-    ([_x(f"tracev {N['current']:#x}; end")], None, "reading $current means the current task's user registers"),
     ([], assemble(f"reg 0x5; setv {N['current']:#x}; end"), "$current can only be set in an action"),
     ([_x(f"reg 0x5; setv {N['current']:#x}; end")] * 2, None, "$current is set by more than one action"),
 ])
@@ -443,4 +442,13 @@ def test_what_current_cannot_mean_here_fails_tstart(actions, condition, text):
     machine, tracer = _tracer("opt")
     _define(tracer, 1, SITE, actions, condition=condition)
     with pytest.raises(TraceError, match=re.escape(text)):
+        tracer.start()
+
+
+def test_current_cannot_be_read_while_stepping():
+    machine, tracer = _tracer("opt")
+    tracer.definitions.define(t.DefineTracepoint(number=1, address=SITE, step_count=2, more=True))
+    tracer.definitions.add_actions(t.TracepointActions(number=1, address=SITE, stepping=True,
+                                                       actions=(_x(f"tracev {N['current']:#x}; end"),)))
+    with pytest.raises(TraceError, match=re.escape("while-stepping actions cannot read $current")):
         tracer.start()

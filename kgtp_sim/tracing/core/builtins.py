@@ -349,7 +349,8 @@ BUILTIN_VARIABLES = BuiltinTable((
     Builtin(27, "current_task_user", compute=_current_task_user,
             summary="user_mode(task_pt_regs(current)): 1 when the current task is a process's"),
     Builtin(28, "current", agent_write=True,
-            summary="set to a struct pt_regs pointer: the hit's registers are that context's (printk.py)"),
+            summary="read: the hit's registers (and a user context's memory) are task_pt_regs(current)'s; set to "
+                    "a struct pt_regs pointer: that context's (printk.py)"),
     Builtin(29, "bt", BT_DEFAULT, gdb_read="stored", gdb_write=True,
             summary="bytes of stack `collect $bt` records with the registers"),
     Builtin(30, "enable", agent_read=False, agent_write=True,

@@ -44,8 +44,21 @@ GDB's.
 **`$current = P`** (an action, KGTP's `get_regs`; GDB compiles `teval $current = (unsigned long)regs`, not
 the assignment of a pointer variable): that action runs first at each hit, before the condition, and every
 register the hit reads or records is then the `struct pt_regs` at P (an interrupt's, a trap's, a system call's
-frame), as KGTP reads the registers of another context. Reading `$current` means the current task's user
-registers (`task_pt_regs`): this machine's tasks are kernel threads with none, so it is refused.
+frame), as KGTP reads the registers of another context.
+
+**`collect $current`** (any read of it in a condition or an action; KGTP's GTP_ENTRY_FLAGS_CURRENT_TASK): the
+registers of the hit are `task_pt_regs(current)`'s, the frame the kernel saved when the current task entered it
+from ring 3 (a system call, a fault, an interrupt of the process), and the frame records them as its register
+block (all of them: GDB sends no `R` action for a variable), so that `tfind` shows the process where it entered
+the kernel. The value recorded for `$current` is the address of that `struct pt_regs` (KGTP drops the action).
+When those registers are a user context (their CS is ring 3's), every memory read of the hit is the process's, as
+gtp.c switches to gtp_task_handler_read: a `$sp`-relative range, `$bt` (the howto's `collect $current` and
+`collect $bt`: the user stack from the user %rsp, what `bt` walks with the program's symbols) read the program's
+pages through the page tables the hitting CPU has loaded (the current task's; kernel addresses read the same in
+every space). At a kernel thread's hit the registers are still those at the top of its kernel stack, as gtp.c
+takes them without asking (whatever that area holds: a kernel thread never entered from user mode), and memory is
+the kernel's: put `$current_task_user` in the condition, as the howto does. Reading `$current` in while-stepping
+actions is refused: the steps are the kernel's own instructions, not the process's.
 
 Tracepoints using any of these run on the Python hit path (`hits.interpreted_hit` with a `DirectHit`) under
 every engine; the others keep their native paths.
@@ -70,6 +83,7 @@ from ...arch import amd64
 from ...machine import smp
 from ..core import model as t
 from ..core.builtins import BUILTIN_VARIABLES, PRINTK_LEVEL_DEFAULT, PT_REGS_SIZE
+from ..core.frames import ALL_GENERAL
 from ..core.model import TraceError
 from ..core.run import Run
 from ..engines.hits import HitContext
@@ -81,6 +95,7 @@ log = logging.getLogger(__name__)
 _N = {b.name: b.number for b in BUILTIN_VARIABLES}
 PRINTK_LEVEL, PRINTK_FORMAT = _N["printk_level"], _N["printk_format"]
 ENABLE, DISABLE, CURRENT = _N["enable"], _N["disable"], _N["current"]
+TASK_PT_REGS = _N["task_pt_regs"]
 
 #: gtp.c's GTP_PRINTK_FORMAT_* numbers.
 FORMAT_A, FORMAT_D, FORMAT_U, FORMAT_X, FORMAT_S, FORMAT_B = range(6)
@@ -222,6 +237,8 @@ class DirectPlan:
     names: Names
     current: Program | None = None  # the action setting $current (KGTP's get_regs), run first at each hit
     variables: dict[int, str] = field(default_factory=dict)  # trace state variable number -> name
+    #: a condition or action reads $current: without `current`, the hit's registers are task_pt_regs(current)'s
+    reads_current: bool = False
 
 
 def _ops(program: Program | None):
@@ -234,6 +251,10 @@ def _writes(programs) -> set[int]:
     return {number for program in programs for op, number in _ops(program) if op == "setv"}
 
 
+def _reads(programs, number: int) -> bool:
+    return any(op != "setv" and n == number for program in programs for op, n in _ops(program))
+
+
 def attach(item: Installed, tracer: Run) -> None:
     """tstart (or a location armed during a run): refuse what KGTP refuses about these variables, and give a
     location that uses them the hit context that does what they mean (None keeps the ordinary one, and the
@@ -243,11 +264,13 @@ def attach(item: Installed, tracer: Run) -> None:
     stepping = [p for _, p in item.stepping if p is not None]
     if {PRINTK_LEVEL, PRINTK_FORMAT} & _writes(stepping):
         raise TraceError(f"{where}: while-stepping actions cannot print ($printk_level), as in KGTP")
-    everything = [item.condition, *actions, *stepping]
-    if any(op != "setv" and number == CURRENT for program in everything for op, number in _ops(program)):
-        raise TraceError(f"{where}: reading $current means the current task's user registers, and this "
-                         "machine's tasks are kernel threads: set it to a struct pt_regs pointer instead "
-                         "(teval $current = (unsigned long)regs)")
+    if _reads([*stepping], CURRENT):
+        raise TraceError(f"{where}: while-stepping actions cannot read $current (the steps are the kernel's "
+                         "instructions, not the current task's user context)")
+    reads_current = _reads([item.condition, *actions], CURRENT)
+    if item.space is not None and (reads_current or CURRENT in _writes(actions)):
+        raise TraceError(f"{where}: a tracepoint in a program cannot use $current: its registers are the "
+                         "program's already (KGTP refuses $current in its uprobes too)")
     if CURRENT in _writes([item.condition, *stepping]):
         raise TraceError(f"{where}: $current can only be set in an action, as in KGTP")
     setting_current = [(a, p) for a, p in item.actions if p is not None and CURRENT in _writes([p])]
@@ -255,15 +278,20 @@ def attach(item: Installed, tracer: Run) -> None:
         raise TraceError(f"{where}: $current is set by more than one action")
     used = _writes([item.condition, *actions]) & {PRINTK_LEVEL, PRINTK_FORMAT, ENABLE, DISABLE, CURRENT}
     used |= _writes(stepping) & {ENABLE, DISABLE}
-    if not used:
+    if not used and not reads_current:
         return
     current = None
     if setting_current:
         item.actions = [pair for pair in item.actions if pair is not setting_current[0]]
         current = setting_current[0][1]
+    if reads_current:  # the frame's register block is the context's, every register of it (GDB sends R first)
+        item.actions = [(t.CollectRegisters(a.mask | ALL_GENERAL), p) if isinstance(a, t.CollectRegisters) else (a, p)
+                        for a, p in item.actions]
+        if not any(isinstance(action, t.CollectRegisters) for action, _ in item.actions):
+            item.actions = [(t.CollectRegisters(ALL_GENERAL), None), *item.actions]
     tp = item.tracepoint
     plan = DirectPlan(f"gtp {tp.number} {tp.address & _U64:016x}:", expression_names(tp, tracer.machine.image),
-                      current, {n: v.name for n, v in tracer.definitions.variables.items()})
+                      current, {n: v.name for n, v in tracer.definitions.variables.items()}, reads_current)
     item.hit_context = functools.partial(DirectHit, plan=plan)
 
 
@@ -287,15 +315,20 @@ class DirectHit(HitContext):
     # ---- the hooks of hits.interpreted_hit --------------------------------------------------------------
 
     def begin(self) -> bool:
-        """`$current`: run the action setting it, then read the hit's registers from that `struct pt_regs`."""
+        """`$current`: run the action setting it (or take `task_pt_regs(current)` when the location only reads
+        it), then read the hit's registers from that `struct pt_regs`; a user context's hit reads the process's
+        memory (gtp.c's gtp_task_handler_read), through the page tables the hitting CPU has loaded."""
         assert self.plan is not None
-        if self.plan.current is None:
+        if self.plan.current is not None:
+            result = evaluate(self.plan.current, self)
+            if not self.tracer.check(result.error, self.tracepoint):
+                return False
+            if self._current is None:
+                return self._fail("$current was not set")
+        elif self.plan.reads_current:
+            self._current = self.tsv_get(TASK_PT_REGS)
+        else:
             return True
-        result = evaluate(self.plan.current, self)
-        if not self.tracer.check(result.error, self.tracepoint):
-            return False
-        if self._current is None:
-            return self._fail("$current was not set")
         try:
             raw = self.read_memory(self._current, PT_REGS_SIZE)
         except UnreadableMemory as error:
@@ -306,6 +339,8 @@ class DirectHit(HitContext):
         registers[amd64.REGISTER_INDEX["cs"]] &= _U32
         registers[amd64.REGISTER_INDEX["ss"]] &= _U32
         self.regs = registers + self.regs[len(registers):]  # ds, es, fs, gs: the hit's
+        if registers[amd64.REGISTER_INDEX["cs"]] & 3 == 3:  # user_mode(regs)
+            self.space = self.tracer.machine.cpu_space()
         return True
 
     def run(self, program: Program) -> EvalResult:
@@ -339,6 +374,11 @@ class DirectHit(HitContext):
         return bool(self.blocks) or not self.printed
 
     # ---- the agent context ------------------------------------------------------------------------------
+
+    def tsv_get(self, n: int) -> int:
+        if n == CURRENT:
+            return self._current or 0  # the struct pt_regs the hit's registers come from
+        return super().tsv_get(n)
 
     def tsv_set(self, n: int, value: int) -> None:
         if n == PRINTK_LEVEL:
