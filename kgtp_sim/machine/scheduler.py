@@ -37,7 +37,7 @@ import threading
 import time
 from typing import Any, Callable, TypeVar
 
-from unicorn import Uc
+from unicorn import UC_CTL_IO_WRITE, UC_CTL_TLB_FLUSH, Uc
 from unicorn import x86_const as X
 
 from ..uc_native import old_exception_offset, write_saved_context_int
@@ -197,7 +197,14 @@ class Scheduler:
         if offset is not None:
             write_saved_context_int(outgoing, offset, -1)
         slot = self.slots[index]
+        cr3 = uc.reg_read(X.UC_X86_REG_CR3)
         uc.context_restore(slot.context)
+        if uc.reg_read(X.UC_X86_REG_CR3) != cr3:
+            # One unicorn CPU stands for every CPU: its TLB holds the outgoing CPU's translations, which a context
+            # restore keeps. Another address space loaded (a process on each CPU) must not be reached through
+            # them: flushed, as the CR3 write of a real switch would (the kernel half is the same in every space,
+            # so a CPU switch between kernel threads, or into the same process, keeps its TLB).
+            uc.ctl(UC_CTL_TLB_FLUSH, UC_CTL_IO_WRITE)
         self.current_cpu = index
         self.switches += 1
         if self.cpu.observer is not None:  # the performance counters count on the CPU now loaded

@@ -45,3 +45,33 @@ def test_the_initramfs_is_loaded_before_boot_only():
             machine.processes.load_archive(b"")
     finally:
         machine.shutdown()
+
+
+def test_two_processes_on_two_cpus_run_in_their_own_address_spaces(tmp_path):
+    """One unicorn CPU stands for both CPUs: switching between them must not carry one process's TLB entries
+    into the other's address space (both programs load at the same addresses, so a stale entry reaches the
+    other's pages: a segfault within a few rounds). Both run on, each writing its rounds."""
+    import time
+
+    from kgtp_sim.machine.initramfs import Archive
+
+    from ..programs import compile_program
+
+    program = compile_program("syscalls", "glibc-static", tmp_path)
+    archive = Archive()
+    inside = archive.add_program(program)
+    machine = Machine(KernelImage.load(VMLINUX), cpus=2)
+    machine.processes.load_archive(archive.pack())
+    rounds = []
+    machine.processes.sink = lambda fd, data: rounds.append(data.count(b"round\n"))
+    machine.start()
+    try:
+        pids = [machine.processes.spawn(inside, ["syscalls"]) for _ in range(2)]
+        deadline = time.monotonic() + 120
+        while sum(rounds) < 40 and not machine.processes.exited():
+            assert time.monotonic() < deadline, "the programs made no progress"
+            time.sleep(0.05)
+        ended = machine.processes.exited()
+    finally:
+        machine.shutdown()
+    assert not ended, (pids, ended, machine.console_text()[-2000:])
