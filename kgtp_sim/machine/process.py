@@ -60,6 +60,8 @@ SPAWN_TIMEOUT = 10.0  #: seconds for CPU 0's tick to take a request (many ticks)
 #: struct machine_request (process.c): seq, done, result, op, arg[2]; its ops
 REQUEST_OP = 24
 REQUEST_RAMFS_RESERVE, REQUEST_RAMFS_ADD, REQUEST_PTRACE_ATTACH = 1, 2, 3
+#: task states (fixtures/kernel/include/kernel.h): an ended task whose stack is still in use, a free slot
+EXIT_ZOMBIE, TASK_DEAD = 0x20, 0x80
 
 OutputSink = Callable[[int, bytes], None]
 
@@ -102,6 +104,8 @@ class _Machine(Protocol):
     started: bool
     cpu: Any  # cpu.Cpu: its unicorn instance
     image: Any  # image.KernelImage: where the kernel keeps the spawn request
+    ptrace: Any  # tracee.Ptrace: the layout of a task
+    cpu_count: int
 
     def read_memory(self, address: int, length: int) -> bytes: ...
 
@@ -112,6 +116,16 @@ class _Machine(Protocol):
 
 def _digest(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
+
+
+@dataclass(frozen=True)
+class ProcessEntry:
+    """A process of the machine as `ps` shows it: its pid, its command line (a kernel thread's `[comm]`, as
+    /proc/PID/cmdline's reader shows one) and the CPUs its threads are on."""
+
+    pid: int
+    command: str
+    cores: tuple[int, ...]
 
 
 class SpawnError(MachineError):
@@ -273,6 +287,45 @@ class Processes:
             raise SpawnError(f"the kernel listed {listed} of {len(new.files)} files added (its table is full?)")
         self.files.update((path, _digest(entry[1])) for path, entry in new.files.items())
         return sorted(new.files)
+
+    def listing(self) -> list[ProcessEntry]:
+        """Every process of the machine, kernel threads included, by pid (/proc's listing): from the kernel's
+        tasks[], and each process's command line from the arguments it was started with (process.c's exec_args,
+        one per process slot: path, argv, envp)."""
+        layout = self._machine.ptrace.layout
+        image = self._machine.image
+        tasks = image.symbols["tasks"]
+        args = image.symbols["exec_args"]
+        first = struct.unpack("<Q", self._machine.read_memory(image.address_of("signal_abi") + 24, 8))[0]
+        count = tasks.size // layout.size
+        slot_size = args.size // (count - first)
+
+        def scan(uc: Any) -> tuple[bytes, bytes]:
+            return bytes(uc.mem_read(tasks.address, tasks.size)), bytes(uc.mem_read(args.address, args.size))
+
+        raw, arguments = self._machine.run_on_cpu(scan)
+        groups: dict[int, tuple[str, set[int]]] = {}
+        for index in range(count):
+            base = index * layout.size
+            pid, tgid, cpu = (struct.unpack_from("<i", raw, base + offset)[0]
+                              for offset in (layout.pid, layout.tgid, layout.cpu))
+            state, = struct.unpack_from("<q", raw, base + layout.state)
+            mm, = struct.unpack_from("<Q", raw, base + layout.mm)
+            if state in (TASK_DEAD, EXIT_ZOMBIE) or (index >= first and not mm):
+                continue  # a free slot, an ended task, or one not set up yet (or a CPU the machine lacks)
+            if index < first and cpu >= self._machine.cpu_count:
+                continue
+            if index < first:
+                comm = raw[base + layout.comm: base + layout.comm + 16].split(b"\0", 1)[0].decode("latin-1")
+                groups[pid] = (f"[{comm}]", {cpu})
+                continue
+            if tgid not in groups:
+                slot = arguments[(index - first) * slot_size: (index - first + 1) * slot_size]
+                argc, _envc, size = struct.unpack_from("<3I", slot)
+                words = slot[12: 12 + size].split(b"\0")[1: 1 + argc]  # past the path
+                groups[tgid] = (" ".join(w.decode("utf-8", "replace") for w in words), set())
+            groups[tgid][1].add(cpu)
+        return [ProcessEntry(pid, command, tuple(sorted(cores))) for pid, (command, cores) in sorted(groups.items())]
 
     def wait(self, pid: int, timeout: float | None = None) -> ProcessExit | None:
         """How process `pid` ended, waiting for it up to `timeout` seconds (None: as long as it takes); None if it

@@ -38,11 +38,11 @@ from unicorn import x86_const as X
 
 from .errors import MachineError
 from .layout import PAGE_SIZE
-from .process import REQUEST_PTRACE_ATTACH
+from .process import EXIT_ZOMBIE, REQUEST_PTRACE_ATTACH, TASK_DEAD
 
 PORT_PTRACE = 0xE8
 PTRACE_PEEKDATA, PTRACE_CONT, PTRACE_KILL, PTRACE_SINGLESTEP, PTRACE_DETACH = 2, 7, 8, 9, 17
-TASK_TRACED, EXIT_ZOMBIE, TASK_DEAD = 0x8, 0x20, 0x80
+TASK_TRACED = 0x8
 #: PORT_PTRACE's %rsi for a thread of a traced process that ended (its process lives on)
 THREAD_ENDED = (1 << 64) - 1
 #: what `Tracee.interrupt` asks: SIGINT (GDB's Ctrl-C), or a stop with no signal (gdbserver's stop of the other
@@ -232,7 +232,8 @@ class Ptrace:
         waiting until each has stopped (quietly, or with a signal it was about to take); its threads by tid, the
         leader first. MachineError naming why when the kernel refuses: no such process, a kernel thread, or one
         traced already. A thread still being made then stops later, as a new thread does."""
-        before = self.serial
+        with self._cond:
+            before, already = self._serial, set(self._stops)  # a thread stopped for the debugger before counts
         taken = self._machine.processes.request(REQUEST_PTRACE_ATTACH, pid)
         if taken < 0:
             reason = {3: "No such process", 1: "Operation not permitted"}.get(-taken, f"errno {-taken}")
@@ -243,7 +244,8 @@ class Ptrace:
                 raise TraceeGone(f"process {pid} ended while being attached")
             threads = self.threads_of(pid)
             with self._cond:
-                stopped = {tid: stop for tid, stop in self._stops.items() if tid in threads and stop.serial > before}
+                stopped = {tid for tid, stop in self._stops.items()
+                           if tid in threads and (stop.serial > before or tid in already)}
             if threads and len(stopped) == len(threads):
                 break
             self.wait_serial(serial)
