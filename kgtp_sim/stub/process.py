@@ -19,6 +19,13 @@ GDB removes them and resumes again (GDB removes and reinserts every breakpoint a
 not touched). A stop on an int3 of ours is reported as `swbreak` with the PC back on the breakpoint. Range
 stepping (`vCont;r`) steps here until the PC leaves the range.
 
+A process attached to (`attached`: gdbserver's linux_attach) is the same target, its threads stopped by the
+kernel's PTRACE_ATTACH, its program's path and auxiliary vector read under its stack's top.
+
+Why this module is long: it is one target, gdbserver's linux-low for one process: threads, registers, memory, the
+breakpoints in the process's memory and debug registers, and the all-stop run control that ties them, which share
+the per-thread state kept here.
+
 Runs on the server thread, as every handler; the stop listener on the CPU thread only wakes the server.
 """
 
