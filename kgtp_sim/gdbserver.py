@@ -1,5 +1,5 @@
-"""The gdbserver role: `kgtp-sim gdbserver [OPTIONS] COMM PROG [ARGS...]`, a drop-in for gdbserver whose program
-runs as a process on the simulated kernel.
+"""The gdbserver role: `kgtp-sim gdbserver [OPTIONS] COMM PROG [ARGS...]` (or `--multi COMM`, `--attach COMM PID`),
+a drop-in for gdbserver whose program runs as a process on the simulated kernel.
 
 Wiring, as app.py is KGTP mode's: the machine boots with the program in its initramfs, the program is started
 traced and stopped at its first instruction (stub/process.py's target over the kernel's ptrace), and GDB is served
@@ -13,15 +13,21 @@ memory) and in the kernel under it, with `$inferior_pid` the program. Its enviro
 command's, less the largest variables when the kernel's spawn request cannot hold them all (`fit_environment`: the
 variables left out are named on stderr).
 
-Options: `--once` (serve one connection, then exit), `--multi` (accepted; the program stays the only one),
+Options: `--once` (serve one connection, then exit), `--multi` (start without PROG: the machine boots with no
+process, and GDB's `target extended-remote` runs one with vRun: stub/extended.py), `--attach` (COMM then the pid of
+a process already on the machine: only useful with a kernel that starts one itself; vAttach is the usual way),
 `--wrapper WRAPPER... --` (accepted, not run: the machine has no shell and starts the program directly, as
-`--no-startup-with-shell`), `--debug`/`--remote-debug`/`--debug-format=...` (more logging), `--attach` (refused:
-only a program started here can be traced yet), and ours: `--cpus`, `--kernel`, `--hz`. COMM is `[HOST]:PORT`
-(loopback unless HOST says otherwise) or `stdio`/`-` (GDB's `target remote | kgtp-sim gdbserver - PROG`).
+`--no-startup-with-shell`), `--debug`/`--remote-debug`/`--debug-format=...` (more logging), and ours: `--cpus`,
+`--kernel`, `--hz`. COMM is `[HOST]:PORT` (loopback unless HOST says otherwise) or `stdio`/`-` (GDB's `target
+remote | kgtp-sim gdbserver - PROG`).
 
-Without `--once` the server keeps serving new connections while the process lives, as gdbserver reopens its
-connection; it ends when the process ended or was detached and GDB left, or at `monitor exit` (which hangs up once
-its reply is out, as gdbserver's does).
+A program named on the command line goes into the initramfs before boot; one GDB runs later (vRun, `run` in
+extended-remote: a host path, as gdbserver takes it) is added to the running machine's initramfs with what its
+dynamic linker opens (programs.install_program), nothing else of the host. Without `--once` the server keeps serving
+new connections while the process lives, as gdbserver reopens its connection; once GDB sent `!` (extended-remote)
+it serves on when the process ended, was killed or detached, as gdbserver's extended_protocol; else it ends when the
+process ended or was detached and GDB left. `monitor exit` ends it (it hangs up once its reply is out, as
+gdbserver's does).
 
 Threads: the main thread parses, boots, serves (accepts) and waits; each connection is served on its own thread
 (rsp/server.py); the program's output is written from the CPU thread, its input fed by a daemon thread; the main
@@ -44,6 +50,8 @@ if TYPE_CHECKING:
 
 USAGE = """\
 usage: kgtp-sim gdbserver [OPTIONS] COMM PROG [ARGS ...]
+       kgtp-sim gdbserver [OPTIONS] --multi COMM
+       kgtp-sim gdbserver [OPTIONS] --attach COMM PID
 
 COMM is [HOST]:PORT (HOST: loopback unless given) or stdio (or -: packets on
 stdin and stdout). PROG is a static or dynamic x86_64 Linux program; it runs
@@ -52,7 +60,9 @@ GDB resumes it.
 
 Options (gdbserver's):
   --once                exit after the first connection closes
-  --multi               accepted (extended-remote); PROG stays the only process
+  --multi               start without PROG; GDB runs one (target extended-remote,
+                        run) and the server stays up when it ends
+  --attach              debug the running process PID of the machine
   --wrapper WRAPPER --  accepted and not run: the machine starts PROG directly
   --debug, --remote-debug, --debug-format=...   log more
 Options (the machine's):
@@ -67,6 +77,8 @@ examples:
   kgtp-sim gdbserver :2345 ./prog arg1   # gdb ./prog -ex 'target remote :2345'
   kgtp-sim gdbserver --once --cpus 1 localhost:2345 ./prog
   gdb ./prog -ex 'target remote | kgtp-sim gdbserver - ./prog'
+  kgtp-sim gdbserver --multi :2345       # gdb -ex 'target extended-remote :2345'
+                                         #     -ex 'set remote exec-file ./prog' -ex run
 """
 
 
@@ -87,6 +99,7 @@ class Options:
     program: list[str] = field(default_factory=list)
     once: bool = False
     multi: bool = False
+    attach: int | None = None  #: --attach PID
     debug: int = 0
     wrapper: list[str] = field(default_factory=list)
     cpus: int = 2
@@ -136,7 +149,7 @@ def parse(argv: list[str]) -> Options:
                 except ValueError:
                     raise UsageError(f"{name} needs a number, not {value!r}") from None
         elif name == "--attach":
-            raise UsageError("--attach: only a program started by this gdbserver can be debugged yet")
+            options.attach = 0
         elif name in ("--help", "--version"):
             raise UsageError("")
         else:
@@ -144,9 +157,17 @@ def parse(argv: list[str]) -> Options:
     if not args:
         raise UsageError("no COMM given")
     options.comm = args.pop(0)
+    if args and args[0] == "--attach":  # gdbserver's older spelling: --attach after COMM
+        options.attach = 0
+        args.pop(0)
+    if options.attach is not None:
+        if len(args) != 1 or not args[0].isdigit() or not int(args[0]):
+            raise UsageError("--attach takes COMM and one PID")
+        options.attach = int(args[0])
+        args = []
     options.program = args
-    if not options.program:
-        raise UsageError("no program to run (PROG): nothing to debug")
+    if not options.program and options.attach is None and not options.multi:
+        raise UsageError("no program to run (PROG): nothing to debug (or --multi, or --attach PID)")
     if not 1 <= options.cpus <= 8:
         raise UsageError("--cpus must be between 1 and 8")
     return options
@@ -188,38 +209,62 @@ class Server:
     def __init__(self, options: Options) -> None:
         from .client import paths
         from .machine import KernelImage, Machine
-        from .machine.process import SPAWN_ARGS_SIZE
-        from .programs import Program, environment, load_programs, relay_input, relay_output
+        from .programs import Program, load_programs, relay_input, relay_output
 
         self.options = options
         self.machine = Machine(KernelImage.load(options.kernel or paths.VMLINUX), hz=options.hz, cpus=options.cpus)
-        program = Program(Path(options.program[0]), tuple(options.program))
-        self.inside = load_programs(self.machine, [program])[program.path]
+        self.program: Program | None = None
+        self.inside = ""
+        if options.program:
+            self.program = Program(Path(options.program[0]), tuple(options.program))
+            self.inside = load_programs(self.machine, [self.program])[self.program.path]
         relay_output(self.machine)
         if options.comm not in ("stdio", "-"):  # the program reads this server's standard input, as gdbserver's does
             relay_input(self.machine)
-        self.program = program
-        self.environment, left_out = fit_environment(self.inside, list(program.argv), environment(), SPAWN_ARGS_SIZE)
-        if left_out:
-            print(f"kgtp-sim gdbserver: the kernel takes {SPAWN_ARGS_SIZE} bytes of arguments and environment; "
-                  f"not passed to the program: {', '.join(left_out)}", file=sys.stderr, flush=True)
         self.done = threading.Event()
         self.exit_requested = False
         self.port: int | None = None  #: the TCP port served (None: a pipe)
         self.session: Session | None = None  #: the connection's session (one at a time), which `monitor exit` closes
 
+    def _environment(self, inside: str, argv: list[str]) -> list[str]:
+        """This command's environment, less what the kernel's spawn request cannot hold (named on stderr)."""
+        from .machine.process import SPAWN_ARGS_SIZE
+        from .programs import environment
+
+        kept, left_out = fit_environment(inside, argv, environment(), SPAWN_ARGS_SIZE)
+        if left_out:
+            print(f"kgtp-sim gdbserver: the kernel takes {SPAWN_ARGS_SIZE} bytes of arguments and environment; "
+                  f"not passed to the program: {', '.join(left_out)}", file=sys.stderr, flush=True)
+        return kept
+
+    def _run(self, program: str, args: list[str]):
+        """vRun's program (a host path, as gdbserver's): into the running machine's initramfs, then started traced
+        (Inferior's `start`)."""
+        from .programs import install_program
+
+        inside = install_program(self.machine, Path(program))
+        argv = [program, *args]
+        return self.machine.ptrace.spawn(inside, argv, self._environment(inside, argv)), inside
+
     def start(self) -> None:
         from .rsp.dispatch import Dispatcher
         from .stub.core import TargetHandlers
         from .stub.monitor import Monitor
+        from .stub.extended import ExtendedHandlers, Inferior
         from .stub.process import ProcessTarget
-        from .stub.program import ProcessHandlers, ProgramSpace
+        from .stub.program import ProcessHandlers
         from .stub.trace import TraceHandlers, register_trace_commands
         from .tracing import Tracer
 
         self.machine.start()
-        tracee = self.machine.ptrace.spawn(self.inside, list(self.program.argv), self.environment)
-        self.target = ProcessTarget(tracee, self.inside)
+        self.target = Inferior(self.machine, start=self._run, say=_say)
+        if self.program is not None:
+            argv = list(self.program.argv)
+            tracee = self.machine.ptrace.spawn(self.inside, argv, self._environment(self.inside, argv))
+            self.target.program = (argv[0], tuple(argv[1:]))
+            self.target.adopt(ProcessTarget(tracee, self.inside, overlay=self.target.overlay))
+        elif self.options.attach is not None:
+            self.target.attach(self.options.attach)
         self.machine.processes.exit_listeners.append(self._ended)
         self.handlers = TargetHandlers(self.target)
         monitor = Monitor()
@@ -235,20 +280,31 @@ class Server:
             return ""
 
         # tracepoints, in the kernel under the program: KGTP's engines on the same machine, frames laid over the
-        # process when GDB selects one
+        # process when GDB selects one; tracepoints in the program go into its own memory
         self.tracer = Tracer(self.machine, self.options.engine)
-        self.tracer.user_space = ProgramSpace(tracee)  # tracepoints in the program go into its own memory
-        self.tracer.inferior_pid = tracee.pid
+        self.target.listeners.append(self._process_changed)
+        if self.target.process is not None:
+            self._process_changed(self.target.process)
         register_trace_commands(monitor, self.tracer)
         self.trace = TraceHandlers(self.tracer, self.target.overlay)
         process = ProcessHandlers(self.target, self.handlers.threads)
-        self.dispatcher = Dispatcher((*self.handlers.families, process, self.trace, monitor),
+        self.extended = ExtendedHandlers(self.target, self.handlers.threads, extended=False)
+        self.dispatcher = Dispatcher((*self.handlers.families, process, self.extended, self.trace, monitor),
                                      extra_features=("swbreak+", "hwbreak+", "multiprocess+", *NO_EVENTS),
                                      on_supported=self.handlers.supported)
 
+    def _process_changed(self, process) -> None:
+        """The process GDB debugs changed (vRun, vAttach, its end): KGTP's $inferior_pid and the tracer's user
+        space follow it."""
+        from .stub.program import ProgramSpace
+
+        if process is not None:
+            self.tracer.user_space = ProgramSpace(process.leader)
+            self.tracer.inferior_pid = process.pid
+
     def _ended(self, pid: int) -> None:
         """The program ended (CPU thread): gdbserver's line on its own terminal."""
-        if pid == self.target.pid:
+        if pid == self.target.process_id():
             status = self.machine.processes.exited()[pid]
             if status & 0x7F:  # server.cc names it as gdb_signal_to_name does
                 number = status & 0x7F
@@ -264,8 +320,14 @@ class Server:
         from .rsp.session import Session
 
         self.session = Session(self.dispatcher, stop_reply=self.handlers.stop_reply,
-                               async_stop=self.handlers.pending_stop)
+                               async_stop=self.handlers.pending_stop, ends_session=self._ends_session)
         return self.session
+
+    def _ends_session(self, payload: bytes, reply) -> bool:
+        """Outside extended mode a kill or detach ends the session, as gdbserver then exits; in it GDB stays."""
+        from .rsp.session import ends_with_the_process
+
+        return not self.extended.extended and ends_with_the_process(payload, reply)
 
     def on_connect(self, peer: tuple | None = None) -> None:
         """gdbserver's line for each connection (server.cc: remote_open's `Remote debugging from host`)."""
@@ -283,9 +345,13 @@ class Server:
             from .rsp.packets.trace import StopReason
 
             self.tracer.stop(StopReason.DISCONNECTED)
-        if self.options.once or self.exit_requested or self.target.ended() is not None or self.target.detached:
-            if self.target.ended() is None and not self.target.detached:
-                self.target.kill()
+        process = self.target.live()
+        gone = process is None and not self.extended.extended  # gdbserver: !extended_protocol && !target_running
+        if self.options.once or self.exit_requested or gone:
+            if process is not None and not process.attached():
+                process.kill()
+            elif process is not None:
+                process.detach()
             self.done.set()
         elif self.port is not None:  # gdbserver's words when it serves the program to the next GDB
             print("Remote side has terminated connection.  GDBserver will reopen the connection.", file=sys.stderr)
@@ -293,6 +359,11 @@ class Server:
 
     def shutdown(self) -> None:
         self.machine.shutdown()
+
+
+def _say(line: str) -> None:
+    """gdbserver's lines about its processes, on its stderr."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str]) -> int:
@@ -329,8 +400,8 @@ def main(argv: list[str]) -> int:
     try:
         server = Server(options)
     except (OSError, ValueError) as error:
-        print(f"kgtp-sim gdbserver: {options.program[0]}: {getattr(error, 'strerror', None) or error}",
-              file=sys.stderr)
+        print(f"kgtp-sim gdbserver: {options.program[0] if options.program else ''}: "
+              f"{getattr(error, 'strerror', None) or error}", file=sys.stderr)
         return 1
     holder.append(server)
     server.port = port
@@ -338,9 +409,13 @@ def main(argv: list[str]) -> int:
         try:
             server.start()
         except Exception as error:  # noqa: BLE001 - a program the kernel cannot start: gdbserver's message
-            print(f"kgtp-sim gdbserver: cannot start {options.program[0]}: {error}", file=sys.stderr)
+            what = options.program[0] if options.program else f"process {options.attach}"
+            print(f"kgtp-sim gdbserver: cannot start {what}: {getattr(error, 'message', None) or error}",
+                  file=sys.stderr)
             return 1
-        print(f"Process {options.program[0]} created; pid = {server.target.pid}", file=sys.stderr, flush=True)
+        if server.program is not None:
+            print(f"Process {options.program[0]} created; pid = {server.target.process_id()}", file=sys.stderr,
+                  flush=True)
         server.target.notify_stops(rsp.wake)
         if address is None:
             print("Remote debugging using stdio", file=sys.stderr, flush=True)

@@ -7,6 +7,9 @@ that cannot be found is an error before boot. Each is started as a process once 
 (`Processes.spawn`), and what the processes write to fds 1 and 2 comes out on the host's own streams. `run`
 exits with the program's status as a shell reports it (128 + the signal when a signal ended it).
 
+`install_program` does the same for a machine already running (the gdbserver role's vRun): the files go into its
+initramfs through the kernel (Processes.add_files).
+
 Threads: the main thread starts the machine, the programs, and waits; process output is written from the CPU
 thread (the port handler) straight to the host's file descriptors; a daemon thread relays the host's standard
 input into the kernel's console ring (`relay_input`).
@@ -76,6 +79,19 @@ def load_programs(machine, programs: list[Program]) -> dict[Path, str]:
     library_path = os.environ.get("LD_LIBRARY_PATH", "")  # the programs get this environment
     inside = {program.path: archive.add_program(program.path, library_path) for program in programs}
     machine.processes.load_archive(archive.pack())
+    return inside
+
+
+def install_program(machine, path: Path) -> str:
+    """A host program and what its dynamic linker will open, added to the running machine's initramfs (files it
+    has already, with the same bytes, are not added again: Processes.add_files); its path inside. Raises OSError
+    or ValueError (not an x86_64 program, a library not found) naming what is wrong, before anything goes in."""
+    from .machine.initramfs import Archive, check_program
+
+    check_program(path)
+    archive = Archive()
+    inside = archive.add_program(path, os.environ.get("LD_LIBRARY_PATH", ""))
+    machine.processes.add_files(archive)
     return inside
 
 

@@ -110,3 +110,14 @@ def test_monitor_exit_ends_the_server_without_waiting_for_gdb_to_leave(tmp_path)
             client.sock.settimeout(5)
             with pytest.raises(ConnectionError):
                 client.packet()
+
+
+def test_multi_needs_no_program_and_attach_takes_a_pid():
+    """gdbserver's three forms: PROG, `--multi COMM`, `--attach COMM PID` (and --attach after COMM)."""
+    options = parse(["--multi", ":2345"])
+    assert (options.multi, options.program, options.attach) == (True, [], None)
+    assert parse(["--attach", ":2345", "123"]).attach == 123
+    assert parse([":2345", "--attach", "77"]).attach == 77
+    for bad in (["--attach", ":2345"], ["--attach", ":2345", "x"], ["--attach", ":2345", "1", "2"]):
+        with pytest.raises(UsageError):
+            parse(bad)

@@ -88,6 +88,24 @@ def _read_dynamic(path: str | Path) -> _Dynamic | None:
         return None
 
 
+def check_program(path: str | Path) -> None:
+    """Raise ValueError naming why the host file at `path` is no program the kernel runs (not a regular file, not
+    a 64-bit x86_64 ELF executable or PIE), OSError when it cannot be read; what gdbserver's vRun of a bad file
+    ends in, said before anything goes into the machine."""
+    with open(path, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError("not a regular file")
+        try:
+            elf = ELFFile(f)
+            kind, machine, bits = elf["e_type"], elf["e_machine"], elf.elfclass
+        except ELFError:
+            raise ValueError("not an ELF file") from None
+    if bits != 64 or machine != "EM_X86_64":
+        raise ValueError(f"not an x86_64 program ({bits}-bit {machine})")
+    if kind not in ("ET_EXEC", "ET_DYN"):
+        raise ValueError(f"not an executable ({kind})")
+
+
 def _expand(directories: tuple[str, ...], origin: str) -> list[str]:
     """Search directories with $ORIGIN substituted; relative and other substituted ones left out."""
     out = []

@@ -10,6 +10,9 @@ initramfs.c, entry_64.S). The machine provides what hardware and a bootloader wo
   size written to the kernel's `initrd_start`/`initrd_size` (a bootloader's boot_params);
 - a request to start a program: the kernel's `spawn_request` (process.c) filled in and its `seq` bumped; CPU 0's
   next tick makes the process and writes its pid back (`Processes.spawn`);
+- the machine's other requests, through `machine_request` the same way (`Processes.request`): files added to the
+  initramfs while the kernel runs (`add_files`: room reserved by the kernel, the archive written there, its files
+  listed), the debugger's attach (tracee.py);
 - the console of processes: PORT_TTY_WRITE carries a process's write() on fd 1 or 2 to `Processes.output`
   (the host's own streams for `kgtp-sim run`), apart from the kernel's printk console (port 0xe9);
 - PORT_PROC_EXIT: a process ended, with Linux's wait status (`Processes.wait`);
@@ -26,6 +29,7 @@ Threads: port handlers run on the CPU thread inside emulation; `spawn` and `wait
 
 from __future__ import annotations
 
+import hashlib
 import struct
 import threading
 import time
@@ -37,6 +41,7 @@ from unicorn import x86_const as X
 
 from .. import uc_paging as paging
 from .errors import MachineError
+from .initramfs import Archive, unpack
 from .layout import PAGE_OFFSET, PAGE_SIZE, PHYS_RAM, RAM_SIZE, VMALLOC_BASE, page_ceil
 
 
@@ -52,6 +57,11 @@ CONSOLE_EOF, CONSOLE_TTY_FDS, CONSOLE_DATA, CONSOLE_IN_SIZE = 16, 24, 32, 4096
 SPAWN_STRINGS = 44
 SPAWN_ARGS_SIZE = 4096
 SPAWN_TIMEOUT = 10.0  #: seconds for CPU 0's tick to take a request (many ticks)
+#: struct machine_request (process.c): seq, done, result, op, arg[2]; its ops
+REQUEST_OP = 24
+REQUEST_RAMFS_RESERVE, REQUEST_RAMFS_ADD, REQUEST_PTRACE_ATTACH = 1, 2, 3
+#: task states (fixtures/kernel/include/kernel.h): an ended task whose stack is still in use, a free slot
+EXIT_ZOMBIE, TASK_DEAD = 0x20, 0x80
 
 OutputSink = Callable[[int, bytes], None]
 
@@ -94,10 +104,28 @@ class _Machine(Protocol):
     started: bool
     cpu: Any  # cpu.Cpu: its unicorn instance
     image: Any  # image.KernelImage: where the kernel keeps the spawn request
+    ptrace: Any  # tracee.Ptrace: the layout of a task
+    cpu_count: int
 
     def read_memory(self, address: int, length: int) -> bytes: ...
 
     def write_memory(self, address: int, data: bytes) -> None: ...
+
+    def run_on_cpu(self, fn: Callable[[Uc], Any]) -> Any: ...
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+@dataclass(frozen=True)
+class ProcessEntry:
+    """A process of the machine as `ps` shows it: its pid, its command line (a kernel thread's `[comm]`, as
+    /proc/PID/cmdline's reader shows one) and the CPUs its threads are on."""
+
+    pid: int
+    command: str
+    cores: tuple[int, ...]
 
 
 class SpawnError(MachineError):
@@ -112,7 +140,10 @@ class Processes:
         self._lock = threading.Condition()
         self._exits: dict[int, int] = {}
         self._spawn_lock = threading.Lock()
+        self._request_lock = threading.Lock()
         self.archive_size = 0
+        #: the initramfs's files: path inside -> their bytes' digest (what `add_files` need not add again)
+        self.files: dict[str, bytes] = {}
         #: where a process's output goes: fn(fd, data), on the CPU thread; by default kept in `output`
         self.sink: OutputSink | None = None
         #: called on the CPU thread with the pid of each process that ended
@@ -135,6 +166,7 @@ class Processes:
         uc.mem_write(image.address_of("initrd_start"), struct.pack("<Q", start))
         uc.mem_write(image.address_of("initrd_size"), struct.pack("<Q", len(archive)))
         self.archive_size = len(archive)
+        self.files.update((path, _digest(data)) for path, (_mode, data) in unpack(archive).items())
 
     def set_terminals(self, fds: Sequence[int]) -> None:
         """Which of fds 0-2 are terminals on the machine's side (before boot): TCGETS answers there, as for a
@@ -204,27 +236,96 @@ class Processes:
         if len(strings) > SPAWN_ARGS_SIZE:
             raise SpawnError(f"arguments and environment of {len(strings)} bytes: the kernel takes "
                              f"{SPAWN_ARGS_SIZE}")
-        symbol = self._machine.image.address_of("spawn_request")
-        read = self._machine.read_memory
+        flags = SPAWN_TRACED if traced else 0
+        request = struct.pack("<iIIII", cpu, flags, len(argv), len(envp), len(strings)) + strings
         with self._spawn_lock:
-            seq, done = struct.unpack("<QQ", read(symbol, 16))
-            if seq != done:
-                raise SpawnError("the kernel has not taken the previous request")
-            flags = SPAWN_TRACED if traced else 0
-            request = struct.pack("<iIIII", cpu, flags, len(argv), len(envp), len(strings)) + strings
-            self._machine.write_memory(symbol + SPAWN_CPU, request)
-            self._machine.write_memory(symbol + SPAWN_SEQ, struct.pack("<Q", seq + 1))
-            deadline = time.monotonic() + timeout
-            while True:
-                done, result = struct.unpack("<Qq", read(symbol + SPAWN_DONE, 16))
-                if done == seq + 1:
-                    break
-                if time.monotonic() > deadline:
-                    raise SpawnError(f"the kernel did not take the request in {timeout:g} s")
-                time.sleep(0.002)
+            result = self._served("spawn_request", SPAWN_CPU, request, timeout)
         if result < 0:
             raise SpawnError(f"the kernel refused to start {path}: errno {-result}")
         return result
+
+    def _served(self, name: str, at: int, request: bytes, timeout: float) -> int:
+        """A request to the kernel's `name` (spawn_request, machine_request: seq, done, result, then the request at
+        offset `at`): written, its seq bumped, then waited for until CPU 0's tick has served it; its result."""
+        symbol = self._machine.image.address_of(name)
+        read = self._machine.read_memory
+        seq, done = struct.unpack("<QQ", read(symbol, 16))
+        if seq != done:
+            raise SpawnError("the kernel has not taken the previous request")
+        self._machine.write_memory(symbol + at, request)
+        self._machine.write_memory(symbol + SPAWN_SEQ, struct.pack("<Q", seq + 1))
+        deadline = time.monotonic() + timeout
+        while True:
+            done, result = struct.unpack("<Qq", read(symbol + SPAWN_DONE, 16))
+            if done == seq + 1:
+                return result
+            if time.monotonic() > deadline:
+                raise SpawnError(f"the kernel did not take the request in {timeout:g} s")
+            time.sleep(0.002)
+
+    def request(self, op: int, *args: int, timeout: float = SPAWN_TIMEOUT) -> int:
+        """One of the kernel's machine requests (process.c: serve_request): its result, -errno when refused."""
+        words = (op, *args, *(0,) * (2 - len(args)))
+        with self._request_lock:
+            return self._served("machine_request", REQUEST_OP, struct.pack("<3Q", *words), timeout)
+
+    def add_files(self, archive: Archive) -> list[str]:
+        """Add the files of `archive` to the running machine's initramfs (those it has already, same path and same
+        bytes, are left out); returns the paths added. A file added under a path the machine has shadows the older
+        one from then on (initramfs.c: ramfs_add)."""
+        new = Archive({path: entry for path, entry in archive.files.items()
+                       if self.files.get(path) != _digest(entry[1])})
+        if not new.files:
+            return []
+        data = new.pack()
+        phys = self.request(REQUEST_RAMFS_RESERVE, len(data))
+        if phys < 0:
+            raise SpawnError(f"the kernel has no room for {len(data)} bytes of files: errno {-phys}")
+        self._machine.run_on_cpu(lambda uc: uc.phys_write(phys, data))
+        listed = self.request(REQUEST_RAMFS_ADD, phys, len(data))
+        if listed != len(new.files):
+            raise SpawnError(f"the kernel listed {listed} of {len(new.files)} files added (its table is full?)")
+        self.files.update((path, _digest(entry[1])) for path, entry in new.files.items())
+        return sorted(new.files)
+
+    def listing(self) -> list[ProcessEntry]:
+        """Every process of the machine, kernel threads included, by pid (/proc's listing): from the kernel's
+        tasks[], and each process's command line from the arguments it was started with (process.c's exec_args,
+        one per process slot: path, argv, envp)."""
+        layout = self._machine.ptrace.layout
+        image = self._machine.image
+        tasks = image.symbols["tasks"]
+        args = image.symbols["exec_args"]
+        first = struct.unpack("<Q", self._machine.read_memory(image.address_of("signal_abi") + 24, 8))[0]
+        count = tasks.size // layout.size
+        slot_size = args.size // (count - first)
+
+        def scan(uc: Any) -> tuple[bytes, bytes]:
+            return bytes(uc.mem_read(tasks.address, tasks.size)), bytes(uc.mem_read(args.address, args.size))
+
+        raw, arguments = self._machine.run_on_cpu(scan)
+        groups: dict[int, tuple[str, set[int]]] = {}
+        for index in range(count):
+            base = index * layout.size
+            pid, tgid, cpu = (struct.unpack_from("<i", raw, base + offset)[0]
+                              for offset in (layout.pid, layout.tgid, layout.cpu))
+            state, = struct.unpack_from("<q", raw, base + layout.state)
+            mm, = struct.unpack_from("<Q", raw, base + layout.mm)
+            if state in (TASK_DEAD, EXIT_ZOMBIE) or (index >= first and not mm):
+                continue  # a free slot, an ended task, or one not set up yet (or a CPU the machine lacks)
+            if index < first and cpu >= self._machine.cpu_count:
+                continue
+            if index < first:
+                comm = raw[base + layout.comm: base + layout.comm + 16].split(b"\0", 1)[0].decode("latin-1")
+                groups[pid] = (f"[{comm}]", {cpu})
+                continue
+            if tgid not in groups:
+                slot = arguments[(index - first) * slot_size: (index - first + 1) * slot_size]
+                argc, _envc, size = struct.unpack_from("<3I", slot)
+                words = slot[12: 12 + size].split(b"\0")[1: 1 + argc]  # past the path
+                groups[tgid] = (" ".join(w.decode("utf-8", "replace") for w in words), set())
+            groups[tgid][1].add(cpu)
+        return [ProcessEntry(pid, command, tuple(sorted(cores))) for pid, (command, cores) in sorted(groups.items())]
 
     def wait(self, pid: int, timeout: float | None = None) -> ProcessExit | None:
         """How process `pid` ended, waiting for it up to `timeout` seconds (None: as long as it takes); None if it

@@ -12,8 +12,9 @@ from then until it is resumed everything of it is in kernel memory, where this m
   one of its areas that it has not touched yet is faulted in by the task itself (PTRACE_PEEKDATA: it reads a word
   as the process would, and stops again), so demand paging stays the kernel's.
 
-Requests (PTRACE_CONT, PTRACE_SINGLESTEP with a signal, PTRACE_DETACH, PTRACE_KILL, PTRACE_PEEKDATA) are written into the task
-and its CPU is sent a reschedule IPI, whose handler makes it runnable (ptrace_wake_requested). The offsets of the
+A running process is attached (`Ptrace.attach`) through the kernel's PTRACE_ATTACH (a machine request, process.py):
+every thread traced and stopped quietly. Requests (PTRACE_CONT, PTRACE_SINGLESTEP with a signal, PTRACE_DETACH,
+PTRACE_KILL, PTRACE_PEEKDATA) are written into the task and its CPU is sent a reschedule IPI, whose handler makes it runnable (ptrace_wake_requested). The offsets of the
 task's fields come from the kernel's `ptrace_abi` table.
 
 | port | access | meaning |
@@ -37,6 +38,7 @@ from unicorn import x86_const as X
 
 from .errors import MachineError
 from .layout import PAGE_SIZE
+from .process import REQUEST_PTRACE_ATTACH
 from .tasks import live_tasks
 
 PORT_PTRACE = 0xE8
@@ -209,6 +211,31 @@ class Ptrace:
         if stop is None:
             raise TraceeGone(f"{path} (pid {pid}) ended before its first instruction")
         return Tracee(self, pid, stop.task)
+
+    def attach(self, pid: int) -> dict[int, Tracee]:
+        """PTRACE_ATTACH of a running process, every thread of it (ptrace.c: ptrace_attach, a machine request),
+        waiting until each has stopped (quietly, or with a signal it was about to take); its threads by tid, the
+        leader first. MachineError naming why when the kernel refuses: no such process, a kernel thread, or one
+        traced already. A thread still being made then stops later, as a new thread does."""
+        with self._cond:
+            before, already = self._serial, set(self._stops)  # a thread stopped for the debugger before counts
+        taken = self._machine.processes.request(REQUEST_PTRACE_ATTACH, pid)
+        if taken < 0:
+            reason = {3: "No such process", 1: "Operation not permitted"}.get(-taken, f"errno {-taken}")
+            raise MachineError(f"Cannot attach to process {pid}: {reason} ({-taken})")
+        while True:
+            serial = self.serial
+            if pid in self._machine.processes.exited():
+                raise TraceeGone(f"process {pid} ended while being attached")
+            threads = self.threads_of(pid)
+            with self._cond:
+                stopped = {tid for tid, stop in self._stops.items()
+                           if tid in threads and (stop.serial > before or tid in already)}
+            if threads and len(stopped) == len(threads):
+                break
+            self.wait_serial(serial)
+        tids = sorted(threads, key=lambda tid: tid != pid)
+        return {tid: Tracee(self, tid, threads[tid]) for tid in tids}
 
 
 class Tracee:

@@ -64,7 +64,12 @@ class Deferred:
     """No reply now: `c` waits for the user's Ctrl-C, which the session answers with a stop reply."""
 
 
-Reply = bytes | Binary | WithOutput | Deferred
+@dataclass(frozen=True)
+class NoReply:
+    """Nothing is sent back (the packet is acknowledged, in ack mode): `R`, as gdbserver answers it."""
+
+
+Reply = bytes | Binary | WithOutput | Deferred | NoReply
 Handler = Callable[[Any], Reply]
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .codec import Decoder, EventKind, encode_packet
-from .dispatch import Binary, Deferred, Dispatcher, WithOutput
+from .dispatch import Binary, Deferred, Dispatcher, NoReply, Reply, WithOutput
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,13 @@ class SessionStats:
     retransmits: int = 0
 
 
+def ends_with_the_process(payload: bytes, reply: Reply) -> bool:
+    """The session's end after a reply, for a target with one process and no extended mode: `k`, a detach or a
+    vKill that was served (gdbserver then exits, or waits for the next GDB)."""
+    return payload == b"k" or (payload[:1] == b"D" and reply == b"OK") or (
+        payload.startswith(b"vKill;") and reply == b"OK")
+
+
 @dataclass
 class Session:
     dispatcher: Dispatcher
@@ -40,6 +47,8 @@ class Session:
     stop_reply: bytes | Callable[[], bytes] = b"S05"
     #: the reply when the target stopped by itself after `c`, or None while it runs on (`poll`)
     async_stop: Callable[[], bytes | None] = lambda: None
+    #: whether a packet and its reply end the session (closing once the reply is out)
+    ends_session: Callable[[bytes, Reply], bool] = ends_with_the_process
     decoder: Decoder = field(default_factory=Decoder)
     ack_mode: bool = True
     #: a resumption waits for its stop reply (Ctrl-C or the target's own stop)
@@ -98,9 +107,10 @@ class Session:
         if payload == b"QStartNoAckMode" and reply == b"OK":
             # GDB still acknowledges this OK; from the next packet on neither side acks.
             self.ack_mode = False
-        if payload == b"k" or (payload[:1] == b"D" and reply == b"OK") or (
-                payload.startswith(b"vKill;") and reply == b"OK"):  # the one process killed: the session ends
+        if self.ends_session(payload, reply):
             self.closing = True
+        if isinstance(reply, NoReply):
+            return b""
         if isinstance(reply, Deferred):
             self.waiting_for_interrupt = True
             return b""

@@ -19,6 +19,13 @@ GDB removes them and resumes again (GDB removes and reinserts every breakpoint a
 not touched). A stop on an int3 of ours is reported as `swbreak` with the PC back on the breakpoint. Range
 stepping (`vCont;r`) steps here until the PC leaves the range.
 
+A process attached to (`attached`: gdbserver's linux_attach) is the same target, its threads stopped by the
+kernel's PTRACE_ATTACH, its program's path and auxiliary vector read under its stack's top.
+
+Why this module is long: it is one target, gdbserver's linux-low for one process: threads, registers, memory, the
+breakpoints in the process's memory and debug registers, and the all-stop run control that ties them, which share
+the per-thread state kept here.
+
 Runs on the server thread, as every handler; the stop listener on the CPU thread only wakes the server.
 """
 
@@ -46,7 +53,11 @@ log = logging.getLogger(__name__)
 
 INT3 = b"\xcc"
 #: auxv entries are (type, value) pairs of 64-bit words, ended by AT_NULL
-_AT_NULL = 0
+_AT_NULL, _AT_EXECFN = 0, 31
+#: seconds a thread the process made just before it was detached may take to stop at its start
+_NEW_THREAD_S = 2.0
+#: the top of a process's stack (fixtures/kernel/include/process.h: STACK_TOP, Linux's without randomization)
+_STACK_TOP = TASK_SIZE_MAX
 _LINUX_XML = amd64.LINUX.target_xml().encode()
 
 
@@ -67,14 +78,19 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
     """A traced process (`tracee`) of the machine; `exec_path` is its program's path inside the machine. A trace
     frame GDB selects (`tfind`) is laid over it (`overlay`), as over KGTP mode's kernel."""
 
-    def __init__(self, tracee: Tracee, exec_path: str) -> None:
-        self.overlay = FrameOverlay(ProcessView(self))
+    def __init__(self, tracee: Tracee, exec_path: str | None = None, overlay: FrameOverlay | None = None,
+                 attached: dict[int, Tracee] | None = None) -> None:
+        """`tracee`: the process's leader, stopped at its first instruction; or, `attached` (its threads by tid,
+        the leader `tracee` among them, each stopped by Ptrace.attach), a running process GDB attached to, whose
+        program's path (`exec_path` None) is read from its stack (AT_EXECFN's string, at the top). `overlay`: the
+        trace-frame overlay to look through (shared by the processes of one server), a new one by default."""
+        self.overlay = overlay or FrameOverlay(ProcessView(self))
         self.leader = tracee
         self.machine = tracee.machine
         self.pid = tracee.pid
-        self.exec_path = exec_path
+        self.was_attached = attached is not None
         #: its threads by tid, the leader first (a thread the kernel made is adopted at its first stop)
-        self.threads_by_tid: dict[int, _Thread] = {tracee.pid: _Thread(tracee)}
+        self.threads_by_tid: dict[int, _Thread] = {tid: _Thread(t) for tid, t in (attached or {tracee.pid: tracee}).items()}
         self._resumed: set[int] = set()  #: the threads the last resumption resumed
         self._stopping = False  #: _stop_all is stopping the running threads
         self._last: Stop = Signal(SIGTRAP, self.pid)
@@ -87,7 +103,16 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         #: (QProgramSignals; None: any)
         self.pass_signals: frozenset[int] = frozenset()
         self.program_signals: frozenset[int] | None = None
-        self.auxv = self._initial_auxv()
+        if attached is None:
+            self.exec_path = exec_path or ""
+            self.auxv = self._initial_auxv()
+        else:
+            self.exec_path, self.auxv = self._auxv_below_stack_top()
+            self._last = Signal(0, self.pid)  # gdbserver's report of the attach stop (linux-low: a resume_stop SIGSTOP)
+            for tid, thread in self.threads_by_tid.items():  # a signal one was about to take: its next event
+                stop = self.machine.ptrace.stop_of(tid)
+                if stop is not None and stop.signal:
+                    thread.pending = Signal(signals.to_gdb(stop.signal), tid)
         self.machine.ptrace.listeners.append(self._heard)
 
     # ---- the process -------------------------------------------------------------------------------------
@@ -117,11 +142,42 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
             at += 2
         return struct.pack(f"<{at + 2 - start}Q", *values[start: at + 2]) if at + 1 < len(values) else b""
 
+    def _auxv_below_stack_top(self) -> tuple[str, bytes]:
+        """The program's path and auxiliary vector of a process that has run since its exec: the kernel's exec
+        (process.c: do_execve) put the path's string right under the stack's top, and the vector, whose AT_EXECFN
+        entry points at that string, below the other strings; the vector begins after envp's NULL (the first pair
+        whose type is no AT_ number). Linux keeps a copy (mm->saved_auxv); the kernel here keeps none."""
+        top = _STACK_TOP - 8
+        window = 4 * 4096  # the strings (at most the spawn request's 4096 bytes) and the words below them
+        stack = self.tracee.read_memory(top - window, window)
+        if len(stack) < window:
+            return "", b""
+        end = window - 1  # the path's NUL
+        start = stack.rfind(b"\0", 0, end) + 1
+        path = stack[start:end].decode("utf-8", "surrogateescape")
+        execfn = top - window + start
+        entry = struct.pack("<QQ", _AT_EXECFN, execfn)
+        at = next((i for i in range((start - 16) // 8 * 8, -1, -8) if stack[i: i + 16] == entry), None)
+        if at is None:
+            return path, b""
+        first = at
+        while first >= 16 and 0 < int.from_bytes(stack[first - 16: first - 8], "little") < 64:
+            first -= 16
+        last = at
+        while last + 16 <= len(stack) and int.from_bytes(stack[last: last + 8], "little") != _AT_NULL:
+            last += 16
+        return path, stack[first: last + 16]
+
     def ended(self) -> Stop | None:
         status = self.machine.processes.exited().get(self.pid)  # the process's end (its pid), whichever thread
         if status is None:
             return None
         return Terminated(signals.to_gdb(status & 0x7F)) if status & 0x7F else Exited(status >> 8 & 0xFF)
+
+    def forget(self) -> None:
+        """GDB is done with it (ended, killed, detached): its stops are no longer listened to."""
+        if self._heard in self.machine.ptrace.listeners:
+            self.machine.ptrace.listeners.remove(self._heard)
 
     # ---- base -------------------------------------------------------------------------------------------------
 
@@ -187,7 +243,8 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         return self.ended() or self._last
 
     def attached(self) -> bool:
-        return False  # started for GDB, as gdbserver's PROG: quitting GDB kills it
+        """Started for GDB (gdbserver's PROG, vRun): quitting GDB kills it; attached to: GDB detaches."""
+        return self.was_attached
 
     def _release_hardware(self) -> None:
         slots = [slot for taken in self._hardware.values() for slot in taken]
@@ -196,17 +253,35 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
             self.machine.run_on_cpu(lambda uc: self.machine.debug_registers.release(slots))
 
     def detach(self) -> None:
-        """Every thread goes on untraced, the breakpoints out of its memory (gdbserver: linux_detach)."""
+        """Every thread goes on untraced, the breakpoints out of its memory (gdbserver: linux_detach); a thread the
+        process made that GDB has not met yet too, once it has stopped at its start (it would wait there for a
+        debugger forever)."""
         self._stop_all()
+        self._collect_stops()
         self._release_hardware()
         self._take_out_breakpoints(everything=True)
         self._wanted.clear()
         self.detached = True
-        for thread in self.threads_by_tid.values():
-            try:
-                thread.tracee.detach()
-            except MachineError as error:
-                log.info("detach: %s", error)
+        done: set[int] = set()
+        while self.ended() is None:
+            threads = {tid: t.tracee for tid, t in self.threads_by_tid.items() if tid not in done}
+            for tid in self.machine.ptrace.threads_of(self.pid):
+                if tid not in done and tid not in threads:  # made meanwhile: traced, stopping at its start
+                    try:
+                        stop = self.machine.ptrace.wait(tid, 0, timeout=_NEW_THREAD_S)
+                    except MachineError:  # not traced after all
+                        done.add(tid)
+                        continue
+                    if stop is not None:
+                        threads[tid] = Tracee(self.machine.ptrace, tid, stop.task)
+            if not threads:
+                break
+            for tid, tracee in threads.items():
+                done.add(tid)
+                try:
+                    tracee.detach()
+                except MachineError as error:
+                    log.info("detach: %s", error)
 
     def kill(self) -> None:
         """Every thread killed (gdbserver: linux_kill); returns once the process has ended."""

@@ -22,7 +22,7 @@ from ..rsp.dispatch import E_BAD_PACKET, Binary, Reply, RspError, handles
 from ..rsp.packets import connect as c
 from ..rsp.packets import run as v
 from ..tracing.core.model import TraceError
-from .process import ProcessTarget
+from .extended import Inferior
 from .threads import ThreadHandlers
 
 
@@ -52,9 +52,9 @@ class ProgramSpace:
 @dataclass
 class ProcessHandlers:
     """The packets only a process has: its auxiliary vector, its program's path and the siginfo of its stop
-    (gdbserver's qXfer objects)."""
+    (gdbserver's qXfer objects); those of the process GDB debugs now (E01 with none)."""
 
-    target: ProcessTarget
+    target: Inferior
     threads: ThreadHandlers
     _threads_document: bytes | None = None  #: read in windows: made at the first, kept for the next
 
@@ -67,24 +67,22 @@ class ProcessHandlers:
     def read_auxv(self, packet: c.ReadAuxv) -> Reply:
         if packet.annex:
             raise RspError(E_BAD_PACKET, "qXfer:auxv:read takes no annex")
-        return self._window(self.target.auxv, packet)
+        return self._window(self.target.current().auxv, packet)
 
     @handles(v.VKill)
     def vkill(self, packet: v.VKill) -> Reply:
         """gdbserver's handle_v_kill: E for a process it does not have, else the process killed and OK."""
-        if packet.pid != self.target.pid:
-            raise RspError(E_BAD_PACKET, f"no process {packet.pid:x}")
-        self.target.kill()
+        self.target.kill_process(packet.pid)
         return b"OK"
 
     @handles(v.PassSignals)
     def pass_signals(self, packet: v.PassSignals) -> Reply:
-        self.target.pass_signals = packet.signals
+        self.target.set_signals(passed=packet.signals)
         return b"OK"
 
     @handles(v.ProgramSignals)
     def program_signals(self, packet: v.ProgramSignals) -> Reply:
-        self.target.program_signals = packet.signals
+        self.target.set_signals(program=packet.signals)
         return b"OK"
 
     @handles(c.ReadSiginfo)
@@ -92,7 +90,7 @@ class ProcessHandlers:
         if packet.annex:
             raise RspError(E_BAD_PACKET, "qXfer:siginfo:read takes no annex")
         try:
-            siginfo = self.target.tracee.siginfo()
+            siginfo = self.target.current().tracee.siginfo()
         except MachineError as error:
             raise RspError(E_BAD_PACKET, str(error)) from None
         return self._window(siginfo, packet)
@@ -107,11 +105,12 @@ class ProcessHandlers:
         return self._window(self._threads_document, packet)
 
     def _document(self) -> bytes:
+        process = self.target.process
         machine = self.target.machine
         layout = machine.ptrace.layout
         lines = ["<?xml version=\"1.0\"?>", "<threads>"]
         for tid in self.target.threads():
-            thread = self.target.threads_by_tid.get(tid)
+            thread = process.threads_by_tid.get(tid) if process is not None else None
             name, core = "", -1
             if thread is not None:
                 try:
@@ -134,10 +133,11 @@ class ProcessHandlers:
     def read_exec_file(self, packet: c.ReadExecFile) -> Reply:
         """The program's path inside the machine, never a host file's contents (gdbserver answers the path of
         /proc/PID/exe)."""
+        process = self.target.current()
         try:
-            pid = int(packet.annex, 16) if packet.annex else self.target.pid
+            pid = int(packet.annex, 16) if packet.annex else process.pid
         except ValueError:
             raise RspError(E_BAD_PACKET, f"qXfer:exec-file:read: {packet.annex!r} is no pid") from None
-        if pid != self.target.pid:
+        if pid != process.pid:
             raise RspError(E_BAD_PACKET, f"no process {packet.annex}")
-        return self._window(self.target.exec_path.encode(), packet)
+        return self._window(process.exec_path.encode(), packet)

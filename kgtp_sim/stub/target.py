@@ -186,6 +186,10 @@ class Target(ABC):
         and `W..;process:PID` then name it); None: no process (KGTP's kernel)."""
         return None
 
+    def is_process(self) -> bool:
+        """Does it debug processes (GDB's multiprocess thread ids then apply), whether or not it has one now?"""
+        return self.process_id() is not None
+
     def register_layout(self) -> amd64.RegisterLayout:
         """The register file `g`, `G`, `p` and `P` carry (amd64.CORE by default: KGTP mode's)."""
         return amd64.CORE

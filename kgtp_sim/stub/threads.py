@@ -18,6 +18,8 @@ from .target import Target
 
 #: E.. code of a thread id that names no thread of the target.
 E_NO_THREAD = 0x05
+#: E.. code of a packet that needs a process when there is none (gdbserver's write_enn: E01)
+E_NO_PROCESS = 0x01
 
 
 @dataclass
@@ -43,7 +45,10 @@ class ThreadHandlers:
     def general_thread(self) -> int:
         """The thread `g`, `m` and their kind act on, and stop replies name when the target does not say."""
         if self.selection.general is None:
-            return self.target.threads()[0]
+            threads = self.target.threads()
+            if not threads:  # gdbserver's require_running: no process yet (extended mode)
+                raise RspError(E_NO_PROCESS, "no process")
+            return threads[0]
         return self.selection.general
 
     def forget_session(self) -> None:
@@ -54,7 +59,7 @@ class ThreadHandlers:
 
     def supported(self, gdb_features: tuple[str, ...]) -> None:
         """qSupported: multiprocess thread ids when GDB offers them and the target is a process (gdbserver)."""
-        self.selection.multiprocess = "multiprocess+" in gdb_features and self.target.process_id() is not None
+        self.selection.multiprocess = "multiprocess+" in gdb_features and self.target.is_process()
 
     def thread_id(self, thread: int) -> bytes:
         """A thread id as this session writes it: `TID`, or `pPID.TID` in multiprocess (remote.c: read_ptid)."""
@@ -78,7 +83,10 @@ class ThreadHandlers:
     def first_thread_info(self, packet: c.FirstThreadInfo) -> Reply:
         """Every thread in one reply; GDB asks for more with qsThreadInfo (remote.c:
         remote_target::remote_get_threads_with_qthreadinfo, called by remote_target::update_thread_list)."""
-        return b"m" + b",".join(self.thread_id(thread) for thread in self.target.threads())
+        threads = self.target.threads()
+        if not threads:  # no process (extended mode, before vRun): gdbserver's empty list
+            return b"l"
+        return b"m" + b",".join(self.thread_id(thread) for thread in threads)
 
     @handles(c.SubsequentThreadInfo)
     def subsequent_thread_info(self, packet: c.SubsequentThreadInfo) -> Reply:

@@ -162,6 +162,26 @@ class Detach(Packet):
 
 
 @dataclass(frozen=True)
+class ExtendedMode(Packet):
+    """`!`: GDB's `target extended-remote` (remote.c: extended_remote_target::open): the server stays up when the
+    process ends, is killed or detached, and takes vRun and vAttach (gdbserver's extended_protocol)."""
+
+    PREFIX = b"!"
+    EXACT = True
+
+
+@dataclass(frozen=True)
+class Restart(Packet):
+    """`R XX`: restart the program last run, in extended mode (no reply: gdbserver's process_serial_event)."""
+
+    PREFIX = b"R"
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        return cls()
+
+
+@dataclass(frozen=True)
 class Kill(Packet):
     PREFIX = b"k"
     EXACT = True
@@ -228,6 +248,15 @@ class ReadExecFile(ReadFeatures):
 
     PREFIX = b"qXfer:exec-file:read:"
     FEATURES = ("qXfer:exec-file:read+",)
+
+
+@dataclass(frozen=True)
+class ReadOsdata(ReadFeatures):
+    """`qXfer:osdata:read:<annex>:<offset>,<length>`: a table of the operating system's (GDB's `info os`; the
+    annex `processes` is `info os processes`: gdbserver's linux_xfer_osdata_processes), empty annex the tables."""
+
+    PREFIX = b"qXfer:osdata:read:"
+    FEATURES = ("qXfer:osdata:read+",)
 
 
 @dataclass(frozen=True)

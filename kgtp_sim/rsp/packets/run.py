@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Self
 
-from .base import Packet, PacketError, parse_hex, split_exact
+from .base import Packet, PacketError, parse_hex, parse_hex_bytes, split_exact
 from .connect import ALL_THREADS, parse_thread_id
 
 #: the actions of a vCont packet (gdbserver: server.cc handle_v_cont)
@@ -116,3 +116,30 @@ class VKill(Packet):
     @classmethod
     def parse(cls, body: bytes) -> Self:
         return cls(parse_hex(body, "process id"))
+
+
+@dataclass(frozen=True)
+class VRun(Packet):
+    """`vRun;PROGRAM[;ARG]...`: start a program (hex-encoded path and arguments; an empty path: the last one run),
+    stopped at its first instruction (remote.c: extended_remote_run; gdbserver: handle_v_run)."""
+
+    PREFIX = b"vRun;"
+    program: str = ""
+    args: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        words = [parse_hex_bytes(word, "vRun argument").decode("utf-8", "surrogateescape") for word in body.split(b";")]
+        return cls(words[0], tuple(words[1:]))
+
+
+@dataclass(frozen=True)
+class VAttach(Packet):
+    """`vAttach;PID`: attach to a running process (remote.c: extended_remote_attach; gdbserver: handle_v_attach)."""
+
+    PREFIX = b"vAttach;"
+    pid: int = 0
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        return cls(parse_hex(body, "process id", bits=32))
