@@ -12,7 +12,8 @@ from then until it is resumed everything of it is in kernel memory, where this m
   one of its areas that it has not touched yet is faulted in by the task itself (PTRACE_PEEKDATA: it reads a word
   as the process would, and stops again), so demand paging stays the kernel's.
 
-Requests (PTRACE_CONT, PTRACE_SINGLESTEP with a signal, PTRACE_DETACH, PTRACE_KILL, PTRACE_PEEKDATA) are written into the task
+Requests (PTRACE_CONT, PTRACE_SINGLESTEP with a signal, PTRACE_DETACH, PTRACE_KILL, PTRACE_PEEKDATA, and the machine's
+own PTRACE_JUMP_PAD: a mapping for fast tracepoints' jump pads) are written into the task
 and its CPU is sent a reschedule IPI, whose handler makes it runnable (ptrace_wake_requested). The offsets of the
 task's fields come from the kernel's `ptrace_abi` table.
 
@@ -40,6 +41,8 @@ from .layout import PAGE_SIZE
 
 PORT_PTRACE = 0xE8
 PTRACE_PEEKDATA, PTRACE_CONT, PTRACE_KILL, PTRACE_SINGLESTEP, PTRACE_DETACH = 2, 7, 8, 9, 17
+#: the machine's own request: an area of the process for fast tracepoints' jump pads (fixtures/kernel/jumppad.c)
+PTRACE_JUMP_PAD = 0x4280
 TASK_TRACED, EXIT_ZOMBIE, TASK_DEAD = 0x8, 0x20, 0x80
 #: PORT_PTRACE's %rsi for a thread of a traced process that ended (its process lives on)
 THREAD_ENDED = (1 << 64) - 1
@@ -361,6 +364,21 @@ class Tracee:
         self._require_stopped()
         result = self._request(PTRACE_PEEKDATA, address & ~7, wait=True)
         return result is not None and not (-4096 < result < 0 and not self._page_present(address & ~(PAGE_SIZE - 1)))
+
+    def map_jump_pad(self, near: int, pages: int) -> int:
+        """A new area of `pages` pages (readable, writable, executable, present) within a rel32 jump of `near`, for
+        fast tracepoints' jump pads: the process maps it itself (PTRACE_JUMP_PAD, fixtures/kernel/jumppad.c), so it
+        is one of its areas as an mmap's, gone with the process. Its address; MachineError when none fits."""
+        if not 0 < pages < PAGE_SIZE:
+            raise ValueError(pages)
+        self._require_stopped()
+        result = self._request(PTRACE_JUMP_PAD, (near & ~(PAGE_SIZE - 1)) | pages, wait=True)
+        if result is None:
+            raise TraceeGone(f"process {self.pid} has ended")
+        if result < 0:
+            raise MachineError(f"process {self.pid}: no room for a jump pad within 2 GiB of {near:#x} "
+                               f"(errno {-result})")
+        return result
 
     def read_memory(self, address: int, length: int) -> bytes:
         """Bytes of its memory from `address`: as many as its pages give, faulting in a page of its areas it has
