@@ -137,6 +137,25 @@ def test_a_fast_tracepoint_in_the_program_jumps_to_a_pad_it_can_reach(programs, 
     assert re.search(r"exited with code 024\]", text), text
 
 
+@pytest.mark.parametrize("engine, cpus", [("interp", 1), ("opt", 2)])
+def test_steps_and_a_breakpoint_at_a_fast_tracepoint_collect_once_and_step_its_instruction(programs, engine, cpus):
+    """A single step of the jump goes on through the pad (its hit collected) and ends after the instruction it
+    displaced, as a step of that instruction does; a breakpoint at the tracepoint (its int3 over the jump) stops
+    there, and the step over it collects: one frame per round, however the program was stepped."""
+    text, _, _ = session(GDB13, programs["dynamic"], [
+        "break 25", "continue", "ftrace 26", "actions", "collect counter", "end", "tstart",
+        "next", "info line *$pc", "stepi", "info line *$pc", "print $pc - 'main'",
+        "break 26", "continue", "continue", "print counter", "next", "delete", "continue", "tstop", "tstatus",
+    ], "--engine", engine, "--cpus", str(cpus))
+    start = re.search(r"Line 26 of .* starts at address (0x[0-9a-f]+) <main\+(\d+)>", text)
+    assert start, text
+    # counter++ at -O0 begins with a 6-byte RIP-relative load: the step ends 6 bytes on
+    assert re.search(r"^\$1 = " + str(int(start.group(2)) + 6) + "$", text, re.M), text
+    assert "Breakpoint 3, main () at" in text, text
+    assert re.search(r"^\$2 = 1$", text, re.M), text
+    assert "Collected 5 trace frames." in text, text
+
+
 @pytest.mark.parametrize("gdb", GDB_CLIENTS, ids=lambda g: f"gdb{g.version}")
 def test_program_and_kernel_tracepoints_share_one_buffer_in_time_order(programs, gdb):
     """The program's loop and the kernel's do_syscall for this process only (KGTP's $current_task_pid by its

@@ -18,7 +18,10 @@ the hit enters the tracer (the same Python hit path as an int3 tracepoint's: the
 with the PC at the tracepoint), then the displaced instruction relocated to run there (patching/probes.py's
 `relocate`: RIP-relative operands and branches fixed), then a jump back after it. So the program never runs an int3
 at the tracepoint itself, and nothing is stepped. A pad is never reused for other code (a thread preempted inside
-it may come back to it): the same instruction at the same address finds its old pad again.
+it may come back to it): the same instruction at the same address finds its old pad again. A debugger's single
+step of the jump (ptrace's TF) would stop inside the pad: while jumps are in, the #DB of a step that lands in a pad
+runs the hit there and lets the step go on through the pad, so it ends after the relocated instruction, where the
+step of the original instruction would have ended.
 
 Owns the program's int3 sites (address -> the byte they replace, the locations sharing them). Runs on the CPU
 thread: install and remove under the tracer's run changes, the handlers inside the int3 and #DB hooks.
@@ -46,6 +49,7 @@ class _Site:
     original: bytes  #: what the probe replaced: one byte under an int3, five under a fast tracepoint's jump
     items: list[Installed] = field(default_factory=list)
     pad: int = 0  #: a fast tracepoint's: its pad, whose first byte is the int3 the hit takes
+    displaced_at: int = 0  #: a fast tracepoint's: its address (the instruction the pad runs)
 
 
 class ProgramProbes:
@@ -59,7 +63,11 @@ class ProgramProbes:
         self._stepped_by_debugger = False  # TF was the debugger's when the int3 trapped
         #: fast tracepoints' pads: (space root, address, instruction) -> pad; and each area's next free byte
         self._pads: dict[tuple[int, int, bytes], int] = {}
+        self._pad_ends: dict[int, int] = {}
         self._pad_used: dict[int, int] = {}
+        #: pad -> (its end, its site) while the site's jump is in; `_debug_trap` sees them while any is
+        self._live_pads: dict[int, tuple[int, _Site]] = {}
+        self._previous_trap: Any = None
 
     def install(self, item: Installed) -> None:
         address = item.site.address
@@ -97,8 +105,12 @@ class ProgramProbes:
             raise TraceError(f"{where}: the instruction is {insn.size} bytes long, the jump needs {JUMP_SIZE}")
         pad = self._pad_for(item, insn, where)
         original = code[:JUMP_SIZE]
-        site = self.sites[address] = _Site(original, pad=pad)
+        site = self.sites[address] = _Site(original, pad=pad, displaced_at=address)
         self.machine.breakpoints[pad] = lambda uc, site=site, address=address: self._hit(uc, address, site)
+        cpu = self.machine.cpu
+        if not self._live_pads and cpu.debug_trap is not self._debug_trap:
+            self._previous_trap, cpu.debug_trap = cpu.debug_trap, self._debug_trap
+        self._live_pads[pad] = (self._pad_ends[pad], site)
         self._write(space, address, jump(address, pad))
         item.site = ProbeSite(address, "(program)", "jump", (insn,), original)
         item.out_of_line = pad + len(INT3)
@@ -129,6 +141,7 @@ class ProgramProbes:
         self._write(item.space, pad, body)
         self._pad_used[start] = used + room
         self._pads[key] = pad
+        self._pad_ends[pad] = pad + len(body)
         return pad
 
     def remove(self, item: Installed) -> None:
@@ -142,6 +155,10 @@ class ProgramProbes:
         del self.sites[address]
         if site.pad:  # the jump out; the pad stays (a thread may still be in it)
             self.machine.breakpoints.pop(site.pad, None)
+            self._live_pads.pop(site.pad, None)
+            cpu = self.machine.cpu
+            if not self._live_pads and cpu.debug_trap is self._debug_trap:
+                cpu.debug_trap, self._previous_trap = self._previous_trap, None
             self._write(item.space, address, site.original)
             return
         self.machine.breakpoints.pop(address, None)
@@ -170,6 +187,24 @@ class ProgramProbes:
                 raise TraceError(f"{at:#x}: no memory of the program there")
             done += chunk
         self.machine.cpu.remove_cache(address, len(data), space)
+
+    def _debug_trap(self, uc: Uc) -> None:
+        """A #DB while fast tracepoints' jumps are in: a debugger's single step that landed in a pad goes on
+        through it (its hit taken at the pad's int3), ending after the relocated instruction; anything else is
+        what it was without us (the trap before ours, or the kernel's #DB)."""
+        rip = uc.reg_read(X.UC_X86_REG_RIP)
+        for pad, (end, site) in self._live_pads.items():
+            if pad <= rip < end and uc.reg_read(X.UC_X86_REG_CS) & 3:
+                space = site.items[0].space if site.items else None
+                if space is not None and uc.reg_read(X.UC_X86_REG_CR3) & ~0xFFF == space.root:
+                    if rip == pad:
+                        self._hit(uc, site.displaced_at, site)
+                    return  # TF still set: the next instruction of the pad traps again
+        previous = self._previous_trap
+        if previous is not None:
+            previous(uc)
+        else:
+            self.machine.cpu.deliver(1)
 
     def _hit(self, uc: Uc, address: int, site: _Site) -> None:
         space = site.items[0].space if site.items else None
