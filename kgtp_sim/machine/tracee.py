@@ -14,8 +14,9 @@ from then until it is resumed everything of it is in kernel memory, where this m
 
 A running process is attached (`Ptrace.attach`) through the kernel's PTRACE_ATTACH (a machine request, process.py):
 every thread traced and stopped quietly. Requests (PTRACE_CONT, PTRACE_SINGLESTEP with a signal, PTRACE_DETACH,
-PTRACE_KILL, PTRACE_PEEKDATA) are written into the task and its CPU is sent a reschedule IPI, whose handler makes it runnable (ptrace_wake_requested). The offsets of the
-task's fields come from the kernel's `ptrace_abi` table.
+PTRACE_KILL, PTRACE_PEEKDATA, and the machine's own PTRACE_JUMP_PAD: a mapping for fast tracepoints' jump pads) are
+written into the task and its CPU is sent a reschedule IPI, whose handler makes it runnable (ptrace_wake_requested).
+The offsets of the task's fields come from the kernel's `ptrace_abi` table.
 
 | port | access | meaning |
 |------|--------|---------|
@@ -43,6 +44,8 @@ from .tasks import live_tasks
 
 PORT_PTRACE = 0xE8
 PTRACE_PEEKDATA, PTRACE_CONT, PTRACE_KILL, PTRACE_SINGLESTEP, PTRACE_DETACH = 2, 7, 8, 9, 17
+#: the machine's own request: an area of the process for fast tracepoints' jump pads (fixtures/kernel/jumppad.c)
+PTRACE_JUMP_PAD = 0x4280
 TASK_TRACED = 0x8
 #: PORT_PTRACE's %rsi for a thread of a traced process that ended (its process lives on)
 THREAD_ENDED = (1 << 64) - 1
@@ -373,6 +376,21 @@ class Tracee:
         self._require_stopped()
         result = self._request(PTRACE_PEEKDATA, address & ~7, wait=True)
         return result is not None and not (-4096 < result < 0 and not self._page_present(address & ~(PAGE_SIZE - 1)))
+
+    def map_jump_pad(self, near: int, pages: int) -> int:
+        """A new area of `pages` pages (readable, writable, executable, present) within a rel32 jump of `near`, for
+        fast tracepoints' jump pads: the process maps it itself (PTRACE_JUMP_PAD, fixtures/kernel/jumppad.c), so it
+        is one of its areas as an mmap's, gone with the process. Its address; MachineError when none fits."""
+        if not 0 < pages < PAGE_SIZE:
+            raise ValueError(pages)
+        self._require_stopped()
+        result = self._request(PTRACE_JUMP_PAD, (near & ~(PAGE_SIZE - 1)) | pages, wait=True)
+        if result is None:
+            raise TraceeGone(f"process {self.pid} has ended")
+        if result < 0:
+            raise MachineError(f"process {self.pid}: no room for a jump pad within 2 GiB of {near:#x} "
+                               f"(errno {-result})")
+        return result
 
     def read_memory(self, address: int, length: int) -> bytes:
         """Bytes of its memory from `address`: as many as its pages give, faulting in a page of its areas it has

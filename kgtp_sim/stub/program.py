@@ -17,6 +17,7 @@ from typing import Any
 from xml.sax.saxutils import escape
 
 from ..machine import MachineError
+from ..machine.layout import PAGE_SIZE
 from ..machine.tracee import TASK_SIZE_MAX, Tracee
 from ..rsp.dispatch import E_BAD_PACKET, Binary, Reply, RspError, handles
 from ..rsp.packets import connect as c
@@ -24,6 +25,11 @@ from ..rsp.packets import run as v
 from ..tracing.core.model import TraceError
 from .extended import Inferior
 from .threads import ThreadHandlers
+
+
+#: a jump pad area's size in pages (room for hundreds of pads) and a rel32 jump's reach either way
+PAD_PAGES = 16
+JUMP_REACH = 1 << 31
 
 
 class ProgramSpace:
@@ -34,6 +40,7 @@ class ProgramSpace:
         self.tracee = tracee
         self._space = tracee.space()
         self.root = self._space.root
+        self._pads: list[int] = []  #: the jump pad areas it mapped (Tracee.map_jump_pad)
 
     def holds(self, address: int) -> bool:
         return 0 <= address < TASK_SIZE_MAX
@@ -41,12 +48,26 @@ class ProgramSpace:
     def space(self) -> Any:
         return self._space
 
-    def prepare(self, addresses: list[int]) -> None:
+    def prepare(self, addresses: list[int], fast: list[int] = ()) -> None:
         """Their pages present: the process faults them in itself (it must be stopped, as GDB has it at
-        tstart)."""
+        tstart). A fast tracepoint's address gets a jump pad area within its jump's reach, mapped by the process
+        (Tracee.map_jump_pad) the first time one is needed there and kept for the process's life."""
         for address in addresses:
             if self._space.translate(address) is None and not self.tracee.fault_in(address):
                 raise TraceError(f"{address:#x}: no memory of the process there")
+        for address in fast:
+            if self.pad_area(address) is None:
+                try:
+                    self._pads.append(self.tracee.map_jump_pad(address, PAD_PAGES))
+                except MachineError as error:
+                    raise TraceError(f"fast tracepoint at {address:#x}: {error}") from None
+
+    def pad_area(self, address: int) -> tuple[int, int] | None:
+        size = PAD_PAGES * PAGE_SIZE
+        for start in self._pads:
+            if start - address + size < JUMP_REACH and address - start < JUMP_REACH - size:
+                return start, size
+        return None
 
 
 @dataclass

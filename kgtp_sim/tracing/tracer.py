@@ -248,8 +248,9 @@ class Tracer:
     def start(self) -> None:
         user = self.user_space
         if user is not None:  # the program's pages of its tracepoints present before the run change
-            user.prepare([tp.address for tp in self.definitions.tracepoints.values()
-                          if tp.enabled and user.holds(tp.address)])
+            mine = [tp for tp in self.definitions.tracepoints.values() if tp.enabled and user.holds(tp.address)]
+            user.prepare([tp.address for tp in mine],
+                         fast=[tp.address for tp in mine if tp.fast_insn_length is not None])
         self._between_hits(self._start_now)
 
     def _start_now(self) -> None:
@@ -414,6 +415,9 @@ class Tracer:
         """Install one location during a run (InstallInTrace, QTEnable): verified, placed, compiled and patched on
         the CPU thread with no hit in flight, as every change to the run's probes (`_between_hits`); hits read the
         probe set and the machine's int3 table there."""
+        user = self.user_space
+        if user is not None and self.running and tp.enabled and user.holds(tp.address):
+            user.prepare([tp.address], fast=[tp.address] if tp.fast_insn_length is not None else [])
         self._between_hits(lambda: self._arm_now(tp))
 
     def _arm_now(self, tp: Tracepoint) -> None:

@@ -118,6 +118,44 @@ def test_tracepoints_in_the_program_collect_its_locals_and_globals(programs, eng
     assert "tick" in out
 
 
+@pytest.mark.parametrize("mode, engine, cpus", [("dynamic", "interp", 1), ("static", "naive", 2),
+                                                 ("dynamic", "opt", 2), ("static", "opt", 1)])
+def test_a_fast_tracepoint_in_the_program_jumps_to_a_pad_it_can_reach(programs, mode, engine, cpus):
+    """`ftrace` at counter++ (a RIP-relative load, 6 bytes): a jump into a pad the process mapped near its code
+    (PIE or not), its values collected at each round, the relocated load still reading the counter (the program's
+    result unchanged: the pad ran it, the jump went back after it)."""
+    text, _, _ = session(GDB13, programs[mode], [
+        "break main", "continue", "ftrace 26", "actions", "collect counter", "collect total", "end",
+        "tstart", "continue", "tstop", "tstatus",
+        "tfind start", "print counter", "print total", "tfind 4", "print counter", "print total",
+        "tfind none", "continue",
+    ], "--engine", engine, "--cpus", str(cpus))
+    assert re.search(r"Fast tracepoint 2 at 0x[0-9a-f]+: file .*traceme.c, line 26", text), text
+    assert "Collected 5 trace frames." in text, text
+    values = re.findall(r"^\$\d+ = (.*)$", text, re.M)
+    assert values == ["0", "0", "4", "10"], text  # round 0 before counter++, round 4 after add(6, 4)
+    assert re.search(r"exited with code 024\]", text), text
+
+
+@pytest.mark.parametrize("engine, cpus", [("interp", 1), ("opt", 2)])
+def test_steps_and_a_breakpoint_at_a_fast_tracepoint_collect_once_and_step_its_instruction(programs, engine, cpus):
+    """A single step of the jump goes on through the pad (its hit collected) and ends after the instruction it
+    displaced, as a step of that instruction does; a breakpoint at the tracepoint (its int3 over the jump) stops
+    there, and the step over it collects: one frame per round, however the program was stepped."""
+    text, _, _ = session(GDB13, programs["dynamic"], [
+        "break 25", "continue", "ftrace 26", "actions", "collect counter", "end", "tstart",
+        "next", "info line *$pc", "stepi", "info line *$pc", "print $pc - 'main'",
+        "break 26", "continue", "continue", "print counter", "next", "delete", "continue", "tstop", "tstatus",
+    ], "--engine", engine, "--cpus", str(cpus))
+    start = re.search(r"Line 26 of .* starts at address (0x[0-9a-f]+) <main\+(\d+)>", text)
+    assert start, text
+    # counter++ at -O0 begins with a 6-byte RIP-relative load: the step ends 6 bytes on
+    assert re.search(r"^\$1 = " + str(int(start.group(2)) + 6) + "$", text, re.M), text
+    assert "Breakpoint 3, main () at" in text, text
+    assert re.search(r"^\$2 = 1$", text, re.M), text
+    assert "Collected 5 trace frames." in text, text
+
+
 @pytest.mark.parametrize("gdb", GDB_CLIENTS, ids=lambda g: f"gdb{g.version}")
 def test_program_and_kernel_tracepoints_share_one_buffer_in_time_order(programs, gdb):
     """The program's loop and the kernel's do_syscall for this process only (KGTP's $current_task_pid by its

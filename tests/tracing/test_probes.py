@@ -5,7 +5,7 @@ from keystone import KS_ARCH_X86, KS_MODE_64, KS_OPT_SYNTAX_ATT, Ks
 from unicorn import UC_ARCH_X86, UC_MODE_64, UC_TLB_VIRTUAL, Uc
 from unicorn.x86_const import UC_X86_REG_RAX, UC_X86_REG_RSP
 
-from kgtp_sim.tracing.patching.probes import ProbePlacementError, decode, jump, plan_probe, relocate
+from kgtp_sim.tracing.patching.probes import ProbePlacementError, decode, jump, plan_probe, relocate, relocated_size_bound
 
 TEXT = 0xFFFFFFFF81000000
 DETOUR = 0xFFFFFFFFA0000000
@@ -155,3 +155,27 @@ def test_int3_site_resumes_after_the_whole_instruction():
     source = Source({"k": "addl $0x1, counter(%rip); nop; ret; counter: .long 0x0"})
     site = plan_probe(source, TEXT, "int3")
     assert site.length == 1 and site.resume_address == TEXT + site.displaced[0].size == TEXT + 7
+
+
+def test_a_call_whose_return_address_no_imm32_reaches_is_relocated_with_two_stores():
+    """A program's call (a PIE at 0x555555554000) relocated to a pad below it: the pushed return address is the
+    original one, all 64 bits, and the flags are what the call leaves (lea and mov touch none)."""
+    from unicorn.x86_const import UC_X86_REG_EFLAGS, UC_X86_REG_RIP
+
+    base, pad, stack = 0x555555554000, 0x555515554000, 0x7FFFF0000000
+    call = b"\xe8" + (0x100 - 5).to_bytes(4, "little")  # call base+0x100
+    insn = decode(call, base)[0]
+    body = relocate((insn,), pad)
+    assert len(body) <= relocated_size_bound((insn,))
+    uc = Uc(UC_ARCH_X86, UC_MODE_64)
+    for address in (base, pad, stack):
+        uc.mem_map(address, 0x1000)
+    uc.mem_write(pad, body)
+    uc.mem_write(base + 0x100, b"\x90")
+    uc.reg_write(UC_X86_REG_RSP, stack + 0x800)
+    uc.reg_write(UC_X86_REG_EFLAGS, 0x2D7)  # CF PF AF ZF SF set
+    uc.emu_start(pad, base + 0x100, count=100)
+    assert uc.reg_read(UC_X86_REG_RIP) == base + 0x100
+    assert uc.reg_read(UC_X86_REG_RSP) == stack + 0x800 - 8
+    assert int.from_bytes(uc.mem_read(stack + 0x800 - 8, 8), "little") == base + 5
+    assert uc.reg_read(UC_X86_REG_EFLAGS) & 0xFFF == 0x2D7

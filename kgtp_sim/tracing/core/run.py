@@ -34,8 +34,13 @@ class UserSpace(Protocol):
         """Is `address` one of the program's (its user half)?"""
         ...
 
-    def prepare(self, addresses: list[int]) -> None:
-        """Before tstart, on the server thread: make the pages of `addresses` present (the program stopped)."""
+    def prepare(self, addresses: list[int], fast: list[int] = ()) -> None:
+        """Before tstart, on the server thread: make the pages of `addresses` present (the program stopped), and
+        map a jump pad area within reach of each address in `fast` (its fast tracepoints) that has none yet."""
+        ...
+
+    def pad_area(self, address: int) -> tuple[int, int] | None:
+        """(start, size) of a jump pad area within a rel32 jump of `address` (mapped by `prepare`), or None."""
         ...
 
     def space(self) -> Any:

@@ -1,5 +1,5 @@
 """Tracepoints in a program (the gdbserver role's process): an int3 in the program's own memory, its hit on the
-Python path, and the probed instruction run in place.
+Python path, and the probed instruction run in place; a fast tracepoint (`ftrace`): a 5-byte jump into a jump pad.
 
 The int3 is written into the program's page (its private copy: another process running the same code at the
 same address has no int3 there), so only the program hits it; the handler still checks the address space the
@@ -10,6 +10,18 @@ the CPU steps that one instruction (EFLAGS.TF: the scheduler neither switches CP
 is set, and no other CPU runs meanwhile, as the machine runs one CPU at a time), and the #DB after it puts the int3
 back. The kernel's compiled detours live in supervisor-only module space, which ring 3 cannot run: a program's
 tracepoints always take this path, whatever the engine.
+
+A fast tracepoint replaces its instruction (GDB allows one of 5 bytes or more: qTMinFTPILen) with a `jmp rel32` to
+a pad of its own in a jump pad area of the process (mapped by the process itself within the jump's reach:
+UserSpace.prepare, fixtures/kernel/jumppad.c), as gdbserver's fast tracepoints do. The pad is: an int3, by which
+the hit enters the tracer (the same Python hit path as an int3 tracepoint's: the condition, the actions, the frame
+with the PC at the tracepoint), then the displaced instruction relocated to run there (patching/probes.py's
+`relocate`: RIP-relative operands and branches fixed), then a jump back after it. So the program never runs an int3
+at the tracepoint itself, and nothing is stepped. A pad is never reused for other code (a thread preempted inside
+it may come back to it): the same instruction at the same address finds its old pad again. A debugger's single
+step of the jump (ptrace's TF) would stop inside the pad: while jumps are in, the #DB of a step that lands in a pad
+runs the hit there and lets the step go on through the pad, so it ends after the relocated instruction, where the
+step of the original instruction would have ended.
 
 Owns the program's int3 sites (address -> the byte they replace, the locations sharing them). Runs on the CPU
 thread: install and remove under the tracer's run changes, the handlers inside the int3 and #DB hooks.
@@ -23,17 +35,21 @@ from typing import Any
 from unicorn import Uc
 from unicorn import x86_const as X
 
+from ...machine import MemoryFault
 from ..core.model import TraceError
 from ..core.run import Run
 from ..patching.placement import Installed
-from ..patching.probes import INT3
+from ..patching.probes import INT3, JUMP_SIZE, ProbePlacementError, ProbeSite, decode, jump, relocate
+from ..patching.probes import relocated_size_bound
 from .hits import EFLAGS_TF, interpreted_hit
 
 
 @dataclass
 class _Site:
-    original: bytes
+    original: bytes  #: what the probe replaced: one byte under an int3, five under a fast tracepoint's jump
     items: list[Installed] = field(default_factory=list)
+    pad: int = 0  #: a fast tracepoint's: its pad, whose first byte is the int3 the hit takes
+    displaced_at: int = 0  #: a fast tracepoint's: its address (the instruction the pad runs)
 
 
 class ProgramProbes:
@@ -45,18 +61,88 @@ class ProgramProbes:
         self.sites: dict[int, _Site] = {}
         self._stepping: tuple[int, Any] | None = None  # (the site being stepped over, the debug trap before ours)
         self._stepped_by_debugger = False  # TF was the debugger's when the int3 trapped
+        #: fast tracepoints' pads: (space root, address, instruction) -> pad; and each area's next free byte
+        self._pads: dict[tuple[int, int, bytes], int] = {}
+        self._pad_ends: dict[int, int] = {}
+        self._pad_used: dict[int, int] = {}
+        #: pad -> (its end, its site) while the site's jump is in; `_debug_trap` sees them while any is
+        self._live_pads: dict[int, tuple[int, _Site]] = {}
+        self._previous_trap: Any = None
 
     def install(self, item: Installed) -> None:
         address = item.site.address
         site = self.sites.get(address)
+        if site is None and item.want_jump:
+            self._install_jump(item)
+            return
         if site is None:
             original = self._swap(item.space, address, INT3)
             if original is None:
                 raise TraceError(f"tracepoint {item.tracepoint.number} at {address:#x}: no memory of the program there")
             site = self.sites[address] = _Site(original)
             self.machine.breakpoints[address] = lambda uc, site=site, address=address: self._hit(uc, address, site)
-        item.out_of_line = address  # the instruction runs in place
+        item.out_of_line = site.pad + len(INT3) if site.pad else address  # the instruction runs in place
         site.items.append(item)
+
+    def _install_jump(self, item: Installed) -> None:
+        """A fast tracepoint: its pad written, then the jump to it over its instruction (another tracepoint at the
+        address later shares the pad's hit)."""
+        tp, space, address = item.tracepoint, item.space, item.site.address
+        where = f"fast tracepoint {tp.number} at {address:#x}"
+        length = tp.fast_insn_length or 0
+        try:  # the longest instruction, unless the next page is not there (then what GDB says it has)
+            code = self.machine.read_memory(address, 15, space=space)
+        except MemoryFault:
+            try:
+                code = self.machine.read_memory(address, max(length, JUMP_SIZE), space=space)
+            except MemoryFault:
+                raise TraceError(f"{where}: no memory of the program there") from None
+        instructions = decode(code, address)
+        if not instructions:
+            raise TraceError(f"{where}: no instruction there")
+        insn = instructions[0]
+        if insn.size < JUMP_SIZE:  # GDB refuses it first (qTMinFTPILen), unless asked not to check
+            raise TraceError(f"{where}: the instruction is {insn.size} bytes long, the jump needs {JUMP_SIZE}")
+        pad = self._pad_for(item, insn, where)
+        original = code[:JUMP_SIZE]
+        site = self.sites[address] = _Site(original, pad=pad, displaced_at=address)
+        self.machine.breakpoints[pad] = lambda uc, site=site, address=address: self._hit(uc, address, site)
+        cpu = self.machine.cpu
+        if not self._live_pads and cpu.debug_trap is not self._debug_trap:
+            self._previous_trap, cpu.debug_trap = cpu.debug_trap, self._debug_trap
+        self._live_pads[pad] = (self._pad_ends[pad], site)
+        self._write(space, address, jump(address, pad))
+        item.site = ProbeSite(address, "(program)", "jump", (insn,), original)
+        item.out_of_line = pad + len(INT3)
+        site.items.append(item)
+
+    def _pad_for(self, item: Installed, insn: Any, where: str) -> int:
+        """The pad of `insn` (its old one, else a new one in the area within reach): int3, the instruction
+        relocated, the jump back."""
+        key = (item.space.root, insn.address, insn.code)
+        pad = self._pads.get(key)
+        if pad is not None:
+            return pad
+        user = self.tracer.user_space
+        area = user.pad_area(insn.address) if user is not None else None
+        if area is None:
+            raise TraceError(f"{where}: no jump pad area within reach")
+        start, size = area
+        used = self._pad_used.get(start, 0)
+        room = (len(INT3) + relocated_size_bound((insn,)) + JUMP_SIZE + 15) & ~15
+        if used + room > size:
+            raise TraceError(f"{where}: the jump pad area at {start:#x} is full")
+        pad = start + used
+        try:
+            body = INT3 + relocate((insn,), pad + len(INT3))
+            body += jump(pad + len(body), insn.end)
+        except ProbePlacementError as error:
+            raise TraceError(f"{where}: could not relocate the instruction to its jump pad: {error}") from None
+        self._write(item.space, pad, body)
+        self._pad_used[start] = used + room
+        self._pads[key] = pad
+        self._pad_ends[pad] = pad + len(body)
+        return pad
 
     def remove(self, item: Installed) -> None:
         address = item.site.address
@@ -67,6 +153,14 @@ class ProgramProbes:
         if site.items:
             return
         del self.sites[address]
+        if site.pad:  # the jump out; the pad stays (a thread may still be in it)
+            self.machine.breakpoints.pop(site.pad, None)
+            self._live_pads.pop(site.pad, None)
+            cpu = self.machine.cpu
+            if not self._live_pads and cpu.debug_trap is self._debug_trap:
+                cpu.debug_trap, self._previous_trap = self._previous_trap, None
+            self._write(item.space, address, site.original)
+            return
         self.machine.breakpoints.pop(address, None)
         if self._stepping is None or self._stepping[0] != address:  # else the step's end leaves the byte back
             self._swap(item.space, address, site.original)
@@ -83,15 +177,48 @@ class ProgramProbes:
         Uc.mem_write(space.uc, physical, data)
         return old
 
+    def _write(self, space: Any, address: int, data: bytes) -> None:
+        """`data` into the program's present pages, page by page, and its translated code dropped."""
+        done = 0
+        while done < len(data):
+            at = address + done
+            chunk = min(len(data) - done, 0x1000 - (at & 0xFFF))
+            if self._swap(space, at, data[done:done + chunk]) is None:
+                raise TraceError(f"{at:#x}: no memory of the program there")
+            done += chunk
+        self.machine.cpu.remove_cache(address, len(data), space)
+
+    def _debug_trap(self, uc: Uc) -> None:
+        """A #DB while fast tracepoints' jumps are in: a debugger's single step that landed in a pad goes on
+        through it (its hit taken at the pad's int3), ending after the relocated instruction; anything else is
+        what it was without us (the trap before ours, or the kernel's #DB)."""
+        rip = uc.reg_read(X.UC_X86_REG_RIP)
+        for pad, (end, site) in self._live_pads.items():
+            if pad <= rip < end and uc.reg_read(X.UC_X86_REG_CS) & 3:
+                space = site.items[0].space if site.items else None
+                if space is not None and uc.reg_read(X.UC_X86_REG_CR3) & ~0xFFF == space.root:
+                    if rip == pad:
+                        self._hit(uc, site.displaced_at, site)
+                    return  # TF still set: the next instruction of the pad traps again
+        previous = self._previous_trap
+        if previous is not None:
+            previous(uc)
+        else:
+            self.machine.cpu.deliver(1)
+
     def _hit(self, uc: Uc, address: int, site: _Site) -> None:
         space = site.items[0].space if site.items else None
+        trap = site.pad or address
         if space is None or uc.reg_read(X.UC_X86_REG_CR3) & ~0xFFF != space.root:
             # not the program's int3 (another space has its own byte here): the kernel's #BP, as without us
-            uc.reg_write(X.UC_X86_REG_RIP, address + len(INT3))
+            uc.reg_write(X.UC_X86_REG_RIP, trap + len(INT3))
             self.machine.cpu.deliver(3)
             return
         for item in list(site.items):
             interpreted_hit(self.tracer, uc, item)
+        if site.pad:  # on through the pad: the relocated instruction, the jump back
+            uc.reg_write(X.UC_X86_REG_RIP, site.pad + len(INT3))
+            return
         uc.reg_write(X.UC_X86_REG_RIP, address)
         # the probed instruction, in place: the original byte for one step, the int3 again at its #DB
         self._swap(space, address, site.original)

@@ -74,14 +74,13 @@ def prepare(
         marker = None
         if any(isinstance(a, t.CollectStaticData) for a in tp.actions):
             raise TraceError(f"{where}: $_sdata exists only at static tracepoints (strace)")
-    if space is not None:
-        if tp.fast_insn_length is not None:
-            raise TraceError(f"{where}: fast tracepoint impossible in a program yet (no jump pad it can reach): "
-                             "use trace")
+    if space is not None:  # its instruction is read from the program's memory when installed (userprobes.py)
         if tp.step_count:
             raise TraceError(f"{where}: while-stepping in a program is not supported yet")
-        site = ProbeSite(tp.address, "(program)", "int3", (), b"")
-        return Installed(tp, site, condition, actions, stepping=stepping, marker=marker, space=space)
+        fast = tp.fast_insn_length is not None
+        site = ProbeSite(tp.address, "(program)", "jump" if fast else "int3", (), b"")
+        return Installed(tp, site, condition, actions, want_jump=fast, stepping=stepping, marker=marker,
+                         space=space)
     want_jump = ((compiled and probe == "auto") or tp.fast_insn_length is not None) and not tp.step_count
     try:
         site = plan_probe(image, tp.address, "jump" if want_jump else "int3")

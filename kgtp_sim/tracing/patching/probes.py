@@ -221,8 +221,15 @@ def jump(at: int, target: int) -> bytes:
 
 
 def relocated_size_bound(instructions: tuple[Instruction, ...]) -> int:
-    """Bytes `relocate` may need: a call grows to push+jmp (10), a short branch to its rel32 form (6)."""
-    return sum(max(insn.size, 10) for insn in instructions)
+    """Bytes `relocate` may need: a call grows to push+jmp (10, or 25 when its return address needs two stores),
+    a short branch to its rel32 form (6)."""
+    return sum(max(insn.size, 25 if insn.id == X.X86_INS_CALL and _far_return(insn.end) else 10)
+               for insn in instructions)
+
+
+def _far_return(ret: int) -> bool:
+    """A return address no sign-extended imm32 push can give (neither the top 2 GiB nor the low 2 GiB)."""
+    return (1 << 31) <= ret < (1 << 64) - (1 << 31)
 
 
 def relocate(instructions: tuple[Instruction, ...], at: int) -> bytes:
@@ -235,12 +242,18 @@ def relocate(instructions: tuple[Instruction, ...], at: int) -> bytes:
             if insn.id == X.X86_INS_JMP:
                 out += jump(here, target)
             elif insn.id == X.X86_INS_CALL:
-                # push the original return address (sign-extended imm32 reaches the kernel's top 2 GiB)
+                # push the original return address: a sign-extended imm32 reaches the kernel's top 2 GiB and a
+                # program's low 2 GiB; elsewhere (a PIE program) the two halves are stored under a lowered rsp
+                # (lea and mov leave the flags alone, as the call does)
                 ret = insn.end
-                if not ret >= (1 << 64) - (1 << 31):
-                    raise ProbePlacementError(f"cannot emulate {insn}: return address out of imm32 reach")
-                out += b"\x68" + struct.pack("<i", ret - (1 << 64))
-                out += jump(here + 5, target)
+                if not _far_return(ret):
+                    push = b"\x68" + struct.pack("<i", ret - (1 << 64) if ret >> 63 else ret)
+                else:
+                    push = b"\x48\x8d\x64\x24\xf8"  # lea -8(%rsp),%rsp
+                    push += b"\xc7\x04\x24" + struct.pack("<I", ret & 0xFFFFFFFF)  # movl $lo,(%rsp)
+                    push += b"\xc7\x44\x24\x04" + struct.pack("<I", ret >> 32)  # movl $hi,4(%rsp)
+                out += push
+                out += jump(here + len(push), target)
             elif insn.id in _COND_JUMPS:
                 out += bytes((0x0F, 0x80 | _COND_JUMPS[insn.id])) + _rel32(here + 6, target)
             else:
