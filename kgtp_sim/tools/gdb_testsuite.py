@@ -2,15 +2,17 @@
 
     python -m kgtp_sim.tools.gdb_testsuite [--server kgtp-sim|gdbserver|both]
         [--board native-gdbserver|native-extended-gdbserver|both] [--out DIR] [FILES...]
+    python -m kgtp_sim.tools.gdb_testsuite --install-only
 
-(`scripts/gdb-testsuite` sets up the venv and runs this.) FILES are testsuite files or shell patterns relative to
-the testsuite (`gdb.trace/tfind.exp`, `gdb.base/watch*.exp`) or the named sets `@trace` (every gdb.trace file,
-the default) and `@run-control` (RUN_CONTROL). Each board runs the files once per server with the same GDB
-(/usr/bin/gdb), the same board and the same flags; only `GDBSERVER=` differs: /usr/bin/gdbserver, or a wrapper
-script this module writes that runs `python -m kgtp_sim gdbserver "$@"` from this checkout. Each run's gdb.sum
-and gdb.log are copied to OUT/BOARD/SERVER/; the per-file counts of both servers side by side, the tests that pass
-with one and not with the other (by name) and both wall times are printed and written to OUT/BOARD/summary.txt
-(and the table as Markdown to OUT/BOARD/summary.md).
+(`scripts/gdb-testsuite` sets up the venv and runs this; `--install-only` installs the Debian packages NEEDS names
+and exits, for `scripts/test`; the regression gate over a few of these files is gdb_testsuite_gate's.) FILES are
+testsuite files or shell patterns relative to the testsuite (`gdb.trace/tfind.exp`, `gdb.base/watch*.exp`) or the
+named sets `@trace` (every gdb.trace file, the default) and `@run-control` (RUN_CONTROL). Each board runs the files
+once per server with the same GDB (/usr/bin/gdb), the same board and the same flags; only `GDBSERVER=` differs:
+/usr/bin/gdbserver, or a wrapper script this module writes that runs `python -m kgtp_sim gdbserver "$@"` from this
+checkout. Each run's gdb.sum and gdb.log are copied to OUT/BOARD/SERVER/; the per-file counts of both servers side
+by side, the tests that pass with one and not with the other (by name) and both wall times are printed and written
+to OUT/BOARD/summary.txt (and the table as Markdown to OUT/BOARD/summary.md).
 
 The testsuite is GPL code of another project. It is never part of this repository: Debian's gdb-source package
 (the version of the installed /usr/bin/gdb) ships the GDB tree as /usr/src/gdb.tar.xz, and the members MEMBERS
@@ -496,6 +498,16 @@ def server_answers(program: Path | str) -> str | None:
     return text[-1] if text else f"exit status {proc.returncode}"
 
 
+def stub_server(cache: Cache) -> str:
+    """What GDBSERVER names for the stub: its wrapper, once `WRAPPER --help` answers (Unavailable says why not)."""
+    wrapper = cache.stub_wrapper()
+    why = server_answers(wrapper)
+    if why is not None:
+        raise Unavailable("the stub has no gdbserver role yet" if "invalid choice: 'gdbserver'" in why
+                          else f"`python -m kgtp_sim gdbserver --help` fails: {why}")
+    return str(wrapper)
+
+
 # --- the runs -------------------------------------------------------------------------------------------------
 
 def runtest_flags(board: str, gdbserver: str, files: Sequence[str]) -> str:
@@ -541,6 +553,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="the extracted testsuite and its build directories (default: "
                              "${XDG_CACHE_HOME:-~/.cache}/kgtp-sim/gdb-testsuite/GDB-SOURCE-VERSION)")
     parser.add_argument("--no-install", action="store_true", help="fail rather than install missing packages")
+    parser.add_argument("--install-only", action="store_true",
+                        help="install the missing Debian packages the runs need, then exit (scripts/test)")
     parser.add_argument("--nice", type=int, default=10, help="niceness of make check (default: 10; 0: none)")
     parser.add_argument("files", nargs="*", metavar="FILES", default=["@trace"],
                         help="testsuite files or patterns (gdb.trace/tfind.exp, 'gdb.base/watch*.exp'), or @trace "
@@ -555,6 +569,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Unavailable as exc:
         print(f"gdb-testsuite: {exc}", file=sys.stderr)
         return 2
+    if args.install_only:
+        return 0
     cache = Cache(args.cache or default_cache())
     boards = BOARDS if args.board == "both" else (args.board,)
     servers = SERVERS if args.server == "both" else (args.server,)
@@ -568,14 +584,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         programs = {"gdbserver": GDBSERVER}
         unavailable: dict[str, str] = {}
         if "kgtp-sim" in servers:
-            wrapper = cache.stub_wrapper()
-            why = server_answers(wrapper)
-            if why is None:
-                programs["kgtp-sim"] = str(wrapper)
-            else:
-                unavailable["kgtp-sim"] = ("the stub has no gdbserver role yet" if "invalid choice: 'gdbserver'" in why
-                                           else f"`python -m kgtp_sim gdbserver --help` fails: {why}")
-                print(f"gdb-testsuite: kgtp-sim skipped: {unavailable['kgtp-sim']}", file=sys.stderr)
+            try:
+                programs["kgtp-sim"] = stub_server(cache)
+            except Unavailable as exc:
+                unavailable["kgtp-sim"] = str(exc)
+                print(f"gdb-testsuite: kgtp-sim skipped: {exc}", file=sys.stderr)
         ran = 0
         for board in boards:
             runs, skipped = [], dict(unavailable)
