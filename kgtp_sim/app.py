@@ -22,6 +22,7 @@ from .stub.core import TargetHandlers
 from .stub.kernel import KernelTarget
 from .stub.machine_monitor import register_machine_commands, register_process_command
 from .stub.monitor import Monitor
+from .stub.ps import Launch, register_process_commands
 from .stub.replay import register_replay_commands
 from .stub.trace import TraceHandlers, register_trace_commands
 from .tracing import Tracer
@@ -35,6 +36,7 @@ class StubConfig:
     engine: str = "opt"
     save_dir: Path | None = None  # where `tsave -r` may write; None refuses it
     name_markers_always: bool = False  # diagnostic: answer qTSTMat at strace time too (crashes GDB 13-18)
+    launch: Launch | None = None  # `monitor run`: starts a program packed before boot (programs.Launcher)
 
 
 @dataclass
@@ -52,6 +54,7 @@ class Stub:
         self.monitor = Monitor()
         register_machine_commands(self.monitor, self.machine, self.started)
         register_process_command(self.monitor, self.target)
+        register_process_commands(self.monitor, self.machine, self.config.launch)
         self.tracer = Tracer(self.machine, self.config.engine)
         self.target.refuses_breakpoint = self.tracer.refuses_breakpoint  # breakpoints the trace run lets work
         register_trace_commands(self.monitor, self.tracer)

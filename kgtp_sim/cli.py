@@ -90,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--run", action="append", default=[], metavar="'PROG ARGS'",
                        help="run a static x86_64 Linux program as a process once the kernel runs (split as a shell "
                             "would; repeatable); its output goes to stdout (stderr with --stdio)")
+    serve.add_argument("--with", dest="with_programs", action="append", default=[], metavar="PROG",
+                       help="pack a program into the machine without starting it, for `monitor run PROG ARGS` "
+                            "(repeatable)")
     serve.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeat for packet traces)")
     from . import programs
 
@@ -159,13 +162,15 @@ def _machine(args: argparse.Namespace, image):
 
 
 def _programs(args: argparse.Namespace, machine, stdout_fd: int):
-    """`--run`: the programs packed into the machine's initramfs before boot; start() runs them once it runs."""
+    """`--run` and `--with`: the programs packed into the machine's initramfs before boot; start() runs the --run
+    ones once it runs; the launcher starts any of them later (`monitor run`)."""
     from . import programs
 
     wanted = [programs.Program.parse(command) for command in args.run]
-    inside = programs.load_programs(machine, wanted) if wanted else {}
+    packed = wanted + [programs.Program(Path(path), (path,)) for path in getattr(args, "with_programs", [])]
+    inside = programs.load_programs(machine, packed) if packed else {}
     programs.relay_output(machine, stdout_fd, 2)
-    return lambda: programs.start_programs(machine, wanted, inside)
+    return (lambda: programs.start_programs(machine, wanted, inside)), programs.Launcher(machine, inside)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -198,12 +203,12 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     machine = _machine(args, image)
     try:
-        start_programs = _programs(args, machine, 1)
+        start_programs, launcher = _programs(args, machine, 1)
     except (OSError, ValueError) as error:
         print(f"kgtp-sim: --run: {error}", file=sys.stderr)
         return 1
     stub = Stub(machine, StubConfig(allow_writes=args.allow_writes, engine=args.engine, save_dir=args.save_dir,
-                                           name_markers_always=args.name_markers_at_strace))
+                                           name_markers_always=args.name_markers_at_strace, launch=launcher))
     server = stub.server(args.host, args.port)
     try:
         host, port = server.bind()
@@ -262,12 +267,12 @@ def _serve_stdio(args: argparse.Namespace, pipe: int) -> int:
         return 1
     machine = _machine(args, image)
     try:
-        start_programs = _programs(args, machine, 2)  # stdout is GDB's pipe
+        start_programs, launcher = _programs(args, machine, 2)  # stdout is GDB's pipe
     except (OSError, ValueError) as error:
         print(f"kgtp-sim: --run: {error}", file=sys.stderr)
         return 1
     stub = Stub(machine, StubConfig(allow_writes=args.allow_writes, engine=args.engine, save_dir=args.save_dir,
-                                    name_markers_always=args.name_markers_at_strace))
+                                    name_markers_always=args.name_markers_at_strace, launch=launcher))
     server = stub.server(args.host, 0)
     follow = None
     if args.follow_port is not None and args.follow_port >= 0:

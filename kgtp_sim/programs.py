@@ -197,8 +197,9 @@ def run(args: argparse.Namespace) -> int:
         machine.shutdown()
 
 
-def start_programs(machine, programs: list[Program], inside: dict[Path, str]) -> None:
-    """`serve --run`: start each program once the machine runs; a thread reports each one's end on stderr."""
+def start_program(machine, program: Program, inside: str) -> int:
+    """Start a program packed in the machine (`inside`: its path there) once the machine runs; its pid. A thread
+    reports its end on stderr. Raises SpawnError if the kernel refuses it."""
     import threading
 
     def watch(pid: int, name: str) -> None:
@@ -206,7 +207,37 @@ def start_programs(machine, programs: list[Program], inside: dict[Path, str]) ->
         print(describe_exit(name, ended) or f"kgtp-sim: {name} (pid {pid}) exited with status {ended.code}",
               file=sys.stderr, flush=True)
 
+    pid = machine.processes.spawn(inside, program.argv, environment())
+    print(f"kgtp-sim: started {' '.join(program.argv)} as pid {pid}", file=sys.stderr, flush=True)
+    threading.Thread(target=watch, args=(pid, str(program.path)), name=f"kgtp-wait-{pid}", daemon=True).start()
+    return pid
+
+
+def start_programs(machine, programs: list[Program], inside: dict[Path, str]) -> None:
+    """`serve --run`: start each program once the machine runs."""
     for program in programs:
-        pid = machine.processes.spawn(inside[program.path], program.argv, environment())
-        print(f"kgtp-sim: started {' '.join(program.argv)} as pid {pid}", file=sys.stderr, flush=True)
-        threading.Thread(target=watch, args=(pid, str(program.path)), name=f"kgtp-wait-{pid}", daemon=True).start()
+        start_program(machine, program, inside[program.path])
+
+
+@dataclass
+class Launcher:
+    """`monitor run PROG ARGS` (stub/ps.py): starts a program packed before boot (`serve --run`, `--with`), named
+    as on the command line that packed it, by its path inside the machine, or by its file name when that is one
+    program's only. Nothing else: no host file is read after boot."""
+
+    machine: object
+    inside: dict[Path, str]
+
+    def resolve(self, name: str) -> str:
+        for host, path in self.inside.items():
+            if name in (str(host), path):
+                return path
+        matches = {path for host, path in self.inside.items() if host.name == name}
+        if len(matches) == 1:
+            return matches.pop()
+        packed = ", ".join(str(host) for host in self.inside) or "none"
+        raise LookupError(f"{name} is not a program of this machine (packed at boot: {packed}; serve --with PROG "
+                          "packs one without starting it)")
+
+    def __call__(self, name: str, args: list[str]) -> int:
+        return start_program(self.machine, Program(Path(name), (name, *args)), self.resolve(name))

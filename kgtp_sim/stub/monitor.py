@@ -32,7 +32,9 @@ class Command:
     @property
     def most_arguments(self) -> int:
         """How many words the usage allows after the name (`frames [FIRST [COUNT]]`: 2). More are refused,
-        never half-obeyed."""
+        never half-obeyed. A usage ending in `...` (`run PROG [ARG...]`) takes any number."""
+        if self.usage.rstrip("]").endswith("..."):
+            return 1 << 16
         return len(re.findall(r"[^\s\[\]]+", self.usage)) - 1
 
 

@@ -194,3 +194,63 @@ def test_a_fault_in_a_thread_ends_the_whole_process(build, mode, cpus):
     assert simulated.stdout == native.stdout == b"main waits for a thread that faults\n", simulated
     assert simulated.returncode == native.returncode == 139, simulated
     assert simulated.stderr.decode().strip() == f"kgtp-sim: {program}: killed by SIGSEGV", simulated
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_pipes_and_descriptors_as_natively(build, mode, cpus):
+    """A thread writes 200,000 bytes into a pipe (more than it holds) while main reads them to end of file; stdout
+    onto a pipe with dup2 and back; dup, dup3's O_CLOEXEC, F_DUPFD; EAGAIN, EPIPE with SIGPIPE; statx against stat;
+    sysinfo's figures."""
+    program = build("pipes", mode)
+    native, simulated = _native(program), _simulated(program, cpus=cpus)
+    assert simulated.stdout == native.stdout, (simulated, native)
+    assert b"read 200000 bytes, 0 wrong, end of file yes, writer yes\n" in native.stdout
+    assert b"through the pipe: dup2 gives 1\n" in native.stdout
+    assert b"write with no reader: -1 Broken pipe, SIGPIPE 1\n" in native.stdout
+    assert b"statx: 0, size as stat's yes, a regular file yes, basic stats yes, inode as stat's yes" in native.stdout
+    assert b"sysinfo: 0, uptime yes, RAM yes, free yes, tasks yes\n" in native.stdout
+    assert b": no" not in native.stdout
+    assert simulated.returncode == native.returncode == 0, simulated
+    assert simulated.stderr == b"", simulated
+
+
+@pytest.mark.parametrize("mode", ["glibc-static", "musl-dynamic"])
+def test_a_write_nobody_reads_ends_the_program_with_sigpipe(build, mode):
+    program = build("pipes", mode)
+    native, simulated = _native(program, "sigpipe"), _simulated(program, "sigpipe")
+    assert simulated.stdout == native.stdout == b"writing to a pipe nobody reads\n", simulated
+    assert simulated.returncode == native.returncode == 128 + 13, simulated
+    assert simulated.stderr.decode().strip() == f"kgtp-sim: {program}: killed by SIGPIPE", simulated
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_qsort_of_heap_records_as_natively(build, mode):
+    program = build("sort", mode)
+    native, simulated = _native(program), _simulated(program)
+    assert simulated.stdout == native.stdout, (simulated, native)
+    assert b"records sorted: 20000, out of order 0" in native.stdout
+    assert b"numbers sorted: 200000, out of order 0" in native.stdout
+    assert simulated.returncode == native.returncode == 0, simulated
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_sleeps_last_at_least_what_was_asked(build, mode):
+    """nanosleep of 50 ms, usleep, clock_nanosleep to an absolute time: at least that long on CLOCK_MONOTONIC, and
+    not beyond a plausible bound (not a tight one: the machine is emulated)."""
+    program = build("sleep", mode)
+    native, simulated = _native(program), _simulated(program)
+    assert simulated.stdout == native.stdout, (simulated, native)
+    assert native.stdout.count(b"returned 0, at least that long yes, under 5 s yes\n") == 3, native
+    assert simulated.returncode == native.returncode == 0, simulated
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_mremap_grows_moves_and_shrinks_as_natively(build, mode):
+    program = build("mremap", mode)
+    native, simulated = _native(program), _simulated(program)
+    assert simulated.stdout == native.stdout, (simulated, native)
+    assert b"grown in place to 32 pages, same address and bytes kept: yes\n" in native.stdout
+    assert b"moved: yes, bytes kept yes, new part usable yes\n" in native.stdout
+    assert b": no" not in native.stdout and b", no" not in native.stdout
+    assert simulated.returncode == native.returncode == 0, simulated
