@@ -139,7 +139,7 @@ Launch = Callable[[str, list[str]], int]
 
 
 def register_process_commands(monitor: Monitor, machine: Machine, launch: Launch | None) -> None:
-    """`ps` always; `run` when the machine can start programs (`launch`: the programs packed before boot)."""
+    """`ps`, and `run` of the programs packed before boot (`launch`; None: none were, and `run` says so)."""
     table = TaskTable(machine)
 
     @monitor.register("ps", "ps", "the kernel's tasks: pid, comm, state, CPU, user and system time, thread group")
@@ -149,14 +149,13 @@ def register_process_commands(monitor: Monitor, machine: Machine, launch: Launch
         except (LookupError, KeyError) as error:
             return f"monitor ps: cannot read the kernel's tasks: {error}"
 
-    if launch is None:
-        return
-
     @monitor.register("run", "run PROG [ARG...]",
                       "start PROG (a program packed at boot: serve --run or --with) as a process; prints its pid")
     def run(args: list[str]) -> str:
         if not args:
             raise MonitorUsageError("which program?")
+        if launch is None:
+            return "monitor run: no program was packed at boot (kgtp-sim serve --run 'PROG ARGS' or --with PROG)"
         try:
             pid = launch(args[0], args[1:])
         except LookupError as error:
