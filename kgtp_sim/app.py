@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from .machine import Machine
 from .rsp.dispatch import Dispatcher
 from .rsp.server import RspServer
-from .rsp.session import Session
+from .rsp.session import Session, ends_with_the_process
 from .stub.core import TargetHandlers
+from .stub.extended import OsdataHandlers
+from .stub.inferiors import KernelInferiorHandlers
 from .stub.kernel import KernelTarget
 from .stub.machine_monitor import register_machine_commands, register_process_command
 from .stub.monitor import Monitor
@@ -61,10 +63,20 @@ class Stub:
         overlay = self.target.overlay
         self.trace = TraceHandlers(self.tracer, overlay, self.config.save_dir, self.config.name_markers_always)
         register_replay_commands(self.monitor, self.trace, overlay, self.machine.image)
-        self.dispatcher = Dispatcher((*self.handlers.families, self.trace, self.monitor))
+        self.dispatcher = Dispatcher((*self.handlers.families, KernelInferiorHandlers(self.target),
+                                      OsdataHandlers(self.machine), self.trace, self.monitor))
 
     def make_session(self) -> Session:
-        return Session(self.dispatcher, stop_reply=self.handlers.stop_reply, async_stop=self.handlers.pending_stop)
+        return Session(self.dispatcher, stop_reply=self.handlers.stop_reply, async_stop=self.handlers.pending_stop,
+                       ends_session=self._ends_session)
+
+    def _ends_session(self, payload: bytes, reply) -> bool:
+        """As a one-process target's, except the detach of an attached process (GDB's second inferior): the
+        kernel's session goes on."""
+        if payload[:1] == b"D" and self.target.detached_process:
+            self.target.detached_process = False
+            return False
+        return ends_with_the_process(payload, reply)
 
     def on_connect(self) -> None:
         self.trace.forget_session()

@@ -250,7 +250,7 @@ class Server:
         from .rsp.dispatch import Dispatcher
         from .stub.core import TargetHandlers
         from .stub.monitor import Monitor
-        from .stub.extended import ExtendedHandlers, Inferior
+        from .stub.extended import ExtendedHandlers, Inferior, OsdataHandlers
         from .stub.process import ProcessTarget
         from .stub.program import ProcessHandlers
         from .stub.trace import TraceHandlers, register_trace_commands
@@ -289,7 +289,8 @@ class Server:
         self.trace = TraceHandlers(self.tracer, self.target.overlay)
         process = ProcessHandlers(self.target, self.handlers.threads)
         self.extended = ExtendedHandlers(self.target, self.handlers.threads, extended=False)
-        self.dispatcher = Dispatcher((*self.handlers.families, process, self.extended, self.trace, monitor),
+        self.dispatcher = Dispatcher((*self.handlers.families, process, self.extended, OsdataHandlers(self.machine),
+                                      self.trace, monitor),
                                      extra_features=("swbreak+", "hwbreak+", "multiprocess+", *NO_EVENTS),
                                      on_supported=self.handlers.supported)
 

@@ -9,8 +9,9 @@ server, as gdbserver's extended_protocol lets it (gdbserver/server.cc: handle_v_
   or vAttach while one lives is refused (gdbserver's answer outside multiprocess mode; GDB kills the old process
   before it runs a new one). Signals GDB passes (QPassSignals, QProgramSignals) and trace-frame selection outlive
   the processes, as GDB sends them once.
-- `ExtendedHandlers`: `!`, `vRun`, `vAttach`, `R` and `qXfer:osdata:read` (`info os processes`: the machine's
-  processes in gdbserver's table, linux-osdata.cc: linux_xfer_osdata_processes).
+- `ExtendedHandlers`: `!`, `vRun`, `vAttach` and `R`.
+- `OsdataHandlers`: `qXfer:osdata:read` (`info os processes`: the machine's processes in gdbserver's table,
+  linux-osdata.cc: linux_xfer_osdata_processes), for KGTP mode too.
 
 How a program gets into the running machine and started is the caller's (`start`: kgtp_sim/gdbserver.py puts the
 host file and what its dynamic linker opens into the initramfs, then spawns it traced); attaching is the kernel's
@@ -286,7 +287,6 @@ class ExtendedHandlers:
     inferior: Inferior
     threads: ThreadHandlers
     extended: bool = False
-    _osdata: dict[str, bytes] = field(default_factory=dict)  #: a table read in windows: made at the first
 
     @handles(c.ExtendedMode)
     def extended_mode(self, packet: c.ExtendedMode) -> Reply:
@@ -319,12 +319,21 @@ class ExtendedHandlers:
                 log.info("R: %s", error.message)
         return NoReply()
 
+
+
+@dataclass
+class OsdataHandlers:
+    """`info os` of the machine (`qXfer:osdata:read`): the table types, and `processes`."""
+
+    machine: object
+    _osdata: dict[str, bytes] = field(default_factory=dict)  #: a table read in windows: made at the first
+
     @handles(c.ReadOsdata)
     def read_osdata(self, packet: c.ReadOsdata) -> Reply:
         if packet.annex not in ("", "processes"):
             raise RspError(E_BAD_PACKET, f"no table {packet.annex!r} (the machine lists processes)")
         if packet.offset == 0 or packet.annex not in self._osdata:
-            self._osdata[packet.annex] = processes_document(self.inferior.machine) if packet.annex else _TYPES
+            self._osdata[packet.annex] = processes_document(self.machine) if packet.annex else _TYPES
         document = self._osdata[packet.annex]
         chunk = document[packet.offset: packet.offset + packet.length]
         return Binary((b"m" if packet.offset + len(chunk) < len(document) else b"l") + chunk)

@@ -51,7 +51,7 @@ from ..machine.runcontrol import Reason, StopEvent
 from ..machine.tasks import ProcessTable
 from ..machine.watchpoints import EXECUTE, READ_WRITE, WRITE
 from ..uc_paging import AddressSpace, kernel_half
-from ..rsp.dispatch import E_PERMISSION, RspError
+from ..rsp.dispatch import E_BAD_PACKET, E_PERMISSION, RspError
 from ..rsp.packets.connect import ALL_THREADS, ANY_THREAD
 from ..tracing.core.frames import ViewError
 from ..tracing.patching.probes import ProbePlacementError, instruction_at
@@ -154,6 +154,11 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
     inserted: dict[tuple[BreakpointType, int, int], AddressSpace | None] = field(init=False, default_factory=dict)
     #: the process breakpoints at user addresses belong to (`monitor process PID`); None: the one that maps it
     process: int | None = None
+    #: KGTP's gtp_current_pid: the process GDB attached (`attach PID` in a second inferior), whose memory user
+    #: addresses read, whichever CPU GDB looks at; None: as the thread's CPU sees them
+    attached_pid: int | None = None
+    #: the last detach forgot the attached process only: the session goes on (`ends_session` of KGTP mode)
+    detached_process: bool = False
     processes: ProcessTable = field(init=False)
     _notify: Callable[[], None] | None = field(init=False, default=None)
     _waiting: int | None = field(init=False, default=None)  # a `c` waits for the first stop after this one
@@ -211,10 +216,23 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
         return self.live.read_memory(address, length, self._cpu_space(address, thread))
 
     def _cpu_space(self, address: int, thread: int) -> AddressSpace | None:
-        """The space a user address is read in: the one the thread's CPU has loaded (None: a kernel address)."""
+        """The space a user address is read in: the attached process's, else the one the thread's CPU has loaded
+        (None: a kernel address)."""
         if kernel_half(address):
             return None
+        if self.attached_pid is not None:
+            space = self.processes.spaces().get(self.attached_pid)
+            if space is None:
+                raise ViewError(f"process {self.attached_pid} has ended")
+            return space
         return self.machine.cpu_space(cpu_of(thread) if self.thread_alive(thread) else 0)
+
+    def attach_process(self, pid: int) -> None:
+        """KGTP's vAttach (gtp_gdbrsp_vAttach): the process's memory is read from now on; it is not stopped, nor
+        is anything else. Raises RspError for a pid that is no live process of the machine."""
+        if pid not in self.processes.spaces():
+            raise RspError(E_BAD_PACKET, f"no process {pid} on the machine (`info os processes` lists them)")
+        self.attached_pid = pid
 
     def stop_reason(self) -> Stop:
         """The running kernel (KGTP: never really stopped): a SIGTRAP of the thread GDB looks at (CPU 0 after
@@ -335,6 +353,12 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
         return ReplayLog(begin=reverse)
 
     def detach(self) -> None:
+        """With a process attached (KGTP's gtp_gdbrsp_D): that process is forgotten, nothing else (GDB detached its
+        inferior; the kernel's stays); else GDB leaves: `release`."""
+        if self.attached_pid is not None:
+            self.attached_pid = None
+            self.detached_process = True
+            return
         self.release()
 
     def kill(self) -> None:
@@ -345,6 +369,7 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
         """GDB leaves: its breakpoints and watchpoints go, and the kernel runs."""
         self.inserted.clear()
         self.process = None
+        self.attached_pid = None
         self._waiting = None
         control = self.machine.control
         control.clear()

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from kgtp_sim.client import run_gdb
+from kgtp_sim.client.gdb import command_file, gdb_batch
 from kgtp_sim.client.stub import start_stub
 
 from ..conftest import wait_for_hits, wait_until
@@ -80,3 +81,44 @@ def test_collect_current_and_bt_show_the_program_stack_down_to_main(gdb, tmp_pat
     assert re.fullmatch(r"\(void \(\*\)\(\)\) 0x[0-9a-f]+ <getppid\+\d+>", values[0]), out
     assert values[1:3] == ["51", "43"], out  # USER_CS, USER_DS: the process's registers
     assert re.search(r"^main \+ \d+ in section \.text", out, re.M), out  # its stack, collected by $bt
+
+
+def test_a_second_inferior_reads_the_running_program_and_walks_its_traced_stack(gdb, tmp_path):
+    """KGTP's howto, both parts ("the memory of the user space program", then "collect stack (for backtrace) of user
+    space program in tracepoint") as written: `target extended-remote`, `info os processes`, `add-inferior`,
+    `inferior 2`, `file PROG`, `attach PID` (nothing stops), the program's global read twice while it runs on;
+    tracepoints of inferior 1 (the kernel) collect `$current` and `$bt`; in inferior 2 `tfind` and `bt` walk the
+    program's stack with its own symbols; `detach` of inferior 2 leaves the kernel's session; a pid no process has
+    is refused."""
+    program = compile_program("syscalls", "glibc-static", tmp_path)
+    server = start_stub("--run", str(program), cpus=2)
+    try:
+        wait_until(lambda: any("round" in line for line in server.output), "the program's first output")
+        pid = int(re.search(r"as pid (\d+)", next(line for line in server.output if "started" in line)).group(1))
+        commands = [
+            "set pagination off", "set confirm off", f"target extended-remote {server.address}",
+            "info os processes",
+            f"trace do_syscall if $current_task_user && $current_task_pid == {pid} && "
+            "((struct pt_regs *)$task_pt_regs)->orig_ax == 110",
+            "actions", "collect $current", "collect $bt", "end",
+            "tstart", *wait_for_hits(1, 2), "tstop",
+            "add-inferior", "inferior 2", f"file {program}", f"attach {pid}",
+            "set $first = *(unsigned long *)&rounds", "print $first > 0",
+            "while *(unsigned long *)&rounds == $first", "end",  # the program runs on: its memory changes under GDB's eyes
+            "print *(unsigned long *)&rounds > $first",
+            "tfind 0", "bt", "tfind none",
+            "detach", "inferior 1", "print jiffies > 0",
+            "inferior 2", "attach 99999",
+        ]
+        with command_file(commands) as script:
+            result = gdb_batch(gdb, "-x", str(script), timeout=120)
+        out = result.stdout + result.stderr
+    finally:
+        server.stop()
+    assert re.search(rf"^{pid}\s+root\s+{re.escape(str(program))}\s", out, re.M), out  # info os processes
+    assert _values(out)[:2] == ["1", "1"], out + "".join(server.output[-30:])
+    walk = re.findall(r"^#\d+\s+(?:0x[0-9a-f]+ in )?(\w+) \(", out.split("Found trace frame")[1], re.M)
+    assert walk[:2] == ["getppid", "main"], out
+    assert _values(out)[2] == "1", out  # the kernel's session went on after inferior 2's detach
+    assert "[Inferior 2 (Remote target) detached]" in out
+    assert "Attaching to Remote target failed" in out or "failed" in out.rsplit("attach 99999", 1)[-1], out
