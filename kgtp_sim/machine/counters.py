@@ -64,7 +64,7 @@ from capstone import x86_const as CX
 from unicorn import UC_HOOK_BLOCK, UC_HOOK_CODE, Uc
 from unicorn import x86_const as X
 
-from ..uc_native import add_native_hook, delete_hook, native_function
+from ..uc_native import add_native_hook, native_function
 from .errors import MachineError
 
 if TYPE_CHECKING:
@@ -402,13 +402,15 @@ class Counters:
     """The per-CPU counters of a machine of `cpus` CPUs sharing `uc`, and the perf events open on them."""
 
     def __init__(self, uc: Uc, image: KernelImage, cpus: int, current_cpu: Callable[[], int],
-                 in_emulation: Callable[[], bool], set_observer: Callable[[object | None], None]) -> None:
+                 in_emulation: Callable[[], bool], set_observer: Callable[[object | None], None],
+                 delete_hook: Callable[[object], None]) -> None:
         self.uc = uc
         self.image = image
         self.cpus = cpus
         self._current_cpu = current_cpu
         self._in_emulation = in_emulation
         self._set_observer = set_observer
+        self._delete_hook = delete_hook  #: the CPU's (Cpu.delete_hook: the fault its removal leaves forgotten)
         self._map: CodeMap | None = None  # decoded when first needed (`map`): 60 ms for this kernel
         self._stand_ins: dict[tuple[int, int], int] = {}  # (site, length) -> window end, until the map exists
         self._native = (ctypes.c_uint64 * (_CELLS * cpus))()
@@ -591,10 +593,7 @@ class Counters:
     def _safe_point(self) -> None:
         """Outside emulation: hooks retired inside it are deleted, translated code dropped if due."""
         for hook in self._retired_hooks:
-            if isinstance(hook, int):
-                self.uc.hook_del(hook)
-            else:
-                delete_hook(self.uc, hook)
+            self._delete_hook(hook)
         self._retired_hooks = []
         if self._flush_due:
             self._flush_due = False

@@ -60,7 +60,7 @@ from unicorn import (
 from unicorn import x86_const as X
 
 from .. import uc_paging as paging
-from ..uc_native import InstructionCounter, Registers, old_exception_offset
+from ..uc_native import InstructionCounter, Registers, delete_hook, old_exception_offset
 from ..uc_paging import AddressSpace, memory_operand_address, page_fault_error_offset
 from .dispatch import FaultFixups, FaultHandler, InterruptDispatch  # noqa: F401 - FaultHandler: cpu.py's name too
 from . import process
@@ -329,6 +329,18 @@ class Cpu:
             handler(self.uc, address)
             return
         self.deliver(vector, error_code if vector == PAGE_FAULT else 0)
+
+    def delete_hook(self, hook: object) -> None:
+        """Between runs: remove a hook (a Python hook's handle, or a native one's), then forget the fault its
+        removal can leave in flight: unicorn drops the code of an address-ranged hook by an instruction fetch through
+        the loaded CPU's CR3, and at a process's address with another space loaded (or an untouched page) that fetch
+        faults and leaves a #PF in flight, which would swallow the CPU's next page fault or make it a double fault
+        (seen: no #PF delivered any more after the counters' user-code hook went, once a program had run)."""
+        if isinstance(hook, int):
+            self.uc.hook_del(hook)
+        else:
+            delete_hook(self.uc, hook)
+        self.forget_fault_in_flight()
 
     def forget_fault_in_flight(self) -> None:
         """Between runs: no exception is in flight on the loaded CPU (after a host operation whose instruction

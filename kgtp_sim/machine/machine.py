@@ -90,7 +90,7 @@ class Machine:
         self._sched = Scheduler(self.cpu, image, cpus, self.clock)
         #: the performance counters (counters.py): call on the CPU thread (`run_on_cpu`, or from a hit)
         self.counters = Counters(self.cpu.uc, image, cpus, lambda: self._sched.current_cpu,
-                                 lambda: self.cpu.in_emulation, self._observe)
+                                 lambda: self.cpu.in_emulation, self._observe, self.cpu.delete_hook)
         #: int3 address -> handler(uc), consulted before the kernel's #BP (see cpu.py)
         self.breakpoints = self.cpu.breakpoints
         #: stub-code ranges -> handler(uc, fault_address), consulted before the kernel's #PF (see cpu.py)
@@ -460,6 +460,7 @@ class Machine:
             if on:
                 return self.cpu.counter.enable()
             self.cpu.counter.disable()
+            self.cpu.forget_fault_in_flight()  # the counter's hook went: see Cpu.delete_hook
             return False
 
         return self.run_on_cpu(switch)

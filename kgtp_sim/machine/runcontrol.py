@@ -250,7 +250,7 @@ class RunControl:
             del owners[root]
             if not owners:
                 del self._owners[address]
-                uc.hook_del(self._breakpoints.pop(address))
+                self.cpu.delete_hook(self._breakpoints.pop(address))
                 self.cpu.remove_cache(address, 1, space)
 
         self._sched.run_on_cpu(remove)
@@ -312,7 +312,7 @@ class RunControl:
 
         def clear(uc: Uc) -> None:
             for hook in self._breakpoints.values():
-                uc.hook_del(hook)
+                self.cpu.delete_hook(hook)
             for address, owners in self._owners.items():
                 for space in owners.values():
                     self.cpu.remove_cache(address, 1, space)

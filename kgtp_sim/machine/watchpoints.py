@@ -56,7 +56,7 @@ from unicorn import UC_HOOK_CODE, UC_HOOK_MEM_READ, UC_HOOK_MEM_WRITE, UC_MEM_WR
 from unicorn import x86_const as X
 from unicorn.unicorn_py3.unicorn import HOOK_CODE_CFUNC
 
-from ..uc_native import add_native_hook, delete_hook
+from ..uc_native import add_native_hook
 from ..uc_paging import AddressSpace
 from .cpu import EFLAGS_TF, Cpu
 from .errors import MachineError
@@ -268,14 +268,7 @@ class DebugRegisters:
             self._delete(hook)
 
     def _delete(self, hook: object) -> None:
-        if isinstance(hook, int):
-            self.uc.hook_del(hook)
-        else:
-            delete_hook(self.uc, hook)
-        # unicorn drops the code of an address-ranged hook by an instruction fetch through the loaded CPU's CR3: at
-        # a process's address with another space loaded, that fetch faults and leaves a #PF in flight, which would
-        # make that CPU's next page fault a double fault
-        self.cpu.forget_fault_in_flight()
+        self.cpu.delete_hook(hook)  # and the #PF its removal can leave in flight
 
     def _safe_point(self) -> None:
         """Outside emulation: delete retired hooks, drop translated code if due, hand the run end back."""

@@ -262,3 +262,29 @@ def test_a_kernel_without_processes_counts_nothing_in_user_mode():
     machine.call("kgtp_bench_loop", 1000)
     assert [counter.read().value for counter in counters] == [0, 0, 0]
     assert whole.read().value > 0
+
+
+def test_the_kernel_takes_page_faults_after_the_counting_hooks_go(tmp_path):
+    """Hooks over user code removed after a program ran (the counters' and the machine's instruction counter):
+    unicorn drops their code by an instruction fetch through the loaded CPU's tables, which faults and left a #PF in
+    flight; the kernel's next page faults were swallowed and its demand-paging thread spun for ever."""
+    from kgtp_sim.machine.initramfs import Archive
+
+    program = compile_program("hello", "musl-static", tmp_path)
+    archive = Archive()
+    inside = archive.add_program(program)
+    machine = Machine(IMAGE, cpus=1)
+    machine.processes.load_archive(archive.pack())
+    machine.processes.sink = lambda fd, data: None
+    counter = _open(machine, 0, _mode(BRANCHES, True))
+    machine.set_counting(True)
+    machine.start()
+    try:
+        assert machine.processes.wait(machine.processes.spawn(inside, ["hello"]), 60) is not None
+        machine.run_on_cpu(lambda uc: machine.counters.close(counter))
+        machine.set_counting(False)
+        faults = machine.run_on_cpu(lambda uc: machine.cpu.delivered[14])
+        _wait(lambda: machine.run_on_cpu(lambda uc: machine.cpu.delivered[14]) > faults + 3,
+              "page faults delivered after the hooks went")
+    finally:
+        machine.shutdown()
