@@ -60,8 +60,8 @@ GDB resumes it.
 
 Options (gdbserver's):
   --once                exit after the first connection closes
-  --multi               start without PROG; GDB runs one (target extended-remote,
-                        run) and the server stays up when it ends
+  --multi               start without PROG; GDB runs one (target
+                        extended-remote, run); the server stays up after it
   --attach              debug the running process PID of the machine
   --wrapper WRAPPER --  accepted and not run: the machine starts PROG directly
   --debug, --remote-debug, --debug-format=...   log more
