@@ -57,6 +57,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="probe-effect rows as JSON")
     parser.add_argument("--no-stops", action="store_true",
                         help="leave out the breakpoint round trip under the gdbserver role and gdbserver")
+    parser.add_argument("--no-programs", action="store_true",
+                        help="leave out programs on the kernel: hello world, user vs kernel speed, getpid, context "
+                             "switches, RSS over many switches")
+    parser.add_argument("--programs-json", type=Path, default=None, metavar="FILE", help="program rows as JSON")
+    parser.add_argument("--switches", type=int, default=None,
+                        help="context switches of the RSS soak (default 100000, --quick 20000)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,6 +120,19 @@ def run(args: argparse.Namespace) -> int:
             print(f"Breakpoint round trip: `continue` over a breakpoint hit {stops} times (GDB 13.1, the same static "
                   "program natively under gdbserver and as a process under `kgtp-sim gdbserver`)\n")
             print(stops_markdown(table))
+    if not args.no_programs:
+        from .programs import Sizes, markdown as programs_markdown, rows as program_rows
+
+        sizes = Sizes(runs=3 if args.quick else Sizes.runs,
+                      switches=args.switches or (20_000 if args.quick else Sizes.switches))
+        programs = program_rows(sizes, progress=lambda m: print(f"  {m}", file=sys.stderr))
+        print("Programs on the kernel: a dynamic glibc hello world, the thesis loop in user mode and in the kernel, "
+              f"getpid, context switches, RSS over {sizes.switches:,} switches (kgtp_sim/bench/programs.py)\n")
+        print(programs_markdown(programs))
+        if args.programs_json:
+            import json
+
+            args.programs_json.write_text(json.dumps(programs, indent=2) + "\n")
     if args.scaling or args.scaling_json:
         from .scaling import markdown as scaling_markdown, scaling_rows
 
