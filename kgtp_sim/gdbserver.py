@@ -77,8 +77,8 @@ examples:
   kgtp-sim gdbserver :2345 ./prog arg1   # gdb ./prog -ex 'target remote :2345'
   kgtp-sim gdbserver --once --cpus 1 localhost:2345 ./prog
   gdb ./prog -ex 'target remote | kgtp-sim gdbserver - ./prog'
-  kgtp-sim gdbserver --multi :2345       # gdb -ex 'target extended-remote :2345'
-                                         #     -ex 'set remote exec-file ./prog' -ex run
+  kgtp-sim gdbserver --multi :2345       # then in GDB: target extended-remote
+                                         # :2345, set remote exec-file prog, run
 """
 
 
