@@ -102,7 +102,23 @@ def cpu_state_address(uc: Uc) -> int | None:
 
 @functools.cache
 def hflags_offset() -> int | None:
-    """Offset of CPUX86State.hflags, found on a scratch CPU that leaves ring 0 by `sysretq`."""
+    """Offset of CPUX86State.hflags: the one 32-bit field whose low bits (the CPL) go from 0 to 3, the rest kept,
+    when a scratch CPU leaves ring 0 by `sysretq`, in two runs from different addresses and registers (one run can
+    show another field changing that way by chance: the host's memory beside the state, an address ending in 0
+    that became one ending in 3), so the find does not depend on the host's memory layout."""
+    found: set[int] | None = None
+    for entry, seed in ((0x2000, 0x1111), (0x2A40, 0x7777)):
+        candidates = _cpl_candidates(entry, seed)
+        if candidates is None:
+            return None
+        found = candidates if found is None else found & candidates
+    return min(found) if found and len(found) == 1 else None
+
+
+def _cpl_candidates(entry: int, seed: int) -> set[int] | None:
+    """The offsets in the CPU state of the 32-bit fields that went from CPL 0 to CPL 3 (low two bits) when a
+    scratch CPU ran `sysretq` at `entry` with general registers derived from `seed`; None if the state or the
+    transition could not be seen."""
     uc = Uc(UC_ARCH_X86, UC_MODE_64)
     uc.mem_map(0, 0x4000)
     gdt = struct.pack("<7Q", 0, 0x00AF9B000000FFFF, 0x00CF93000000FFFF, 0, 0x00CFFB000000FFFF,
@@ -116,19 +132,20 @@ def hflags_offset() -> int | None:
     state = cpu_state_address(uc)
     if state is None:
         return None
+    for index, reg in enumerate((X.UC_X86_REG_RBX, X.UC_X86_REG_RSI, X.UC_X86_REG_RDI, X.UC_X86_REG_R12)):
+        uc.reg_write(reg, seed * (index + 1))
     size = 0x4000
     before = ctypes.string_at(state, size)
-    uc.mem_write(0x2000, bytes.fromhex("480f07") + bytes.fromhex("90" * 8))  # sysretq to 0x2003: nops
-    uc.reg_write(X.UC_X86_REG_RCX, 0x2003)
+    uc.mem_write(entry, bytes.fromhex("480f07") + bytes.fromhex("90" * 8))  # sysretq to entry + 3: nops
+    uc.reg_write(X.UC_X86_REG_RCX, entry + 3)
     uc.reg_write(X.UC_X86_REG_R11, 0x2)
-    uc.emu_start(0x2000, 0x2005)
+    uc.emu_start(entry, entry + 5)
     if uc.reg_read(X.UC_X86_REG_CS) & CPL_MASK != 3:
         return None
     after = ctypes.string_at(state, size)
-    found = [i for i in range(0, size, 4)
-             if (old := int.from_bytes(before[i: i + 4], "little")) & CPL_MASK == 0
-             and int.from_bytes(after[i: i + 4], "little") == old | CPL_MASK]
-    return found[0] if len(found) == 1 else None
+    return {i for i in range(0, size, 4)
+            if (old := int.from_bytes(before[i: i + 4], "little")) & CPL_MASK == 0
+            and int.from_bytes(after[i: i + 4], "little") == old | CPL_MASK}
 
 
 class _Cell(ctypes.Structure):
