@@ -559,8 +559,9 @@ def test_qtsave_without_save_dir_is_refused_for_every_name(stub: StubProcess, tm
 def test_no_packet_reads_or_writes_host_files(stub: StubProcess, symbols: KernelSymbols, tmp_path: Path) -> None:
     """Host I/O (vFile), the executable's path, running programs, the working directory and environment are not
     implemented (empty reply), qSupported announces none of them, and the one document served by name
-    (qXfer:features) answers only for target.xml, whatever path the annex tries. Requests that would write or
-    delete aim at a file of the test's own, never at a host file."""
+    (qXfer:features) answers only for target.xml, whatever path the annex tries. `info os processes` and KGTP's
+    `attach` are the machine's processes only: the host's (this test's own pid) are neither listed nor attached.
+    Requests that would write or delete aim at a file of the test's own, never at a host file."""
     passwd = b"/etc/passwd".hex().encode()
     victim = tmp_path / "victim.txt"
     victim.write_bytes(b"must survive")
@@ -570,20 +571,24 @@ def test_no_packet_reads_or_writes_host_files(stub: StubProcess, symbols: Kernel
         b"vFile:pread:0,1000,0", b"vFile:pwrite:0,0:x", b"vFile:readlink:" + passwd, b"vFile:fstat:0",
         b"vFile:unlink:" + victim_hex, b"vFile:close:0",
         b"qXfer:exec-file:read::0,fff", b"qXfer:exec-file:read:1:0,fff", b"qXfer:auxv:read::0,fff",
-        b"qXfer:libraries:read::0,fff", b"qXfer:libraries-svr4:read::0,fff", b"qXfer:osdata:read::0,fff",
-        b"qXfer:osdata:read:processes:0,fff", b"qXfer:threads:read::0,fff",
-        b"vRun;" + b"/bin/sh".hex().encode(), b"!", b"QSetWorkingDir:" + b"/".hex().encode(),
+        b"qXfer:libraries:read::0,fff", b"qXfer:libraries-svr4:read::0,fff", b"qXfer:threads:read::0,fff",
+        b"vRun;" + b"/bin/sh".hex().encode(), b"QSetWorkingDir:" + b"/".hex().encode(),
         b"QEnvironmentHexEncoded:" + b"LD_PRELOAD=/tmp/x.so".hex().encode(), b"QStartupWithShell:1",
-        b"qGetTLSAddr:1,0,0", b"vAttach;1", b"vKill;1",
+        b"qGetTLSAddr:1,0,0", b"vKill;1",
     ]
     traversals = [b"../../etc/passwd", b"/etc/passwd", b"target.xml/../../../../etc/passwd",
                   b"..%2f..%2fetc%2fpasswd", b"../../../../proc/self/environ", b"i386-64bit.xml", b""]
     with RspClient.connect_when_free(stub) as client:
         features = client.request(b"qSupported:multiprocess+;xmlRegisters=i386")
-        for feature in (b"vFile", b"exec-file", b"multiprocess", b"auxv", b"libraries", b"osdata"):
+        for feature in (b"vFile", b"exec-file", b"multiprocess", b"auxv", b"libraries"):
             assert feature not in features, feature
         for payload in unsupported:
             assert client.request(payload) == b"", payload
+        processes = client.request(b"qXfer:osdata:read:processes:0,fff")
+        assert processes.startswith(b"l<osdata") and b"[swapper/0]" in processes, processes
+        assert b">%d<" % os.getpid() not in processes and b"python" not in processes and b"pytest" not in processes
+        assert client.request(b"vAttach;%x" % os.getpid()).startswith(b"E")  # not a process of the machine
+        assert client.request(b"vAttach;1").startswith(b"E")  # a kernel thread
         for annex in traversals:
             reply = client.request(b"qXfer:features:read:" + annex + b":0,fff")
             assert reply.startswith(b"E") and PASSWD_MARK.encode() not in reply, (annex, reply)
