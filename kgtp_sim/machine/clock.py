@@ -9,8 +9,10 @@ to the time spent stopped when it resumes, and every reading subtracts it. A rea
 instant the machine stopped. The emulated CPUs get the TSC part through their `tsc_offset` (`tsc_offset`, written
 into every CPU's context by the scheduler on resuming), so native code's `rdtsc` and Python's readings agree.
 
-`host_tsc` reads the host's TSC by running `rdtsc` in a tiny private CPU (unicorn's rdtsc is the host's), under a
-lock: one unicorn instance cannot run on two threads at once.
+`HostTsc` reads the host's TSC (unicorn's rdtsc is the host's) with `rdtsc` itself, in an executable host page called
+through ctypes (`native_rdtsc`, a fraction of a microsecond; the performance counters use it too), or where W+X
+pages are refused by running `rdtsc` in a tiny private CPU under a lock (one unicorn instance cannot run on two
+threads at once; some microseconds).
 
 Readable from any thread (the CPU thread at hits and port reads, the server thread for GDB's `print $rdtsc`);
 `freeze` and `thaw` run on the CPU thread, when the machine stops and resumes.
@@ -18,11 +20,16 @@ Readable from any thread (the CPU thread at hits and port reads, the server thre
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import threading
 import time
+from typing import Callable
 
 from unicorn import UC_ARCH_X86, UC_MODE_64, Uc
 from unicorn.x86_const import UC_X86_REG_RAX, UC_X86_REG_RDX
+
+from ..uc_native import native_function
 
 _CODE = 0x1000
 #: rdtsc; hlt. The hlt ends the run: ending it with an `until` address made unicorn translate the block afresh at
@@ -30,18 +37,33 @@ _CODE = 0x1000
 _RDTSC_HLT = b"\x0f\x31\xf4"
 _NO_EXIT = 0xFFFF_FFFF_FFFF_FFFF
 _MASK64 = (1 << 64) - 1
+# rdtsc; shl $32, %rdx; or %rdx, %rax; ret: the host's TSC, which is what the emulated rdtsc returns
+_RDTSC_CODE = bytes.fromhex("0f31" "48c1e220" "4809d0" "c3")
+
+
+@functools.cache
+def native_rdtsc() -> Callable[[], int] | None:
+    """The host's TSC read by `rdtsc` in host code, callable from any thread; None where W+X pages are refused."""
+    address = native_function(_RDTSC_CODE)
+    return ctypes.CFUNCTYPE(ctypes.c_uint64)(address) if address is not None else None
 
 
 class HostTsc:
     """The host's TSC, as unicorn's `rdtsc` gives it to a CPU whose `tsc_offset` is 0."""
 
-    def __init__(self) -> None:
+    def __init__(self, native: bool = True) -> None:
+        self._native = native_rdtsc() if native else None
         self._lock = threading.Lock()
-        self._uc = Uc(UC_ARCH_X86, UC_MODE_64)
-        self._uc.mem_map(_CODE, 0x1000)
-        self._uc.mem_write(_CODE, _RDTSC_HLT)
+        self._uc: Uc | None = None
+        if self._native is None:
+            self._uc = Uc(UC_ARCH_X86, UC_MODE_64)
+            self._uc.mem_map(_CODE, 0x1000)
+            self._uc.mem_write(_CODE, _RDTSC_HLT)
 
     def read(self) -> int:
+        if self._native is not None:
+            return self._native()
+        assert self._uc is not None
         with self._lock:
             self._uc.emu_start(_CODE, _NO_EXIT)
             return (self._uc.reg_read(UC_X86_REG_RDX) << 32) | (self._uc.reg_read(UC_X86_REG_RAX) & 0xFFFFFFFF)

@@ -65,6 +65,7 @@ from unicorn import UC_HOOK_BLOCK, UC_HOOK_CODE, Uc
 from unicorn import x86_const as X
 
 from ..uc_native import add_native_hook, native_function
+from .clock import native_rdtsc
 from .errors import MachineError
 
 if TYPE_CHECKING:
@@ -299,8 +300,6 @@ _USER_CODE = bytes.fromhex(
     "4889c2" "482b5140" "49015018"
     "48894140" "48c7414801000000" "c3"
 )
-# rdtsc; shl $32, %rdx; or %rdx, %rax; ret: the host's TSC, which is what the emulated rdtsc returns
-_RDTSC_CODE = bytes.fromhex("0f31" "48c1e220" "4809d0" "c3")
 USER_END = 0x0000_7FFF_FFFF_FFFF  #: the last address of the lower (user) half
 _NOWHERE = (1 << 64) - 1
 
@@ -416,10 +415,9 @@ class Counters:
         self._native = (ctypes.c_uint64 * (_CELLS * cpus))()
         self._cell = _Cell(ctypes.addressof(self._native), 0, 0, 0, 0, 0, 0, _NOWHERE)
         self._python = [[0] * len(Source) for _ in range(cpus)]
-        rdtsc = native_function(_RDTSC_CODE)
         #: the host's TSC (what the emulated rdtsc returns); None where W+X host pages are refused
-        self._rdtsc = ctypes.CFUNCTYPE(ctypes.c_uint64)(rdtsc) if rdtsc is not None else None
-        self.available = rdtsc is not None and native_function(_BLOCK_CODE) is not None
+        self._rdtsc = native_rdtsc()
+        self.available = self._rdtsc is not None and native_function(_BLOCK_CODE) is not None
         self.open_counters: list[Counter] = []
         self._hooks: list[object] = []
         self._switch_hook: int | None = None

@@ -246,12 +246,14 @@ class Scheduler:
             self._cond.notify_all()
         self._kick()
 
+    def _in_module_code(self) -> bool:
+        """Is the loaded CPU's RIP in module space (the stub's code: detours, out-of-line copies)?"""
+        return MODULE_BASE <= self.cpu.regs.read(X.UC_X86_REG_RIP) < MODULE_BASE + MODULE_SIZE
+
     def _in_stub_code(self) -> bool:
         """Is the loaded CPU running the stub's code (or single-stepping), where it must not be switched out nor
         interrupted?"""
-        regs = self.cpu.regs
-        rip = regs.read(X.UC_X86_REG_RIP)
-        return MODULE_BASE <= rip < MODULE_BASE + MODULE_SIZE or bool(regs.read(X.UC_X86_REG_EFLAGS) & EFLAGS_TF)
+        return self._in_module_code() or bool(self.cpu.regs.read(X.UC_X86_REG_EFLAGS) & EFLAGS_TF)
 
     def _runnable(self, slot: _Slot) -> bool:
         """Can the CPU run now: it has work, and the debugger lets it run (runcontrol.py)?"""
@@ -328,7 +330,10 @@ class Scheduler:
                 slot = self._choose(rotate)
                 if slot is None:
                     continue
-                if not control.masks_interrupts(slot.index, slot.halted) and self._deliver_pending(slot):
+                # no interrupt while the stub's code runs (an int3 hit's out-of-line copy, a detour): the kernel's
+                # handler would run in the middle of a hit, and the probed instruction after whatever it schedules
+                if not control.masks_interrupts(slot.index, slot.halted) and not self._in_module_code() and \
+                        self._deliver_pending(slot):
                     control.woke(slot.index)
             except MachineError as error:
                 self._crashed(error)

@@ -341,7 +341,7 @@ class Runner:
 
     def __init__(self, cold: bool = False) -> None:
         #: run the first combination on a machine as soon as it booted, before its benchmark threads made a call
-        #: (their first calls race with an interpreted int3 hit on two CPUs: see `warm`)
+        #: (see `warm`)
         self.cold = cold
         self.harnesses: dict[int, Harness] = {}
         self.image = KernelImage.load(IMAGE_PATH)
@@ -364,9 +364,9 @@ class Runner:
     def warm(self, h: Harness, cpus: int) -> None:
         """Let the kernel run until every CPU's benchmark thread has called kgtp_test_function (each makes 100
         calls a tick: two ticks' worth per CPU), so a combination starts from a kernel in its steady state.
-        `--cold` skips it: with several CPUs, the interpreting engine's int3 hit at kgtp_test_function is then
-        often seen apart from its displaced `addl` (two CPUs' hits read one kgtp_counter; a stop of every CPU
-        falls between a hit and its add). The same happens, rarely, later too: an open problem."""
+        `--cold` skips it (the benchmark threads' first calls are the slow ones: with the interpreting engine, a
+        timer tick once came due during nearly every hit and entered the kernel between the hit and its displaced
+        `addl`)."""
         deadline = time.monotonic() + WAIT_S
         while (self._u32(h, self.sites.counter) or 0) < 1 + WARM_CALLS * cpus:
             if time.monotonic() > deadline:
@@ -426,12 +426,27 @@ class Runner:
         return counter, pcs
 
     def _run_until(self, h: Harness, done: Callable[[], bool], what: str) -> None:
+        """Let the kernel go until `done`; a failure when kgtp_counter stood still for WAIT_S (a slow kernel, the
+        interpreted path beside four watches on a loaded host, is waited for as long as it makes calls)."""
         self._monitor(h, "go")
-        deadline = time.monotonic() + WAIT_S
+        counter, deadline = None, time.monotonic() + WAIT_S
         while not done():
-            if time.monotonic() > deadline:
-                raise CombinationFailure(f"waited {WAIT_S:.0f}s for {what}")
+            now = self._u32(h, self.sites.counter)
+            if now != counter:
+                counter, deadline = now, time.monotonic() + WAIT_S
+            elif time.monotonic() > deadline:
+                raise CombinationFailure(f"waited {WAIT_S:.0f}s for {what}: kgtp_counter stuck at {counter}, "
+                                         f"the CPUs at {self._where(h)}")
             time.sleep(0.002)
+
+    def _where(self, h: Harness) -> str:
+        """Where every CPU is, by function (what a stalled kernel is doing)."""
+        machine = h.machine
+        places = []
+        for rip in machine.run_on_cpu(lambda _uc: machine.cpu_rips()):
+            function = self.image.function_at(rip)
+            places.append(f"{rip:#x} ({function.name})" if function else f"{rip:#x}")
+        return ", ".join(places)
 
     def _window(self, h: Harness, cpus: int, calls: int, start: tuple[int, list[int]],
                 ended: Callable[[], bool] = lambda: False) -> Window:

@@ -310,7 +310,7 @@ class Tracer:
         self.stop_note = None
         self.stopping_tracepoint = 0
         self.start_time = _now_us()
-        self.start_tsc = self.tsc.anchor()  # on the CPU thread, before the first hit of the run
+        self.start_tsc = self.tsc.read()  # on the CPU thread, before the first hit of the run
         self.stop_time = None
         log.info("tracing started with %d probes", len(self.probes.installed))
 

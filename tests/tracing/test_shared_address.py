@@ -100,3 +100,31 @@ def test_a_second_tracepoint_cannot_join_a_single_compiled_probe_during_a_run():
     machine.call("kgtp_bench_loop", 1)
     assert [f.tracepoint for f in tracer.frames()] == [1]  # the armed one goes on
     tracer.stop(t.StopReason.STOP_COMMAND)
+
+
+@pytest.mark.parametrize("engine", ["naive", "opt"])
+@pytest.mark.parametrize("stopping", ["full", "passcount"])
+def test_a_hit_that_ends_the_run_goes_on_through_the_rest_of_its_chain(engine, stopping):
+    """The head's detour ends the run from its slow path (a full linear buffer, its pass count), which removes
+    every probe; the same hit then runs the next detour of the chain, whose own slow path (the buffer still full)
+    must still reach the tracer: its hypercall int3 once went to the kernel instead (`Kernel panic - not syncing:
+    int3`)."""
+    machine, tracer = _tracer(engine, 1, 2)
+    if stopping == "full":  # the head's frames take more room: the buffer fills at its hit
+        tracer.definitions.buffer_size = 0x1000
+        tracer.definitions.add_actions(t.TracepointActions.parse(b"1:%x:R01ffff" % SITE))
+    else:
+        tracer.definitions.tracepoints[(1, SITE)].pass_count = 3
+        tracer.definitions.tracepoints[(2, SITE)].pass_count = 3
+    tracer.start()
+    assert machine.call("kgtp_bench_loop", 1000) == 1000
+    assert not tracer.running
+    assert tracer.status().stop_reason is (t.StopReason.BUFFER_FULL if stopping == "full" else
+                                           t.StopReason.PASSCOUNT)
+    assert "panic" not in machine.console_text().lower()
+    assert machine.read_memory(SITE, 8) == IMAGE.read_code(SITE, 8)
+    machine.call("kgtp_bench_loop", 5)  # the kernel goes on without the probes
+    tracer.start()  # the next run's own hypercalls, none left over from the last
+    machine.call("kgtp_bench_loop", 2)
+    tracer.stop(t.StopReason.STOP_COMMAND)
+    assert "panic" not in machine.console_text().lower()

@@ -1,9 +1,11 @@
 """Timestamps for trace frames: the emulated CPU's TSC, readable from Python too.
 
 Native frame commits stamp `rdtsc`. The machine's clock (machine/clock.py) gives Python-side writers (the
-interpreter engine) the same TSC: the host's, read by a tiny private CPU, less the time the machine spent stopped
-by a debugger (the emulated CPUs' `tsc_offset` takes the same out of their `rdtsc`). One time base for every frame,
-converted to nanoseconds with a rate measured once against the host's monotonic clock.
+interpreter engine, while-stepping, watch tracepoints, `$kret`) the same TSC: the host's, read by `rdtsc` in host
+code, less the time the machine spent stopped by a debugger (the emulated CPUs' `tsc_offset` takes the same out of
+their `rdtsc`). One clock, read (never extrapolated) at every frame of every path, so each CPU's frames are in time
+order and the merged frames too; converted to nanoseconds with a rate measured once against the host's monotonic
+clock (for `$clock`, the `$xtime` variables and the views).
 
 Readable from any thread (the CPU thread at hits, the server thread for GDB's `print $rdtsc`).
 """
@@ -23,6 +25,7 @@ class Tsc:
         self.clock = clock if clock is not None else MachineClock()
 
     def read(self) -> int:
+        """The machine's TSC now: what a CPU's `rdtsc` reads at this instant (the frame stamp of every path)."""
         return self.clock.tsc()
 
     @cached_property
@@ -35,19 +38,3 @@ class Tsc:
 
     def to_ns(self, ticks: int) -> int:
         return int(ticks / self.ticks_per_ns)
-
-    @cached_property
-    def _origin(self) -> tuple[int, int]:
-        return time.perf_counter_ns(), self.clock.host.read()
-
-    def anchor(self) -> int:
-        """Read the TSC and make it `now()`'s starting point: `now()` is exact at this instant and never below
-        this reading afterwards (the tracer anchors at tstart, so no frame of a run predates its start)."""
-        reading = time.perf_counter_ns(), self.read()
-        self.__dict__["_origin"] = reading
-        return reading[1]
-
-    def now(self) -> int:
-        """The TSC now, from the host clock and the measured rate: a few hundred ns instead of an emulation."""
-        ns0, tsc0 = self._origin
-        return self.clock.guest_tsc(tsc0 + int((time.perf_counter_ns() - ns0) * self.ticks_per_ns))

@@ -162,7 +162,7 @@ def commit(tracer: Run, number: int, hit: HitContext, item: Installed) -> bool:
     (`tfull`)."""
     blocks = b"".join(hit.blocks)
     assert tracer.ring is not None
-    if not tracer.ring.append(number, blocks, tracer.tsc.now(), smp.cpu_number(hit.uc)):
+    if not tracer.ring.append(number, blocks, tracer.tsc.read(), smp.cpu_number(hit.uc)):
         if not tracer.definitions.circular:
             tracer.stop(t.StopReason.BUFFER_FULL)
         return False

@@ -66,10 +66,17 @@ class ProbeSet:
         self.int3_sites: dict[int, tuple[int, int, list[Installed]]] = {}
         #: the tracepoints in the run's program (Run.user_space): int3s in its own memory
         self.program = ProgramProbes(tracer)
+        #: hypercall int3s of detours a hit removed (a slow path ending the run, `$disable`): that hit goes on
+        #: through the rest of its chain, whose slow paths must still reach the tracer (they find the run over);
+        #: dropped when the next run starts
+        self.lingering: list[int] = []
 
     def reset(self) -> None:
         self.installed = {}
         self.removed = {}
+        for address in self.lingering:
+            self.machine.breakpoints.pop(address, None)
+        self.lingering = []
 
     def code_regions(self) -> list[tuple[int, int]]:
         """The out-of-line copies a hit may be executing (a run waits for RIP to leave them)."""
@@ -275,9 +282,12 @@ class ProbeSet:
                 native.release(probe)
             else:
                 native.unpatch(item.site, probe)
-            for address in (probe.detour.error_call, probe.detour.full_call, probe.detour.pass_call,
-                            *probe.detour.sdata_calls):
-                self.machine.breakpoints.pop(address, None)
+            calls = (probe.detour.error_call, probe.detour.full_call, probe.detour.pass_call, *probe.detour.sdata_calls)
+            if self.machine.cpu.in_emulation:  # asked by a hit, which may be in this detour or before it
+                self.lingering += calls
+            else:
+                for address in calls:
+                    self.machine.breakpoints.pop(address, None)
             item.fired, item.hits, item.usage = native.counters(probe)
             return
         group = self.int3_sites.get(item.site.address)
