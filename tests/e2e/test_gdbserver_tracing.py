@@ -156,6 +156,27 @@ def test_steps_and_a_breakpoint_at_a_fast_tracepoint_collect_once_and_step_its_i
     assert "Collected 5 trace frames." in text, text
 
 
+@pytest.mark.parametrize("engine, cpus", [("interp", 1), ("naive", 2), ("opt", 1), ("opt", 2)])
+def test_while_stepping_in_the_program_collects_each_step_and_debugger_steps_still_stop(programs, engine, cpus):
+    """`while-stepping 3` at add(): each hit's frame, then one per instruction the program runs after it (its PC
+    on, inside add), the int3 back after the steps (every round hit); a debugger's `next` afterwards still stops
+    (the #DB hook before the steps is back), and the program's result is unchanged."""
+    text, _, _ = session(GDB13, programs["static"], [
+        "trace add", "actions", "collect a", "while-stepping 3", "collect $regs", "end", "end",
+        "break 29", "tstart", "continue", "next", "info line *$pc", "tstop", "tstatus", *frames_listing(),
+        "tfind none", "continue", "continue",
+    ], "--engine", engine, "--cpus", str(cpus))
+    assert "Collected 20 trace frames." in text, text
+    frames = re.findall(r"^frame (\d+) tp 1 pc (0x[0-9a-f]+)", text, re.M)
+    assert [int(n) for n, _ in frames] == list(range(20)), text
+    pcs = [int(pc, 16) for _, pc in frames]
+    for start in range(0, 20, 4):  # a hit, then its three steps, each one instruction on
+        assert pcs[start] == pcs[0] and pcs[start:start + 4] == sorted(set(pcs[start:start + 4])), text
+        assert pcs[start + 3] - pcs[start] < 16, text
+    assert re.search(r"Line 30 of .* starts at address", text), text
+    assert re.search(r"exited with code 024\]", text), text
+
+
 @pytest.mark.parametrize("gdb", GDB_CLIENTS, ids=lambda g: f"gdb{g.version}")
 def test_program_and_kernel_tracepoints_share_one_buffer_in_time_order(programs, gdb):
     """The program's loop and the kernel's do_syscall for this process only (KGTP's $current_task_pid by its

@@ -82,6 +82,8 @@ class ProgramProbes:
             site = self.sites[address] = _Site(original)
             self.machine.breakpoints[address] = lambda uc, site=site, address=address: self._hit(uc, address, site)
         item.out_of_line = site.pad + len(INT3) if site.pad else address  # the instruction runs in place
+        if not site.pad:  # the byte under the int3, which while-stepping puts back for its steps
+            item.site = ProbeSite(address, "(program)", "int3", (), site.original)
         site.items.append(item)
 
     def _install_jump(self, item: Installed) -> None:
@@ -108,7 +110,7 @@ class ProgramProbes:
         site = self.sites[address] = _Site(original, pad=pad, displaced_at=address)
         self.machine.breakpoints[pad] = lambda uc, site=site, address=address: self._hit(uc, address, site)
         cpu = self.machine.cpu
-        if not self._live_pads and cpu.debug_trap is not self._debug_trap:
+        if not self._live_pads and cpu.debug_trap != self._debug_trap:
             self._previous_trap, cpu.debug_trap = cpu.debug_trap, self._debug_trap
         self._live_pads[pad] = (self._pad_ends[pad], site)
         self._write(space, address, jump(address, pad))
@@ -157,7 +159,7 @@ class ProgramProbes:
             self.machine.breakpoints.pop(site.pad, None)
             self._live_pads.pop(site.pad, None)
             cpu = self.machine.cpu
-            if not self._live_pads and cpu.debug_trap is self._debug_trap:
+            if not self._live_pads and cpu.debug_trap == self._debug_trap:
                 cpu.debug_trap, self._previous_trap = self._previous_trap, None
             self._write(item.space, address, site.original)
             return
@@ -214,20 +216,35 @@ class ProgramProbes:
             uc.reg_write(X.UC_X86_REG_RIP, trap + len(INT3))
             self.machine.cpu.deliver(3)
             return
+        stepper = self.tracer.stepper
+        stepped_before = stepper.active or bool(uc.reg_read(X.UC_X86_REG_EFLAGS) & EFLAGS_TF)
+        write = lambda uc, data, space=space: self._put(uc, space, address, data)  # noqa: E731
         for item in list(site.items):
-            interpreted_hit(self.tracer, uc, item)
+            interpreted_hit(self.tracer, uc, item, write_site=write, may_step=not stepped_before)
         if site.pad:  # on through the pad: the relocated instruction, the jump back
             uc.reg_write(X.UC_X86_REG_RIP, site.pad + len(INT3))
             return
         uc.reg_write(X.UC_X86_REG_RIP, address)
+        if stepper.active and not stepped_before:
+            return  # while-stepping: its steps run the instruction in place, and put the int3 back (hits.Stepper)
         # the probed instruction, in place: the original byte for one step, the int3 again at its #DB
-        self._swap(space, address, site.original)
-        uc.ctl_remove_cache(address, address + len(INT3))  # the program's space is loaded: its code is found
+        self._put(uc, space, address, site.original)
         cpu = self.machine.cpu
-        self._stepped_by_debugger = bool(uc.reg_read(X.UC_X86_REG_EFLAGS) & EFLAGS_TF)  # a ptrace single step
+        # TF already set: a ptrace single step of the program, or while-stepping's steps that reached this int3
+        self._stepped_by_debugger = bool(uc.reg_read(X.UC_X86_REG_EFLAGS) & EFLAGS_TF)
         self._stepping = (address, cpu.debug_trap)
         cpu.debug_trap = lambda uc, space=space: self._stepped(uc, space)
         uc.reg_write(X.UC_X86_REG_EFLAGS, uc.reg_read(X.UC_X86_REG_EFLAGS) | EFLAGS_TF)
+
+    def _put(self, uc: Uc, space: Any, address: int, data: bytes) -> None:
+        """`data` at a site of the program, on the CPU thread inside emulation, whatever space the CPU has loaded
+        (the step in place or while-stepping may end in another task): written into the program's space, its
+        translated code dropped."""
+        self._swap(space, address, data)
+        if uc.reg_read(X.UC_X86_REG_CS) & 3 and uc.reg_read(X.UC_X86_REG_CR3) & ~0xFFF == space.root:
+            uc.ctl_remove_cache(address, address + len(data))  # the program's space is loaded: its code is found
+        else:
+            self.machine.cpu.remove_cache(address, len(data), space)
 
     def _stepped(self, uc: Uc, space: Any) -> None:
         assert self._stepping is not None
@@ -236,11 +253,10 @@ class ProgramProbes:
         self.machine.cpu.debug_trap = previous
         uc.reg_write(X.UC_X86_REG_EFLAGS, uc.reg_read(X.UC_X86_REG_EFLAGS) & ~EFLAGS_TF)
         if address in self.sites:
-            self._swap(space, address, INT3)
-        if uc.reg_read(X.UC_X86_REG_CS) & 3 and uc.reg_read(X.UC_X86_REG_CR3) & ~0xFFF == space.root:
-            uc.ctl_remove_cache(address, address + len(INT3))
-        else:
-            self.machine.cpu.remove_cache(address, len(INT3), space)
-        if self._stepped_by_debugger:  # the program was being single-stepped: this #DB ends its step too
+            self._put(uc, space, address, INT3)
+        if self._stepped_by_debugger:  # the step was someone else's too: this #DB ends it as theirs
             uc.reg_write(X.UC_X86_REG_EFLAGS, uc.reg_read(X.UC_X86_REG_EFLAGS) | EFLAGS_TF)
-            self.machine.cpu.deliver(1)
+            if self.tracer.stepper.active and previous is not None:  # while-stepping's steps: its trap
+                previous(uc)
+            else:
+                self.machine.cpu.deliver(1)
