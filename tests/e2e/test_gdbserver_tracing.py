@@ -177,6 +177,39 @@ def test_while_stepping_in_the_program_collects_each_step_and_debugger_steps_sti
     assert re.search(r"exited with code 024\]", text), text
 
 
+@pytest.mark.parametrize("engine, cpus", [("interp", 1), ("opt", 2)])
+def test_a_breakpoint_at_a_tracepoint_stops_after_its_collection_and_collects_once(programs, engine, cpus):
+    """`break add` and `trace add` (one int3 for both): each hit collects, then stops as the breakpoint; going on
+    from that stop collects nothing more; with the breakpoint deleted the tracepoint alone goes on."""
+    text, _, _ = session(GDB13, programs["static"], [
+        "break add", "trace add", "actions", "collect a", "end", "tstart",
+        "continue", "print a", "continue", "print a", "continue", "print a", "tstatus",
+        "delete 1", "continue", "tstop", "tstatus", "tfind tracepoint 2", "print a", "tfind 2", "print a",
+        "tfind none", "continue",
+    ], "--engine", engine, "--cpus", str(cpus))
+    assert text.count("Breakpoint 1, add (a=") == 3, text
+    assert re.findall(r"^\$\d+ = (.*)$", text, re.M) == ["0", "0", "1", "0", "1"], text
+    assert re.search(r"Trace is running on the target\.\nCollected 3 trace frames\.", text), text
+    assert "Collected 5 trace frames." in text, text  # once per round, stopped at or not
+    assert "received signal SIGTRAP" not in text and re.search(r"exited with code 024\]", text), text
+
+
+@pytest.mark.parametrize("engine, cpus", [("naive", 1), ("opt", 2)])
+def test_a_breakpoint_set_over_a_running_tracepoint_outlives_it_and_leaves_no_int3(programs, engine, cpus):
+    """The breakpoint's int3 goes over the tracepoint's (one int3, the byte under it recorded once): tstop leaves
+    the breakpoint in, and deleting it afterwards leaves the program's own byte (no stray int3: no SIGTRAP)."""
+    text, _, _ = session(GDB13, programs["static"], [
+        "trace add", "actions", "collect a", "end", "tstart", "break add",
+        "continue", "x/2xb $pc", "tstop", "tstatus", "continue", "print a", "delete", "continue", "continue",
+    ], "--engine", engine, "--cpus", str(cpus))
+    assert text.count("Breakpoint 2, add (a=") == 2, text
+    assert "Collected 1 trace frames." in text, text
+    code = re.search(r"<add\+\d+>:\s+(0x[0-9a-f]+)\s+(0x[0-9a-f]+)", text)
+    assert code and code.group(1) != "0xcc", text  # memory read through the int3s shows the program's bytes
+    assert re.search(r"^\$1 = 0$", text, re.M), text
+    assert "received signal SIGTRAP" not in text and re.search(r"exited with code 024\]", text), text
+
+
 @pytest.mark.parametrize("gdb", GDB_CLIENTS, ids=lambda g: f"gdb{g.version}")
 def test_program_and_kernel_tracepoints_share_one_buffer_in_time_order(programs, gdb):
     """The program's loop and the kernel's do_syscall for this process only (KGTP's $current_task_pid by its

@@ -257,12 +257,14 @@ class Stepper:
         cpu = self.tracer.machine.cpu
         if item is not None and item.space is not None and cpu.debug_trap == self._trap:
             cpu.debug_trap, self._previous_trap = self._previous_trap, None  # a program's: the hook before ours
+        if item is not None and self._write_site is not None:
+            self._write_site(uc, INT3)  # a program's: its int3 back while anyone holds the address (userprobes.py)
         if item is not None and self.tracer.running and getattr(self, "_stop_after", False):
             self.tracer.stop(t.StopReason.PASSCOUNT, tracepoint=item.tracepoint.number)
-        elif item is not None and self.tracer.running and self.tracer.is_armed(item.tracepoint.key):
+        elif item is not None and self.tracer.running and self.tracer.is_armed(item.tracepoint.key) and \
+                self._write_site is None:
             self._write(uc, item.site.address, INT3)
-            if self._write_site is None:
-                self.tracer.machine.counters.stand_in(item.site.address, len(INT3), item.site.resume_address)
+            self.tracer.machine.counters.stand_in(item.site.address, len(INT3), item.site.resume_address)
 
     def _write(self, uc: Uc, address: int, data: bytes) -> None:
         """The site's bytes: the kernel's code through the loaded space, or the program's through `write_site`."""
