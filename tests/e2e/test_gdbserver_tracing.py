@@ -60,7 +60,8 @@ class Server:
                     listening.set()
             listening.set()
 
-        threading.Thread(target=drain, daemon=True).start()
+        self._drain = threading.Thread(target=drain, daemon=True)
+        self._drain.start()
         if not listening.wait(60) or self.port is None:
             self.stop()
             raise RuntimeError("the gdbserver role did not start:\n" + "".join(self.stderr))
@@ -72,6 +73,7 @@ class Server:
     def finish(self, timeout: float = 30) -> tuple[str, str]:
         """Its stdout (the program's) and stderr once it has ended (GDB left)."""
         out, _ = self.proc.communicate(timeout=timeout)
+        self._drain.join(timeout)  # its last lines (`Child exited ...`) may still be on their way
         return out, "".join(self.stderr)
 
     def stop(self) -> None:
@@ -208,6 +210,29 @@ def test_a_breakpoint_set_over_a_running_tracepoint_outlives_it_and_leaves_no_in
     assert code and code.group(1) != "0xcc", text  # memory read through the int3s shows the program's bytes
     assert re.search(r"^\$1 = 0$", text, re.M), text
     assert "received signal SIGTRAP" not in text and re.search(r"exited with code 024\]", text), text
+
+
+@pytest.mark.parametrize("gdb", GDB_CLIENTS, ids=lambda g: f"gdb{g.version}")
+def test_a_tsaved_trace_of_the_program_reads_back_in_its_register_layout(programs, gdb, tmp_path):
+    """`tsave` (GDB writes the frames qTBuffer gives it) and `tsave -r`-free reading with `target tfile`: the
+    register blocks are one `g` packet of the process's register file (x86-64 Linux's, wider than KGTP's), so
+    the file reads back: each frame's registers, its collected memory, in order."""
+    saved = tmp_path / "program.tf"
+    text, _, _ = session(gdb, programs["static"], [
+        "trace add", "actions", "collect $regs", "collect a", "collect b", "end",
+        "break 29", "tstart", "continue", "tstop", "tfind 3", "print a", "print b", "print/x $rsp", "print/x $pc",
+        "tfind none", f"tsave {saved}", "kill",
+    ])
+    live = re.findall(r"^\$\d+ = (.*)$", text, re.M)
+    assert len(live) == 4 and live[:2] == ["3", "3"], text
+    back = run_gdb(gdb, None, f"file {programs['static']}", f"target tfile {saved}", "tstatus", "tfind 3",
+                   "print a", "print b", "print/x $rsp", "print/x $pc", "tfind 4", "print a", "print b",
+                   attach=False, timeout=60)
+    assert "Collected 5 trace frames." in back, back
+    values = re.findall(r"^\$\d+ = (.*)$", back, re.M)
+    assert values[:4] == live, (back, live)  # add(3, 3): the same frame, live and from the file
+    assert values[4:] == ["6", "4"], back
+    assert "Truncated" not in back and "Bogus" not in back, back
 
 
 @pytest.mark.parametrize("gdb", GDB_CLIENTS, ids=lambda g: f"gdb{g.version}")
