@@ -244,3 +244,10 @@ def test_a_process_targets_trace_buffer_has_register_blocks_of_its_register_file
     assert data[header:header + 1] == b"R" and block[:amd64.G_PACKET_SIZE] == kgtp[header + 1:][:amd64.G_PACKET_SIZE]
     assert amd64.LINUX.decode(block)["rip"] == A and not any(block[amd64.G_PACKET_SIZE:])
     assert data[header + 1 + amd64.LINUX.size:][:1] == b"M"  # the frame's next block starts right after
+
+
+def test_tfind_tracepoint_minus_one_finds_no_frame():
+    """GDB sends `tfind tracepoint -1` as 32 bits of ones: no tracepoint has that number, so no frame (gdbserver's
+    `F-1`, where an error would be GDB's `Target returns error code`)."""
+    handlers, _ = _handlers(recorded=_frames())
+    assert handlers.find_by_tracepoint(t.FindFrameByTracepoint.parse(b"ffffffff")) == b"F-1"
