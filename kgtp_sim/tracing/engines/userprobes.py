@@ -11,6 +11,18 @@ is set, and no other CPU runs meanwhile, as the machine runs one CPU at a time),
 back. The kernel's compiled detours live in supervisor-only module space, which ring 3 cannot run: a program's
 tracepoints always take this path, whatever the engine.
 
+While-stepping (hits.Stepper) steps the program the same way: its steps run the instruction in place (the step in
+place here stands aside), in ring 3, with the program's own byte lifted and the int3 put back in the program's
+space when they end, and the #DB hook of before the steps back. A hit taken while a debugger single-steps the
+program (TF already set) records its frame and no steps: the debugger's step keeps TF.
+
+The int3 and the byte under it are recorded in the machine's one record of a process's int3s (machine/int3s.py),
+shared with the debugger's breakpoints (`Z0`): a `trace` and a `break` at one address, set and removed in any
+order, never write the real byte over the other's int3, nor leave a stray int3. When GDB has a breakpoint at the
+tracepoint too, the hit collects, then the int3 goes to the kernel as the program's #BP (gdbserver reports a
+breakpoint after running the tracepoints there): the program stops at its breakpoint, and the same task going on
+from that stop (GDB steps it over the breakpoint, the tracepoint's int3 still there) collects nothing more.
+
 A fast tracepoint replaces its instruction (GDB allows one of 5 bytes or more: qTMinFTPILen) with a `jmp rel32` to
 a pad of its own in a jump pad area of the process (mapped by the process itself within the jump's reach:
 UserSpace.prepare, fixtures/kernel/jumppad.c), as gdbserver's fast tracepoints do. The pad is: an int3, by which
@@ -23,7 +35,8 @@ step of the jump (ptrace's TF) would stop inside the pad: while jumps are in, th
 runs the hit there and lets the step go on through the pad, so it ends after the relocated instruction, where the
 step of the original instruction would have ended.
 
-Owns the program's int3 sites (address -> the byte they replace, the locations sharing them). Runs on the CPU
+Owns the program's int3 sites (address -> the byte they replace, the locations sharing them), and which task last
+stopped at its breakpoint over one. Runs on the CPU
 thread: install and remove under the tracer's run changes, the handlers inside the int3 and #DB hooks.
 """
 
