@@ -180,6 +180,22 @@ def test_while_stepping_in_the_program_collects_each_step_and_debugger_steps_sti
 
 
 @pytest.mark.parametrize("engine, cpus", [("interp", 1), ("opt", 2)])
+def test_a_pass_count_with_while_stepping_stops_the_run_after_the_last_hits_steps(programs, engine, cpus):
+    """`passcount 2` and `while-stepping 2` at add(): the second hit's steps are recorded, then the run stops (the
+    int3 leaves the program from inside the steps' trap); another tracepoint's frame in between; the program goes
+    on to its end untouched."""
+    text, _, _ = session(GDB13, programs["static"], [
+        "trace add", "passcount 2", "actions", "collect a", "while-stepping 2", "collect $regs", "end", "end",
+        "trace 27", "actions", "collect counter", "end", "tstart", "continue", "tstatus", *frames_listing(),
+        "tfind none", "continue", "continue",
+    ], "--engine", engine, "--cpus", str(cpus))
+    assert "Trace stopped by tracepoint 1." in text, text
+    tracepoints = [int(tp) for tp in re.findall(r"^frame \d+ tp (\d+) pc", text, re.M)]
+    assert tracepoints == [1, 1, 1, 2, 1, 1, 1], text
+    assert "received signal SIGTRAP" not in text and re.search(r"exited with code 024\]", text), text
+
+
+@pytest.mark.parametrize("engine, cpus", [("interp", 1), ("opt", 2)])
 def test_a_breakpoint_at_a_tracepoint_stops_after_its_collection_and_collects_once(programs, engine, cpus):
     """`break add` and `trace add` (one int3 for both): each hit collects, then stops as the breakpoint; going on
     from that stop collects nothing more; with the breakpoint deleted the tracepoint alone goes on."""

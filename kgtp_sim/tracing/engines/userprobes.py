@@ -99,7 +99,7 @@ class ProgramProbes:
             if under is None:
                 raise TraceError(f"tracepoint {item.tracepoint.number} at {address:#x}: no memory of the program there")
             if first:
-                self.machine.cpu.remove_cache(address, len(INT3), item.space)
+                self._drop_code(self.machine.cpu.uc, item.space, address)
             site = self.sites[address] = _Site(bytes([under]))
             self.machine.breakpoints[address] = lambda uc, site=site, address=address: self._hit(uc, address, site)
         if site.pad and item.tracepoint.step_count:
@@ -193,7 +193,7 @@ class ProgramProbes:
         # the byte back unless the debugger's breakpoint holds the int3 too (a step in place under way: lifted)
         if self.int3s.release(item.space, address, TRACER) and (self._stepping is None or
                                                                 self._stepping[0] != address):
-            self.machine.cpu.remove_cache(address, len(INT3), item.space)
+            self._drop_code(self.machine.cpu.uc, item.space, address)
 
     # ---- the CPU thread, inside emulation ---------------------------------------------------------------
 
@@ -270,8 +270,12 @@ class ProgramProbes:
         back if anyone still holds it (machine/int3s.py), on the CPU thread inside emulation, whatever space the
         CPU has loaded (the step in place or while-stepping may end in another task); translated code dropped."""
         changed = self.int3s.lift(space, address) if lifted else self.int3s.lower(space, address)
-        if not changed:
-            return
+        if changed:
+            self._drop_code(uc, space, address)
+
+    def _drop_code(self, uc: Uc, space: Any, address: int) -> None:
+        """The translated code over a site's int3 dropped, from a hit (inside emulation, the program's space
+        loaded in ring 3 or not) or between runs."""
         if uc.reg_read(X.UC_X86_REG_CS) & 3 and uc.reg_read(X.UC_X86_REG_CR3) & ~0xFFF == space.root:
             uc.ctl_remove_cache(address, address + len(INT3))  # the program's space is loaded: its code is found
         else:
