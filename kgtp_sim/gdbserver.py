@@ -247,6 +247,7 @@ class Server:
         return self.machine.ptrace.spawn(inside, argv, self._environment(inside, argv)), inside
 
     def start(self) -> None:
+        from .arch import amd64
         from .rsp.dispatch import Dispatcher
         from .stub.core import TargetHandlers
         from .stub.monitor import Monitor
@@ -286,7 +287,7 @@ class Server:
         if self.target.process is not None:
             self._process_changed(self.target.process)
         register_trace_commands(monitor, self.tracer)
-        self.trace = TraceHandlers(self.tracer, self.target.overlay)
+        self.trace = TraceHandlers(self.tracer, self.target.overlay, layout=amd64.LINUX)
         process = ProcessHandlers(self.target, self.handlers.threads)
         self.extended = ExtendedHandlers(self.target, self.handlers.threads, extended=False)
         self.dispatcher = Dispatcher((*self.handlers.families, process, self.extended, OsdataHandlers(self.machine),

@@ -26,6 +26,7 @@ from .cpu import ARGUMENT_REGISTERS, REGISTER_IDS, Cpu, CpuObserver, Stop
 from .devices import Devices
 from .errors import MachineError, MemoryFault
 from .image import KernelImage
+from .int3s import Int3s
 from .layout import MODULE_BASE, MODULE_SIZE, PAGE_SIZE, VMALLOC_BASE, VMALLOC_SIZE, RegionAllocator, page_ceil
 from .process import Processes
 from .runcontrol import RunControl
@@ -93,6 +94,8 @@ class Machine:
                                  lambda: self.cpu.in_emulation, self._observe, self.cpu.delete_hook)
         #: int3 address -> handler(uc), consulted before the kernel's #BP (see cpu.py)
         self.breakpoints = self.cpu.breakpoints
+        #: the int3s in processes' memory, the debugger's and the tracer's: the bytes under them (int3s.py)
+        self.int3s = Int3s()
         #: stub-code ranges -> handler(uc, fault_address), consulted before the kernel's #PF (see cpu.py)
         self.fault_fixups = self.cpu.fault_fixups
         self._code = RegionAllocator(MODULE_BASE, MODULE_SIZE, 16)

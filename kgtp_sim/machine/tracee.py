@@ -38,6 +38,7 @@ from unicorn import Uc, UcError
 from unicorn import x86_const as X
 
 from .errors import MachineError
+from .int3s import DEBUGGER
 from .layout import PAGE_SIZE
 from .process import REQUEST_PTRACE_ATTACH
 from .tasks import live_tasks
@@ -392,15 +393,16 @@ class Tracee:
                                f"(errno {-result})")
         return result
 
-    def read_memory(self, address: int, length: int) -> bytes:
+    def read_memory(self, address: int, length: int, hide_int3s: bool = False) -> bytes:
         """Bytes of its memory from `address`: as many as its pages give, faulting in a page of its areas it has
-        not touched yet (empty: not even the first byte)."""
+        not touched yet (empty: not even the first byte). `hide_int3s`: the bytes under the int3s the debugger and
+        the tracer hold there (int3s.py) in their place, as the program sees its memory."""
         self._require_stopped()
         out = bytearray()
         while len(out) < length:
             at = address + len(out)
             chunk = min(length - len(out), PAGE_SIZE - (at & (PAGE_SIZE - 1)))
-            data = self._page_bytes(at, chunk, write=None)
+            data = self._page_bytes(at, chunk, write=None, hide_int3s=hide_int3s)
             if data is None:
                 break
             out += data
@@ -408,7 +410,8 @@ class Tracee:
 
     def write_memory(self, address: int, data: bytes) -> None:
         """Write its memory (read-only pages too, as ptrace's POKEDATA); MachineError, after writing the pages
-        before it, at the first address outside its areas."""
+        before it, at the first address outside its areas. An int3 held there (int3s.py) stays: the byte under it
+        is what was written."""
         self._require_stopped()
         done = 0
         while done < len(data):
@@ -418,39 +421,35 @@ class Tracee:
                 raise MachineError(f"cannot write {at:#x}: outside the process's memory")
             done += chunk
 
-    def swap_bytes(self, changes: Sequence[tuple[int, bytes]]) -> list[bytes | None]:
-        """Write each (address, bytes) of `changes` (within one page each) and return what each replaced, in one
-        trip to the CPU thread when their pages are present (a page not yet faulted in is brought in first); None
-        for one outside the process's memory. How breakpoints go in and out."""
+    def debugger_int3s(self, coming: Sequence[int], leaving: Sequence[int]) -> list[bool]:
+        """The debugger's int3s (int3s.py's DEBUGGER holds): those at `leaving` let go of, those at `coming` held,
+        in one trip to the CPU thread when their pages are present (a page not yet faulted in is brought in
+        first). For each of `coming`, whether it is in (False: outside the process's memory). How breakpoints go
+        in and out."""
         self._require_stopped()
+        int3s = self.machine.int3s
 
-        def swap(uc: Any) -> list[bytes | None]:
+        def change(uc: Any, leaving: Sequence[int], coming: Sequence[int]) -> list[bool]:
             space = self._space(uc)
-            out: list[bytes | None] = []
-            for address, data in changes:
-                physical = space.translate(address, len(data))
-                if physical is None:
-                    out.append(None)
-                    continue
-                out.append(bytes(Uc.mem_read(uc, physical, len(data))))
-                Uc.mem_write(uc, physical, data)
-                self.machine.cpu.remove_cache(address, len(data), space)
+            for address in leaving:
+                if int3s.release(space, address, DEBUGGER):
+                    self.machine.cpu.remove_cache(address, 1, space)
+            out = []
+            for address in coming:
+                first = not int3s.holders(space, address)
+                out.append(int3s.hold(space, address, DEBUGGER) is not None)
+                if out[-1] and first:
+                    self.machine.cpu.remove_cache(address, 1, space)
             return out
 
-        replaced = self.machine.run_on_cpu(swap)
-        for index, (address, data) in enumerate(changes):
-            if replaced[index] is None and address < TASK_SIZE_MAX and self.fault_in(address):
-                replaced[index] = self._swap_one(address, data)
-        return replaced
+        done = self.machine.run_on_cpu(lambda uc: change(uc, leaving, coming))
+        for index, address in enumerate(coming):
+            if not done[index] and address < TASK_SIZE_MAX and self.fault_in(address):
+                done[index] = self.machine.run_on_cpu(lambda uc, address=address: change(uc, (), (address,)))[0]
+        return done
 
-    def _swap_one(self, address: int, data: bytes) -> bytes | None:
-        old = self.read_memory(address, len(data))
-        if len(old) != len(data):
-            return None
-        self.write_memory(address, data)
-        return old
-
-    def _page_bytes(self, address: int, length: int, write: bytes | None) -> bytes | None:
+    def _page_bytes(self, address: int, length: int, write: bytes | None,
+                    hide_int3s: bool = False) -> bytes | None:
         """Read (or write) [address, address + length) within one page; None if the page cannot be had."""
 
         def access(uc: Any) -> bytes | None:
@@ -459,8 +458,9 @@ class Tracee:
             if physical is None:
                 return None
             if write is None:
-                return bytes(Uc.mem_read(uc, physical, length))
-            Uc.mem_write(uc, physical, write)
+                data = bytes(Uc.mem_read(uc, physical, length))
+                return self.machine.int3s.hide(space, address, data) if hide_int3s else data
+            self.machine.int3s.write(space, address, write)
             self.machine.cpu.remove_cache(address, length, space)
             return write
 

@@ -14,7 +14,8 @@ the core, SSE, `orig_rax`, `fs_base`, `gs_base`), memory its own address space, 
 (the kernel's half is read-only here: KGTP mode's `--allow-writes` is the way to write it).
 
 Software breakpoints (`Z0`) are int3s in the process's memory, as gdbserver's mem-break.cc inserts them: reads show
-the original bytes, writes over one keep it; they are written when the process resumes and taken out only when
+the original bytes, writes over one keep it (the machine's one record of the bytes under int3s, machine/int3s.py,
+shared with the tracer's tracepoints in the program: one address may have both, set and removed in any order); they are written when the process resumes and taken out only when
 GDB removes them and resumes again (GDB removes and reinserts every breakpoint at each stop: unchanged, memory is
 not touched). A stop on an int3 of ours is reported as `swbreak` with the PC back on the breakpoint. Range
 stepping (`vCont;r`) steps here until the PC leaves the range.
@@ -51,7 +52,6 @@ from .target import (SIGINT, Breakpoints, BreakpointType, DataAccess, Exited, Me
 
 log = logging.getLogger(__name__)
 
-INT3 = b"\xcc"
 #: auxv entries are (type, value) pairs of 64-bit words, ended by AT_NULL
 _AT_NULL, _AT_EXECFN = 0, 31
 #: seconds a thread the process made just before it was detached may take to stop at its start
@@ -95,7 +95,7 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         self._stopping = False  #: _stop_all is stopping the running threads
         self._last: Stop = Signal(SIGTRAP, self.pid)
         self._wanted: set[int] = set()  #: software breakpoints GDB has set
-        self._inserted: dict[int, int] = {}  #: int3s in the process's memory -> the byte they replace
+        self._inserted: set[int] = set()  #: the int3s it holds in the process's memory (machine/int3s.py)
         self._hardware: dict[tuple[BreakpointType, int, int], list[int]] = {}  #: Z1-Z4 -> debug registers
         self._notify: Callable[[], None] | None = None
         self.detached = False  #: GDB detached: the process goes on untraced
@@ -229,15 +229,12 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
     def live_memory(self, address: int, length: int) -> bytes:
         """Its memory as the program sees it (the breakpoints' int3s hidden); the kernel's half read-only."""
         try:
-            data = bytearray(self.tracee.read_memory(address, length))
+            data = self.tracee.read_memory(address, length, hide_int3s=True)
         except MachineError as error:
             raise ViewError(str(error)) from None
         if not data:
             raise ViewError(f"cannot access memory at {address:#x}")
-        for at, original in self._inserted.items():
-            if address <= at < address + len(data):
-                data[at - address] = original
-        return bytes(data)
+        return data
 
     def stop_reason(self) -> Stop:
         return self.ended() or self._last
@@ -322,13 +319,8 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         self._refuse_in_frame()
         if address + len(data) > TASK_SIZE_MAX:
             raise RspError(E_PERMISSION, f"{address:#x}: the kernel's memory is not the process's to write")
-        patched = bytearray(data)
-        for at in self._inserted:
-            if address <= at < address + len(data):  # the int3 stays; what it hides is the new byte
-                self._inserted[at] = data[at - address]
-                patched[at - address] = INT3[0]
-        try:
-            self.tracee.write_memory(address, bytes(patched))
+        try:  # an int3 there stays; what it hides is the new byte
+            self.tracee.write_memory(address, data)
         except MachineError as error:
             raise ViewError(str(error)) from None
 
@@ -427,25 +419,23 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
     def _put_in_breakpoints(self) -> None:
         """Memory follows GDB's breakpoints before the process runs: int3s in, removed ones out (one trip to the
         machine for all of them)."""
-        leaving = [a for a in self._inserted if a not in self._wanted]
-        coming = sorted(self._wanted - self._inserted.keys())
+        leaving = sorted(self._inserted - self._wanted)
+        coming = sorted(self._wanted - self._inserted)
         if not leaving and not coming:
             return
-        changes = [(a, bytes([self._inserted[a]])) for a in leaving] + [(a, INT3) for a in coming]
-        replaced = self.tracee.swap_bytes(changes)
-        for address in leaving:
-            del self._inserted[address]
-        for address, old in zip(coming, replaced[len(leaving):]):
-            if old is not None:
-                self._inserted[address] = old[0]
+        done = self.tracee.debugger_int3s(coming, leaving)
+        self._inserted -= set(leaving)
+        self._inserted |= {address for address, ok in zip(coming, done) if ok}
 
     def _take_out_breakpoints(self, everything: bool) -> None:
-        for address in [a for a in self._inserted if everything or a not in self._wanted]:
-            original = self._inserted.pop(address)
-            try:
-                self.tracee.write_memory(address, bytes([original]))
-            except MachineError as error:
-                log.info("breakpoint at %#x: %s", address, error)
+        leaving = sorted(a for a in self._inserted if everything or a not in self._wanted)
+        if not leaving:
+            return
+        self._inserted -= set(leaving)
+        try:
+            self.tracee.debugger_int3s((), leaving)
+        except MachineError as error:
+            log.info("breakpoints at %s: %s", ", ".join(f"{a:#x}" for a in leaving), error)
 
     # ---- run control: all-stop over the process's threads (gdbserver's linux-low.cc) ---------------------------
 

@@ -35,6 +35,10 @@ class TraceHandlers:
     views: FrameOverlay
     save_dir: Path | None = None
     name_markers_always: bool = False  # diagnostic only: reproduces the GDB client crash (see marker_at)
+    #: the register file GDB reads when it is not KGTP's (the gdbserver role's process: arch/amd64.LINUX): trace
+    #: frames' `R` blocks, in qTBuffer and tsave -r files, are one `g` packet's bytes of it, and a tsave -r file
+    #: carries its description
+    layout: amd64.RegisterLayout | None = None
     _upload: list[bytes] = field(default_factory=list)
     _variables: list[bytes] = field(default_factory=list)
     _frames: list[TraceFrame] | None = None
@@ -300,11 +304,15 @@ class TraceHandlers:
 
     @handles(t.ReadTraceBuffer)
     def trace_buffer(self, packet: t.ReadTraceBuffer) -> Reply:
-        data = b"".join(map(self.tracer.saved_frame, self.tracer.frames())) if packet.offset == 0 else self._raw
+        data = self._saved_frames() if packet.offset == 0 else self._raw
         self._raw = data
         return t.encode_trace_buffer(data[packet.offset : packet.offset + packet.length])
 
     _raw: bytes = b""
+
+    def _saved_frames(self) -> bytes:
+        size = amd64.G_PACKET_SIZE if self.layout is None else self.layout.size
+        return b"".join(self.tracer.saved_frame(frame, size) for frame in self.tracer.frames())
 
     # ---- static tracepoint markers -------------------------------------------------------------------------
 
@@ -360,13 +368,13 @@ class TraceHandlers:
         try:
             write_tfile(
                 path,
-                regblock_size=amd64.G_PACKET_SIZE,
+                regblock_size=amd64.G_PACKET_SIZE if self.layout is None else self.layout.size,
                 status_reply=t.encode_trace_status(tracer.status()),
                 variables=upload_variables(tracer.definitions),
                 tracepoints=upload_pieces(tracer.definitions),
                 usage=usage,
-                tdesc=amd64.target_xml(),
-                frames=b"".join(map(tracer.saved_frame, tracer.frames())),
+                tdesc=amd64.target_xml() if self.layout is None else self.layout.target_xml(),
+                frames=self._saved_frames(),
             )
         except OSError as error:
             raise RspError(E_TRACE, f"cannot write {path}: {error.strerror}", text=True) from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from ..arch import amd64
 from ..machine import Marker
 from .core.clock import Tsc
 from .core.frames import TraceFrame
@@ -64,8 +65,9 @@ class TracerApi(Protocol):
         """A consuming reader took each CPU's frames created up to its sequence in `through` (cpu -> sequence):
         they leave the buffer."""
 
-    def saved_frame(self, frame: TraceFrame) -> bytes:
-        """The frame's bytes as a trace file holds them."""
+    def saved_frame(self, frame: TraceFrame, regblock_size: int = amd64.G_PACKET_SIZE) -> bytes:
+        """The frame's bytes as a trace file holds them, its `R` blocks of `regblock_size` bytes (the register
+        file GDB reads: one `g` packet)."""
 
     def markers(self) -> list[Marker]: ...
 

@@ -22,6 +22,7 @@ from unicorn import Uc
 from unicorn.x86_const import UC_X86_REG_RIP
 
 from ..agent.errors import ErrorCode, EvalError
+from ..arch import amd64
 from ..agent.verify import Program
 from ..machine import MODULE_BASE, MODULE_SIZE, Machine, Marker, smp
 from ..machine.dwarf import KernelDwarf
@@ -558,7 +559,7 @@ class Tracer:
         self._between_hits(lambda: dropped.append(ring.consume(through)))
         return dropped[0]
 
-    def saved_frame(self, frame: TraceFrame) -> bytes:
+    def saved_frame(self, frame: TraceFrame, regblock_size: int = amd64.G_PACKET_SIZE) -> bytes:
         """The frame as `tsave` gets it (qTBuffer, tsave -r): in GDB's blocks, with when and where it was committed,
         without its static-data block.
 
@@ -577,7 +578,7 @@ class Tracer:
         collected = {b.number for b in blocks if isinstance(b, TsvBlock)}
         stamps = ((CPU_ID, frame.cpu), (CLOCK, tsc_to_clock(self.tsc, frame.timestamp)))
         return encode_frame(frame.tracepoint, blocks + tuple(TsvBlock(number, value) for number, value in stamps
-                                                             if number not in collected))
+                                                             if number not in collected), regblock_size)
 
     def markers(self) -> list[Marker]:
         return list(self.machine.image.markers)

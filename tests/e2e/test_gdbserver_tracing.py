@@ -60,7 +60,8 @@ class Server:
                     listening.set()
             listening.set()
 
-        threading.Thread(target=drain, daemon=True).start()
+        self._drain = threading.Thread(target=drain, daemon=True)
+        self._drain.start()
         if not listening.wait(60) or self.port is None:
             self.stop()
             raise RuntimeError("the gdbserver role did not start:\n" + "".join(self.stderr))
@@ -72,6 +73,7 @@ class Server:
     def finish(self, timeout: float = 30) -> tuple[str, str]:
         """Its stdout (the program's) and stderr once it has ended (GDB left)."""
         out, _ = self.proc.communicate(timeout=timeout)
+        self._drain.join(timeout)  # its last lines (`Child exited ...`) may still be on their way
         return out, "".join(self.stderr)
 
     def stop(self) -> None:
@@ -154,6 +156,99 @@ def test_steps_and_a_breakpoint_at_a_fast_tracepoint_collect_once_and_step_its_i
     assert "Breakpoint 3, main () at" in text, text
     assert re.search(r"^\$2 = 1$", text, re.M), text
     assert "Collected 5 trace frames." in text, text
+
+
+@pytest.mark.parametrize("engine, cpus", [("interp", 1), ("naive", 2), ("opt", 1), ("opt", 2)])
+def test_while_stepping_in_the_program_collects_each_step_and_debugger_steps_still_stop(programs, engine, cpus):
+    """`while-stepping 3` at add(): each hit's frame, then one per instruction the program runs after it (its PC
+    on, inside add), the int3 back after the steps (every round hit); a debugger's `next` afterwards still stops
+    (the #DB hook before the steps is back), and the program's result is unchanged."""
+    text, _, _ = session(GDB13, programs["static"], [
+        "trace add", "actions", "collect a", "while-stepping 3", "collect $regs", "end", "end",
+        "break 29", "tstart", "continue", "next", "info line *$pc", "tstop", "tstatus", *frames_listing(),
+        "tfind none", "continue", "continue",
+    ], "--engine", engine, "--cpus", str(cpus))
+    assert "Collected 20 trace frames." in text, text
+    frames = re.findall(r"^frame (\d+) tp 1 pc (0x[0-9a-f]+)", text, re.M)
+    assert [int(n) for n, _ in frames] == list(range(20)), text
+    pcs = [int(pc, 16) for _, pc in frames]
+    for start in range(0, 20, 4):  # a hit, then its three steps, each one instruction on
+        assert pcs[start] == pcs[0] and pcs[start:start + 4] == sorted(set(pcs[start:start + 4])), text
+        assert pcs[start + 3] - pcs[start] < 16, text
+    assert re.search(r"Line 30 of .* starts at address", text), text
+    assert re.search(r"exited with code 024\]", text), text
+
+
+@pytest.mark.parametrize("engine, cpus", [("interp", 1), ("opt", 2)])
+def test_a_pass_count_with_while_stepping_stops_the_run_after_the_last_hits_steps(programs, engine, cpus):
+    """`passcount 2` and `while-stepping 2` at add(): the second hit's steps are recorded, then the run stops (the
+    int3 leaves the program from inside the steps' trap); another tracepoint's frame in between; the program goes
+    on to its end untouched."""
+    text, _, _ = session(GDB13, programs["static"], [
+        "trace add", "passcount 2", "actions", "collect a", "while-stepping 2", "collect $regs", "end", "end",
+        "trace 27", "actions", "collect counter", "end", "tstart", "continue", "tstatus", *frames_listing(),
+        "tfind none", "continue", "continue",
+    ], "--engine", engine, "--cpus", str(cpus))
+    assert "Trace stopped by tracepoint 1." in text, text
+    tracepoints = [int(tp) for tp in re.findall(r"^frame \d+ tp (\d+) pc", text, re.M)]
+    assert tracepoints == [1, 1, 1, 2, 1, 1, 1], text
+    assert "received signal SIGTRAP" not in text and re.search(r"exited with code 024\]", text), text
+
+
+@pytest.mark.parametrize("engine, cpus", [("interp", 1), ("opt", 2)])
+def test_a_breakpoint_at_a_tracepoint_stops_after_its_collection_and_collects_once(programs, engine, cpus):
+    """`break add` and `trace add` (one int3 for both): each hit collects, then stops as the breakpoint; going on
+    from that stop collects nothing more; with the breakpoint deleted the tracepoint alone goes on."""
+    text, _, _ = session(GDB13, programs["static"], [
+        "break add", "trace add", "actions", "collect a", "end", "tstart",
+        "continue", "print a", "continue", "print a", "continue", "print a", "tstatus",
+        "delete 1", "continue", "tstop", "tstatus", "tfind tracepoint 2", "print a", "tfind 2", "print a",
+        "tfind none", "continue",
+    ], "--engine", engine, "--cpus", str(cpus))
+    assert text.count("Breakpoint 1, add (a=") == 3, text
+    assert re.findall(r"^\$\d+ = (.*)$", text, re.M) == ["0", "0", "1", "0", "1"], text
+    assert re.search(r"Trace is running on the target\.\nCollected 3 trace frames\.", text), text
+    assert "Collected 5 trace frames." in text, text  # once per round, stopped at or not
+    assert "received signal SIGTRAP" not in text and re.search(r"exited with code 024\]", text), text
+
+
+@pytest.mark.parametrize("engine, cpus", [("naive", 1), ("opt", 2)])
+def test_a_breakpoint_set_over_a_running_tracepoint_outlives_it_and_leaves_no_int3(programs, engine, cpus):
+    """The breakpoint's int3 goes over the tracepoint's (one int3, the byte under it recorded once): tstop leaves
+    the breakpoint in, and deleting it afterwards leaves the program's own byte (no stray int3: no SIGTRAP)."""
+    text, _, _ = session(GDB13, programs["static"], [
+        "trace add", "actions", "collect a", "end", "tstart", "break add",
+        "continue", "x/2xb $pc", "tstop", "tstatus", "continue", "print a", "delete", "continue", "continue",
+    ], "--engine", engine, "--cpus", str(cpus))
+    assert text.count("Breakpoint 2, add (a=") == 2, text
+    assert "Collected 1 trace frames." in text, text
+    code = re.search(r"<add\+\d+>:\s+(0x[0-9a-f]+)\s+(0x[0-9a-f]+)", text)
+    assert code and code.group(1) != "0xcc", text  # memory read through the int3s shows the program's bytes
+    assert re.search(r"^\$1 = 0$", text, re.M), text
+    assert "received signal SIGTRAP" not in text and re.search(r"exited with code 024\]", text), text
+
+
+@pytest.mark.parametrize("gdb", GDB_CLIENTS, ids=lambda g: f"gdb{g.version}")
+def test_a_tsaved_trace_of_the_program_reads_back_in_its_register_layout(programs, gdb, tmp_path):
+    """`tsave` (GDB writes the frames qTBuffer gives it) and `tsave -r`-free reading with `target tfile`: the
+    register blocks are one `g` packet of the process's register file (x86-64 Linux's, wider than KGTP's), so
+    the file reads back: each frame's registers, its collected memory, in order."""
+    saved = tmp_path / "program.tf"
+    text, _, _ = session(gdb, programs["static"], [
+        "trace add", "actions", "collect $regs", "collect a", "collect b", "end",
+        "break 29", "tstart", "continue", "tstop", "tfind 3", "print a", "print b", "print/x $rsp", "print/x $pc",
+        "tfind none", f"tsave {saved}", "kill",
+    ])
+    live = re.findall(r"^\$\d+ = (.*)$", text, re.M)
+    assert len(live) == 4 and live[:2] == ["3", "3"], text
+    back = run_gdb(gdb, None, f"file {programs['static']}", f"target tfile {saved}", "tstatus", "tfind 3",
+                   "print a", "print b", "print/x $rsp", "print/x $pc", "tfind 4", "print a", "print b",
+                   attach=False, timeout=60)
+    assert "Collected 5 trace frames." in back, back
+    values = re.findall(r"^\$\d+ = (.*)$", back, re.M)
+    assert values[:4] == live, (back, live)  # add(3, 3): the same frame, live and from the file
+    assert values[4:] == ["6", "4"], back
+    assert "Truncated" not in back and "Bogus" not in back, back
 
 
 @pytest.mark.parametrize("gdb", GDB_CLIENTS, ids=lambda g: f"gdb{g.version}")

@@ -97,8 +97,8 @@ class FakeTracer:
     def frames(self) -> list[TraceFrame]:
         return list(self.recorded)
 
-    def saved_frame(self, frame: TraceFrame) -> bytes:
-        return frame.to_gdb()
+    def saved_frame(self, frame: TraceFrame, regblock_size: int = amd64.G_PACKET_SIZE) -> bytes:
+        return frame.to_gdb(regblock_size)
 
     def markers(self) -> list[Marker]:
         return list(self.listed_markers)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from kgtp_sim.arch import amd64
 from kgtp_sim.rsp.dispatch import E_TRACE, RspError
 from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.machine import Marker
@@ -227,3 +228,26 @@ def test_the_trace_buffer_is_every_saved_frame_in_order():
     rest = handlers.trace_buffer(t.ReadTraceBuffer.parse(b"10,%x" % len(data)))
     assert bytes.fromhex((first + rest).decode()) == data
     assert handlers.trace_buffer(t.ReadTraceBuffer.parse(b"%x,10" % len(data))) == b"l"
+
+
+def test_a_process_targets_trace_buffer_has_register_blocks_of_its_register_file():
+    """The gdbserver role's handlers (arch/amd64.LINUX): each `R` block is one `g` packet of the process's
+    registers (GDB reads qTBuffer's blocks by that size), KGTP's registers first, then zeros."""
+    tracer = FakeTracer(recorded=_frames())
+    handlers = TraceHandlers(tracer, FrameOverlay(LiveView()), layout=amd64.LINUX)
+    reply = handlers.trace_buffer(t.ReadTraceBuffer.parse(b"0,4000"))
+    data = bytes.fromhex(reply.decode())
+    kgtp = tracer.recorded[0].to_gdb()
+    header = 6  # tracepoint number, then the frame's length
+    assert int.from_bytes(data[2:6], "little") == len(kgtp) - header + amd64.LINUX.size - amd64.G_PACKET_SIZE
+    block = data[header + 1: header + 1 + amd64.LINUX.size]
+    assert data[header:header + 1] == b"R" and block[:amd64.G_PACKET_SIZE] == kgtp[header + 1:][:amd64.G_PACKET_SIZE]
+    assert amd64.LINUX.decode(block)["rip"] == A and not any(block[amd64.G_PACKET_SIZE:])
+    assert data[header + 1 + amd64.LINUX.size:][:1] == b"M"  # the frame's next block starts right after
+
+
+def test_tfind_tracepoint_minus_one_finds_no_frame():
+    """GDB sends `tfind tracepoint -1` as 32 bits of ones: no tracepoint has that number, so no frame (gdbserver's
+    `F-1`, where an error would be GDB's `Target returns error code`)."""
+    handlers, _ = _handlers(recorded=_frames())
+    assert handlers.find_by_tracepoint(t.FindFrameByTracepoint.parse(b"ffffffff")) == b"F-1"

@@ -104,11 +104,14 @@ class StaticBlock:
 Block = RegisterBlock | CompactRegisters | MemoryBlock | TsvBlock | StaticBlock
 
 
-def encode_block(block: Block) -> bytes:
+def encode_block(block: Block, regblock_size: int = amd64.G_PACKET_SIZE) -> bytes:
+    """`regblock_size`: the `R` block of a wider register file whose first registers are KGTP's (the gdbserver
+    role's, arch/amd64.LINUX, as GDB reads its trace frames: one `g` packet's bytes); the registers KGTP does not
+    record follow as zeros."""
     if isinstance(block, RegisterBlock):
-        if len(block.data) != amd64.G_PACKET_SIZE:
+        if len(block.data) != amd64.G_PACKET_SIZE or regblock_size < amd64.G_PACKET_SIZE:
             raise FrameFormatError(f"register block of {len(block.data)} bytes, expected {amd64.G_PACKET_SIZE}")
-        return b"R" + block.data
+        return b"R" + block.data.ljust(regblock_size, b"\0")
     if isinstance(block, CompactRegisters):
         return b"r" + COMPACT_HEADER.pack(block.mask) + struct.pack(f"<{len(block.values)}Q", *block.values)
     if isinstance(block, MemoryBlock):
@@ -118,8 +121,9 @@ def encode_block(block: Block) -> bytes:
     return b"S" + STATIC_HEADER.pack(len(block.data)) + block.data
 
 
-def encode_frame(tracepoint: int, blocks: list[Block] | tuple[Block, ...]) -> bytes:
-    body = b"".join(encode_block(b) for b in blocks)
+def encode_frame(tracepoint: int, blocks: list[Block] | tuple[Block, ...],
+                 regblock_size: int = amd64.G_PACKET_SIZE) -> bytes:
+    body = b"".join(encode_block(b, regblock_size) for b in blocks)
     return FRAME_HEADER.pack(tracepoint, len(body)) + body
 
 
@@ -206,10 +210,11 @@ class TraceFrame:
                 return block.data
         return None
 
-    def to_gdb(self) -> bytes:
-        """The frame in GDB's format: a compact register block widened to `R`."""
+    def to_gdb(self, regblock_size: int = amd64.G_PACKET_SIZE) -> bytes:
+        """The frame in GDB's format: a compact register block widened to `R` (of `regblock_size` bytes:
+        `encode_block`)."""
         return encode_frame(self.tracepoint, tuple(
-            b.expanded() if isinstance(b, CompactRegisters) else b for b in self.blocks))
+            b.expanded() if isinstance(b, CompactRegisters) else b for b in self.blocks), regblock_size)
 
 
 @dataclass

@@ -110,8 +110,10 @@ def hit_registers(tracer: Run, uc: Uc, pc: int) -> list[int]:
     return regs
 
 
-def interpreted_hit(tracer: Run, uc: Uc, item: Installed) -> None:
-    """One int3 hit: condition, actions, a frame in the ring, then passcount or while-stepping."""
+def interpreted_hit(tracer: Run, uc: Uc, item: Installed, write_site: Any = None, may_step: bool = True) -> None:
+    """One int3 hit: condition, actions, a frame in the ring, then passcount or while-stepping. `write_site(uc,
+    data)`: how the steps lift the probe and put it back where it is not the kernel's code (a program's int3:
+    userprobes.py); `may_step` False: no steps at this hit (a debugger single-steps the program: TF is its)."""
     uc.reg_write(UC_X86_REG_RIP, item.out_of_line)  # whatever happens, the kernel goes on
     if not tracer.running:
         return
@@ -125,8 +127,8 @@ def interpreted_hit(tracer: Run, uc: Uc, item: Installed) -> None:
     passed = record_hit(tracer, hit, item)
     if passed is None:
         return
-    if tp.step_count and tracer.running and not tracer.stepper.active:
-        tracer.stepper.start(uc, item, stop_after=passed)  # KGTP records the last hit's steps, then stops
+    if tp.step_count and may_step and tracer.running and not tracer.stepper.active:
+        tracer.stepper.start(uc, item, stop_after=passed, write_site=write_site)  # KGTP records the last hit's steps, then stops
     elif passed:
         tracer.stop(t.StopReason.PASSCOUNT, tracepoint=tp.number)
 
@@ -198,6 +200,11 @@ class Stepper:
     clears TF and `iretq` restores it, as on hardware. The kernel's context switch keeps the flags, so a task
     switch inside the steps would hand TF to the next task: the first trap in another task ends the stepping
     (the steps taken so far stay recorded) and clears TF there.
+
+    A program's site (the gdbserver role's process) steps the same way in ring 3, its bytes written by the
+    program's probes into the program's own memory (`write_site`), whichever space the CPU has loaded when the
+    steps end; the #DB hook that was there before the steps is put back after them (a debugger's single step of
+    the program goes on reaching the kernel).
     """
 
     def __init__(self, tracer: Run) -> None:
@@ -205,22 +212,28 @@ class Stepper:
         self._item: Installed | None = None
         self._task = b""
         self._remaining = 0
+        self._write_site: Any = None
+        self._previous_trap: Any = None
 
     @property
     def active(self) -> bool:
         return self._item is not None
 
-    def start(self, uc: Uc, item: Installed, stop_after: bool = False) -> None:
-        """`stop_after`: the hit reached its pass count; the run stops once its steps are recorded."""
+    def start(self, uc: Uc, item: Installed, stop_after: bool = False, write_site: Any = None) -> None:
+        """`stop_after`: the hit reached its pass count; the run stops once its steps are recorded. `write_site`:
+        see `interpreted_hit` (None: the kernel's code, written through the loaded space)."""
         self._stop_after = stop_after
         machine = self.tracer.machine
         site = item.site
-        uc.mem_write(site.address, site.original)
-        uc.ctl_remove_cache(site.address, site.address + len(site.original))
-        machine.counters.stand_in_removed(site.address, len(INT3))  # the steps run the site's own code
+        self._write_site = write_site
+        self._write(uc, site.address, site.original)
+        if write_site is None:
+            machine.counters.stand_in_removed(site.address, len(INT3))  # the steps run the site's own code
         self._item = item
         self._task = smp.current_task(uc)
         self._remaining = item.tracepoint.step_count
+        if machine.cpu.debug_trap != self._trap:
+            self._previous_trap = machine.cpu.debug_trap
         machine.cpu.debug_trap = self._trap
         uc.reg_write(UC_X86_REG_EFLAGS, uc.reg_read(UC_X86_REG_EFLAGS) | EFLAGS_TF)
         uc.reg_write(UC_X86_REG_RIP, site.address)
@@ -241,18 +254,32 @@ class Stepper:
     def _stop_stepping(self, uc: Uc) -> None:
         uc.reg_write(UC_X86_REG_EFLAGS, uc.reg_read(UC_X86_REG_EFLAGS) & ~EFLAGS_TF)
         item, self._item = self._item, None
+        cpu = self.tracer.machine.cpu
+        if item is not None and item.space is not None and cpu.debug_trap == self._trap:
+            cpu.debug_trap, self._previous_trap = self._previous_trap, None  # a program's: the hook before ours
+        if item is not None and self._write_site is not None:
+            self._write_site(uc, INT3)  # a program's: its int3 back while anyone holds the address (userprobes.py)
         if item is not None and self.tracer.running and getattr(self, "_stop_after", False):
             self.tracer.stop(t.StopReason.PASSCOUNT, tracepoint=item.tracepoint.number)
-        elif item is not None and self.tracer.running and self.tracer.is_armed(item.tracepoint.key):
-            uc.mem_write(item.site.address, INT3)
-            uc.ctl_remove_cache(item.site.address, item.site.address + len(INT3))
+        elif item is not None and self.tracer.running and self.tracer.is_armed(item.tracepoint.key) and \
+                self._write_site is None:
+            self._write(uc, item.site.address, INT3)
             self.tracer.machine.counters.stand_in(item.site.address, len(INT3), item.site.resume_address)
+
+    def _write(self, uc: Uc, address: int, data: bytes) -> None:
+        """The site's bytes: the kernel's code through the loaded space, or the program's through `write_site`."""
+        if self._write_site is not None:
+            self._write_site(uc, data)
+            return
+        uc.mem_write(address, data)
+        uc.ctl_remove_cache(address, address + len(data))
 
     def _collect(self, uc: Uc, item: Installed, address: int) -> None:
         tracer = self.tracer
         regs = hit_registers(tracer, uc, address)
         hit = (item.hit_context or HitContext)(uc, regs, tracer, room=tracer.room, tracepoint=item.tracepoint,
-                                               step=item.tracepoint.step_count - self._remaining + 1)
+                                               step=item.tracepoint.step_count - self._remaining + 1,
+                                               space=item.space)
         has_registers = False
         for action, program in item.stepping:
             if program is not None:

@@ -11,6 +11,18 @@ is set, and no other CPU runs meanwhile, as the machine runs one CPU at a time),
 back. The kernel's compiled detours live in supervisor-only module space, which ring 3 cannot run: a program's
 tracepoints always take this path, whatever the engine.
 
+While-stepping (hits.Stepper) steps the program the same way: its steps run the instruction in place (the step in
+place here stands aside), in ring 3, with the program's own byte lifted and the int3 put back in the program's
+space when they end, and the #DB hook of before the steps back. A hit taken while a debugger single-steps the
+program (TF already set) records its frame and no steps: the debugger's step keeps TF.
+
+The int3 and the byte under it are recorded in the machine's one record of a process's int3s (machine/int3s.py),
+shared with the debugger's breakpoints (`Z0`): a `trace` and a `break` at one address, set and removed in any
+order, never write the real byte over the other's int3, nor leave a stray int3. When GDB has a breakpoint at the
+tracepoint too, the hit collects, then the int3 goes to the kernel as the program's #BP (gdbserver reports a
+breakpoint after running the tracepoints there): the program stops at its breakpoint, and the same task going on
+from that stop (GDB steps it over the breakpoint, the tracepoint's int3 still there) collects nothing more.
+
 A fast tracepoint replaces its instruction (GDB allows one of 5 bytes or more: qTMinFTPILen) with a `jmp rel32` to
 a pad of its own in a jump pad area of the process (mapped by the process itself within the jump's reach:
 UserSpace.prepare, fixtures/kernel/jumppad.c), as gdbserver's fast tracepoints do. The pad is: an int3, by which
@@ -23,7 +35,8 @@ step of the jump (ptrace's TF) would stop inside the pad: while jumps are in, th
 runs the hit there and lets the step go on through the pad, so it ends after the relocated instruction, where the
 step of the original instruction would have ended.
 
-Owns the program's int3 sites (address -> the byte they replace, the locations sharing them). Runs on the CPU
+Owns the program's int3 sites (address -> the byte they replace, the locations sharing them), and which task last
+stopped at its breakpoint over one. Runs on the CPU
 thread: install and remove under the tracer's run changes, the handlers inside the int3 and #DB hooks.
 """
 
@@ -35,7 +48,8 @@ from typing import Any
 from unicorn import Uc
 from unicorn import x86_const as X
 
-from ...machine import MemoryFault
+from ...machine import MemoryFault, smp
+from ...machine.int3s import DEBUGGER, TRACER
 from ..core.model import TraceError
 from ..core.run import Run
 from ..patching.placement import Installed
@@ -58,7 +72,11 @@ class ProgramProbes:
     def __init__(self, tracer: Run) -> None:
         self.tracer = tracer
         self.machine = tracer.machine
+        self.int3s = tracer.machine.int3s  #: the bytes under the int3s, the debugger's and ours (machine/int3s.py)
         self.sites: dict[int, _Site] = {}
+        #: address -> the task whose hit there was delivered to the program as the debugger's breakpoint: its
+        #: resumption from that stop runs the int3 again, and is not a new hit
+        self._reported: dict[int, int] = {}
         self._stepping: tuple[int, Any] | None = None  # (the site being stepped over, the debug trap before ours)
         self._stepped_by_debugger = False  # TF was the debugger's when the int3 trapped
         #: fast tracepoints' pads: (space root, address, instruction) -> pad; and each area's next free byte
@@ -76,12 +94,20 @@ class ProgramProbes:
             self._install_jump(item)
             return
         if site is None:
-            original = self._swap(item.space, address, INT3)
-            if original is None:
+            first = not self.int3s.holders(item.space, address)
+            under = self.int3s.hold(item.space, address, TRACER)
+            if under is None:
                 raise TraceError(f"tracepoint {item.tracepoint.number} at {address:#x}: no memory of the program there")
-            site = self.sites[address] = _Site(original)
+            if first:
+                self._drop_code(self.machine.cpu.uc, item.space, address)
+            site = self.sites[address] = _Site(bytes([under]))
             self.machine.breakpoints[address] = lambda uc, site=site, address=address: self._hit(uc, address, site)
+        if site.pad and item.tracepoint.step_count:
+            raise TraceError(f"tracepoint {item.tracepoint.number} at {address:#x}: while-stepping needs "
+                             "single-stepping, and the fast tracepoint here runs its instruction in a jump pad")
         item.out_of_line = site.pad + len(INT3) if site.pad else address  # the instruction runs in place
+        if not site.pad:  # the byte under the int3, which while-stepping puts back for its steps
+            item.site = ProbeSite(address, "(program)", "int3", (), site.original)
         site.items.append(item)
 
     def _install_jump(self, item: Installed) -> None:
@@ -97,6 +123,7 @@ class ProgramProbes:
                 code = self.machine.read_memory(address, max(length, JUMP_SIZE), space=space)
             except MemoryFault:
                 raise TraceError(f"{where}: no memory of the program there") from None
+        code = self.int3s.hide(space, address, code)  # a breakpoint's int3 there hides the instruction
         instructions = decode(code, address)
         if not instructions:
             raise TraceError(f"{where}: no instruction there")
@@ -108,7 +135,7 @@ class ProgramProbes:
         site = self.sites[address] = _Site(original, pad=pad, displaced_at=address)
         self.machine.breakpoints[pad] = lambda uc, site=site, address=address: self._hit(uc, address, site)
         cpu = self.machine.cpu
-        if not self._live_pads and cpu.debug_trap is not self._debug_trap:
+        if not self._live_pads and cpu.debug_trap != self._debug_trap:
             self._previous_trap, cpu.debug_trap = cpu.debug_trap, self._debug_trap
         self._live_pads[pad] = (self._pad_ends[pad], site)
         self._write(space, address, jump(address, pad))
@@ -157,35 +184,24 @@ class ProgramProbes:
             self.machine.breakpoints.pop(site.pad, None)
             self._live_pads.pop(site.pad, None)
             cpu = self.machine.cpu
-            if not self._live_pads and cpu.debug_trap is self._debug_trap:
+            if not self._live_pads and cpu.debug_trap == self._debug_trap:
                 cpu.debug_trap, self._previous_trap = self._previous_trap, None
             self._write(item.space, address, site.original)
             return
-        self.machine.breakpoints.pop(address, None)
-        if self._stepping is None or self._stepping[0] != address:  # else the step's end leaves the byte back
-            self._swap(item.space, address, site.original)
+        self.machine.breakpoints.pop(address, None)  # a breakpoint still there is the program's #BP again
+        self._reported.pop(address, None)
+        # the byte back unless the debugger's breakpoint holds the int3 too (a step in place under way: lifted)
+        if self.int3s.release(item.space, address, TRACER) and (self._stepping is None or
+                                                                self._stepping[0] != address):
+            self._drop_code(self.machine.cpu.uc, item.space, address)
 
     # ---- the CPU thread, inside emulation ---------------------------------------------------------------
 
-    @staticmethod
-    def _swap(space: Any, address: int, data: bytes) -> bytes | None:
-        """Write `data` at `address` of the program's space (present pages only); what was there, or None."""
-        physical = space.translate(address, len(data))
-        if physical is None:
-            return None
-        old = bytes(Uc.mem_read(space.uc, physical, len(data)))
-        Uc.mem_write(space.uc, physical, data)
-        return old
-
     def _write(self, space: Any, address: int, data: bytes) -> None:
-        """`data` into the program's present pages, page by page, and its translated code dropped."""
-        done = 0
-        while done < len(data):
-            at = address + done
-            chunk = min(len(data) - done, 0x1000 - (at & 0xFFF))
-            if self._swap(space, at, data[done:done + chunk]) is None:
-                raise TraceError(f"{at:#x}: no memory of the program there")
-            done += chunk
+        """`data` into the program's present pages (a debugger's int3 there stays over it: machine/int3s.py), and
+        its translated code dropped."""
+        if not self.int3s.write(space, address, data):
+            raise TraceError(f"{address:#x}: no memory of the program there")
         self.machine.cpu.remove_cache(address, len(data), space)
 
     def _debug_trap(self, uc: Uc) -> None:
@@ -214,20 +230,56 @@ class ProgramProbes:
             uc.reg_write(X.UC_X86_REG_RIP, trap + len(INT3))
             self.machine.cpu.deliver(3)
             return
-        for item in list(site.items):
-            interpreted_hit(self.tracer, uc, item)
-        if site.pad:  # on through the pad: the relocated instruction, the jump back
+        if site.pad:  # the hit in the pad, then on through it: the relocated instruction, the jump back
+            for item in list(site.items):
+                interpreted_hit(self.tracer, uc, item, may_step=False)
             uc.reg_write(X.UC_X86_REG_RIP, site.pad + len(INT3))
             return
+        task = smp.current_task(uc)
+        breakpoint = DEBUGGER in self.int3s.holders(space, address)  # GDB's Z0 at the tracepoint too
+        resumed = self._reported.get(address) == task  # from the stop of that breakpoint: collected already
+        stepper = self.tracer.stepper
+        stepped_before = stepper.active or bool(uc.reg_read(X.UC_X86_REG_EFLAGS) & EFLAGS_TF)
+        if not resumed:
+            write = lambda uc, data, space=space: self._put(uc, space, address, lifted=data != INT3)  # noqa: E731
+            for item in list(site.items):
+                interpreted_hit(self.tracer, uc, item, write_site=write,
+                                may_step=not stepped_before and not breakpoint)
+        if breakpoint:
+            # the debugger's breakpoint: the program's #BP after the collection (gdbserver reports the stop after
+            # running the tracepoint's actions), and the same task going on from that stop is no new hit
+            self._reported[address] = task
+            uc.reg_write(X.UC_X86_REG_RIP, address + len(INT3))
+            self.machine.cpu.deliver(3)
+            return
+        self._reported.pop(address, None)
         uc.reg_write(X.UC_X86_REG_RIP, address)
+        if stepper.active and not stepped_before:
+            return  # while-stepping: its steps run the instruction in place, and put the int3 back (hits.Stepper)
         # the probed instruction, in place: the original byte for one step, the int3 again at its #DB
-        self._swap(space, address, site.original)
-        uc.ctl_remove_cache(address, address + len(INT3))  # the program's space is loaded: its code is found
+        self._put(uc, space, address, lifted=True)
         cpu = self.machine.cpu
-        self._stepped_by_debugger = bool(uc.reg_read(X.UC_X86_REG_EFLAGS) & EFLAGS_TF)  # a ptrace single step
+        # TF already set: a ptrace single step of the program, or while-stepping's steps that reached this int3
+        self._stepped_by_debugger = bool(uc.reg_read(X.UC_X86_REG_EFLAGS) & EFLAGS_TF)
         self._stepping = (address, cpu.debug_trap)
         cpu.debug_trap = lambda uc, space=space: self._stepped(uc, space)
         uc.reg_write(X.UC_X86_REG_EFLAGS, uc.reg_read(X.UC_X86_REG_EFLAGS) | EFLAGS_TF)
+
+    def _put(self, uc: Uc, space: Any, address: int, lifted: bool) -> None:
+        """The byte under a site's int3 into the program's memory for a step in place (`lifted`), or the int3
+        back if anyone still holds it (machine/int3s.py), on the CPU thread inside emulation, whatever space the
+        CPU has loaded (the step in place or while-stepping may end in another task); translated code dropped."""
+        changed = self.int3s.lift(space, address) if lifted else self.int3s.lower(space, address)
+        if changed:
+            self._drop_code(uc, space, address)
+
+    def _drop_code(self, uc: Uc, space: Any, address: int) -> None:
+        """The translated code over a site's int3 dropped, from a hit (inside emulation, the program's space
+        loaded in ring 3 or not) or between runs."""
+        if uc.reg_read(X.UC_X86_REG_CS) & 3 and uc.reg_read(X.UC_X86_REG_CR3) & ~0xFFF == space.root:
+            uc.ctl_remove_cache(address, address + len(INT3))  # the program's space is loaded: its code is found
+        else:
+            self.machine.cpu.remove_cache(address, len(INT3), space)
 
     def _stepped(self, uc: Uc, space: Any) -> None:
         assert self._stepping is not None
@@ -235,12 +287,10 @@ class ProgramProbes:
         self._stepping = None
         self.machine.cpu.debug_trap = previous
         uc.reg_write(X.UC_X86_REG_EFLAGS, uc.reg_read(X.UC_X86_REG_EFLAGS) & ~EFLAGS_TF)
-        if address in self.sites:
-            self._swap(space, address, INT3)
-        if uc.reg_read(X.UC_X86_REG_CS) & 3 and uc.reg_read(X.UC_X86_REG_CR3) & ~0xFFF == space.root:
-            uc.ctl_remove_cache(address, address + len(INT3))
-        else:
-            self.machine.cpu.remove_cache(address, len(INT3), space)
-        if self._stepped_by_debugger:  # the program was being single-stepped: this #DB ends its step too
+        self._put(uc, space, address, lifted=False)
+        if self._stepped_by_debugger:  # the step was someone else's too: this #DB ends it as theirs
             uc.reg_write(X.UC_X86_REG_EFLAGS, uc.reg_read(X.UC_X86_REG_EFLAGS) | EFLAGS_TF)
-            self.machine.cpu.deliver(1)
+            if self.tracer.stepper.active and previous is not None:  # while-stepping's steps: its trap
+                previous(uc)
+            else:
+                self.machine.cpu.deliver(1)

@@ -75,8 +75,6 @@ def prepare(
         if any(isinstance(a, t.CollectStaticData) for a in tp.actions):
             raise TraceError(f"{where}: $_sdata exists only at static tracepoints (strace)")
     if space is not None:  # its instruction is read from the program's memory when installed (userprobes.py)
-        if tp.step_count:
-            raise TraceError(f"{where}: while-stepping in a program is not supported yet")
         fast = tp.fast_insn_length is not None
         site = ProbeSite(tp.address, "(program)", "jump" if fast else "int3", (), b"")
         return Installed(tp, site, condition, actions, want_jump=fast, stepping=stepping, marker=marker,

@@ -51,14 +51,16 @@ class FindFrameByPc(Packet):
 
 @dataclass(frozen=True)
 class FindFrameByTracepoint(Packet):
-    """`QTFrame:tdp:<n>`: next frame after the current one recorded by tracepoint `number`."""
+    """`QTFrame:tdp:<n>`: next frame after the current one recorded by tracepoint `number`. Any number GDB sends:
+    `tfind tracepoint -1` sends -1 as 32 bits (remote.c's `tdp:%x`), which no frame has (gdbserver's
+    cmd_qtframe finds none and answers `F-1`)."""
 
     PREFIX = b"QTFrame:tdp:"
     number: int = 0
 
     @classmethod
     def parse(cls, body: bytes) -> Self:
-        return cls(_number(body))
+        return cls(parse_hex(body, "tracepoint number"))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,140 @@
+"""The int3s in a process's memory, whoever put them there: the one record of the byte under each.
+
+Two layers put int3s into a traced process's memory at its addresses: the debugger's software breakpoints (the
+gdbserver role's `Z0`, stub/process.py) and the tracer's tracepoints in the program (tracing/engines/userprobes.py).
+Both may want one address (a `trace` and a `break` on one line), in either order, and leave it in either order.
+So neither writes over the other's int3 or keeps its own copy of what is under it: the first to hold an address
+writes the int3 and the byte it replaced is recorded here, a second holder only joins, and the byte goes back when
+the last one lets go. A write over a held address (the debugger's, or a fast tracepoint's jump going in or out
+under a breakpoint) changes the recorded byte and leaves the int3 (`write`); a read that hides the int3s reads the
+recorded bytes (`hide`). The tracer runs the instruction under its int3 in place: the byte under is `lift`ed into
+memory for the step (or while-stepping's steps) and the int3 `lower`ed back after, if anyone still holds it.
+gdbserver keeps one such record for all its breakpoints, GDB's and the tracepoints' alike (gdbserver/mem-break.cc:
+a raw breakpoint shared by the breakpoints at its address, its `old_data`).
+
+Keyed by (the space's page-table root, address): another process's memory at the same address is another record.
+A record whose int3 is no longer in memory (not lifted: its process ended and the tables went to another) is
+stale, and dropped where it is met. Translated code is the writer's to drop (what it may drop depends on where the
+CPU is: cpu.py's `remove_cache`).
+
+Runs on the CPU thread (the tracer's hits inside emulation; the debugger's changes through `Machine.run_on_cpu`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from unicorn import Uc
+
+from .layout import PAGE_SIZE
+
+INT3 = b"\xcc"
+#: the layers that hold int3s
+DEBUGGER = "debugger"
+TRACER = "tracer"
+
+
+@dataclass
+class _Held:
+    under: int  #: the byte the int3 replaced
+    owners: set[str] = field(default_factory=set)
+    lifted: bool = False  #: the byte under is in memory for now (a step in place)
+
+
+class Int3s:
+    """(space root, address) -> the byte under the int3 there and who holds it."""
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[int, int], _Held] = {}
+
+    def _valid(self, space: Any, address: int, physical: int) -> _Held | None:
+        """The record at `address` (its byte at `physical`), unless stale: then dropped."""
+        key = (space.root, address)
+        held = self._held.get(key)
+        if held is not None and not held.lifted and bytes(Uc.mem_read(space.uc, physical, 1)) != INT3:
+            del self._held[key]
+            return None
+        return held
+
+    def hold(self, space: Any, address: int, owner: str) -> int | None:
+        """`owner` wants an int3 at `address` of `space`: written if nobody held it yet. The byte under it, or None
+        (and nothing held) when the page is not present."""
+        physical = space.translate(address, 1)
+        if physical is None:
+            return None
+        held = self._valid(space, address, physical)
+        if held is not None:
+            held.owners.add(owner)
+            return held.under
+        under = bytes(Uc.mem_read(space.uc, physical, 1))[0]
+        Uc.mem_write(space.uc, physical, INT3)
+        self._held[(space.root, address)] = _Held(under, {owner})
+        return under
+
+    def release(self, space: Any, address: int, owner: str) -> bool:
+        """`owner` lets go of `address`; True when it was the last, and the byte under is back in memory."""
+        physical = space.translate(address, 1)
+        key = (space.root, address)
+        held = self._held.get(key) if physical is None else self._valid(space, address, physical)
+        if held is None or owner not in held.owners:
+            return False
+        held.owners.discard(owner)
+        if held.owners:
+            return False
+        del self._held[key]
+        if physical is not None:
+            Uc.mem_write(space.uc, physical, bytes([held.under]))
+        return True
+
+    def holders(self, space: Any, address: int) -> frozenset[str]:
+        held = self._held.get((space.root, address))
+        return frozenset(held.owners) if held is not None else frozenset()
+
+    def lift(self, space: Any, address: int) -> bool:
+        """The byte under the int3 at `address` into memory for a while (`lower` puts the int3 back); False where
+        no int3 is held."""
+        return self._set_lifted(space, address, True)
+
+    def lower(self, space: Any, address: int) -> bool:
+        """The int3 of a lifted record back into memory; False where none is held (nobody wants it any more)."""
+        return self._set_lifted(space, address, False)
+
+    def _set_lifted(self, space: Any, address: int, lifted: bool) -> bool:
+        held = self._held.get((space.root, address))
+        physical = space.translate(address, 1)
+        if held is None or physical is None:
+            return False
+        held.lifted = lifted
+        Uc.mem_write(space.uc, physical, bytes([held.under]) if lifted else INT3)
+        return True
+
+    def hide(self, space: Any, address: int, data: bytes) -> bytes:
+        """`data` read at `address` of `space`, with the bytes under its int3s in place of the int3s."""
+        out = bytearray(data)
+        root = space.root
+        for (held_root, at), held in self._held.items():
+            if held_root == root and address <= at < address + len(out) and out[at - address] == INT3[0]:
+                out[at - address] = held.under
+        return bytes(out)
+
+    def write(self, space: Any, address: int, data: bytes) -> bool:
+        """Write `data` at `address` of `space`, page by page, the int3s held there staying (the bytes under them
+        take the new values). False, having written the pages before it, at the first page not present."""
+        done = 0
+        while done < len(data):
+            at = address + done
+            chunk = min(len(data) - done, PAGE_SIZE - (at & (PAGE_SIZE - 1)))
+            physical = space.translate(at, chunk)
+            if physical is None:
+                return False
+            piece = bytearray(data[done:done + chunk])
+            for key in [k for k in self._held if k[0] == space.root and at <= k[1] < at + chunk]:
+                held = self._valid(space, key[1], physical + key[1] - at)
+                if held is not None:
+                    held.under = piece[key[1] - at]
+                    if not held.lifted:
+                        piece[key[1] - at] = INT3[0]
+            Uc.mem_write(space.uc, physical, bytes(piece))
+            done += chunk
+        return True
