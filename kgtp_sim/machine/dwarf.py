@@ -231,9 +231,16 @@ class KernelDwarf:
             header = program.header
             names = header["file_entry"]
             version = header["version"]
+            sequence = len(rows)  # where the current sequence's rows begin
             for entry in program.get_entries():
                 state = entry.state
-                if state is None or state.end_sequence:
+                if state is None:
+                    continue
+                if state.end_sequence:  # past the sequence's code: no line (another file's code may follow)
+                    while len(rows) > sequence and rows[-1][0] >= state.address:
+                        rows.pop()  # a row that covers no code (at the sequence's end address)
+                    rows.append((state.address, "", 0))
+                    sequence = len(rows)
                     continue
                 index = state.file if version >= 5 else state.file - 1
                 if 0 <= index < len(names):
@@ -251,12 +258,16 @@ class KernelDwarf:
         return rows
 
     def line_at(self, pc: int) -> tuple[str, int] | None:
-        """Source file and line of a code address (the last line-table row at or before it, in its function)."""
+        """Source file and line of a code address (the last line-table row at or before it, in its sequence); None
+        where no sequence covers it (code assembled without line information, such as the late part of boot.S: the
+        row before it is another file's, whose sequence ended)."""
         rows = self._line_table
         index = bisect.bisect_right(rows, (pc, "\uffff", 1 << 30)) - 1
         if index < 0:
             return None
         _, file_name, line = rows[index]
+        if not file_name:  # an end of sequence
+            return None
         return (file_name.removeprefix("./"), line)
 
     def read_only(self, address: int, length: int) -> bytes | None:

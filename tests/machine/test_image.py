@@ -149,3 +149,28 @@ def test_marker_site_without_nop_is_rejected(tmp_path, image):
         offset = ph["p_offset"] + m.site - seg.vaddr
     with pytest.raises(KernelImageError, match="no 5-byte NOP"):
         KernelImage.load(_corrupt(tmp_path, offset, b"\xcc"))
+
+
+def test_each_code_address_has_its_own_files_line_or_none():
+    """The line table read sequence by sequence: the kernel's assembly entry points (boot.S, entry_64.S) map to
+    their own file, never to the C function that happens to end where they begin (a row that covers no code, at a
+    sequence's end), so function-boundary tracing never takes an entry the CPU jumps to for a C function and hijacks
+    a return address that is not there (a #DB entry probed so corrupted every pt_regs.vector)."""
+    from kgtp_sim.machine.dwarf import KernelDwarf
+
+    image = KernelImage.load(VMLINUX)
+    dwarf = KernelDwarf(VMLINUX)
+    try:
+        entries = [s for s in image.symbols.values() if s.type == "FUNC" and
+                   (s.name.startswith("asm_") or s.name in ("common_entry", "entry_SYSCALL_64"))]
+        assert len(entries) >= 10
+        for symbol in entries:
+            found = dwarf.line_at(symbol.address)
+            assert found is None or found[0].endswith(".S"), (symbol.name, found)
+        for symbol in image.symbols.values():  # no C function's start is another file's line
+            found = dwarf.line_at(symbol.address) if symbol.type == "FUNC" and symbol.size else None
+            if found is not None and found[0].endswith(".c"):
+                last = dwarf.line_at(symbol.end - 1)
+                assert last is None or last[0] == found[0] or not last[0].endswith(".c"), (symbol.name, found, last)
+    finally:
+        dwarf.close()
