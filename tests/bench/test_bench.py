@@ -114,7 +114,7 @@ def test_the_cli_prints_and_writes_every_table(tmp_path, capsys):
         unavailable = str(exc)
     out, effect = tmp_path / "b.json", tmp_path / "effect.json"
     args = ["--calls", "20", "--repetitions", "1", "--json", str(out), "--probe-effect-json", str(effect),
-            "--no-stops"]  # the stops' table: test_stops.py
+            "--no-stops", "--no-programs"]  # their tables: test_stops.py, test_programs.py
     assert main(args + (["--no-peer"] if unavailable else [])) == 0
     rows = json.loads(out.read_text())
     table = capsys.readouterr().out

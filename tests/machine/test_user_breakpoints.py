@@ -38,6 +38,9 @@ def machine(program):
     machine.start()
     machine.pids = [machine.processes.spawn(inside[path], [str(path)]) for _ in range(2)]
     wait_until(lambda: ProcessTable(machine).mapping(address, code=True) == machine.pids, "both programs loaded")
+    # and both have run getppid: its page is present in each space (the test reads the code there)
+    wait_until(lambda: all(space.translate(address) is not None for space in ProcessTable(machine).spaces().values())
+               and len(ProcessTable(machine).spaces()) == 2, "both programs in getppid")
     yield machine
     machine.shutdown()
 
