@@ -1,7 +1,11 @@
 """Programs on the kernel, timed (bench/programs.py): the exact and deterministic parts only, never host timings.
-One small run of the whole section (every row, the RSS soak over 2,000 switches) is shared by the tests."""
+One small run of the whole section (every row, the RSS soak over 2,000 switches) is shared by the tests, less the
+switch row: its windows count only where two processes ping-pong through every yield, which depends on how the
+host schedules the machine's ticks and spawns (on a busy host none may qualify), so it is the benchmark's alone."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -12,14 +16,14 @@ ISSUE_GETPID_BOUND = 150  #: the issue: a getpid round trip in at most 150 emula
 
 @pytest.fixture(scope="module")
 def table() -> dict[str, dict]:
-    rows = programs.rows(programs.Sizes.small())
+    rows = programs.rows(dataclasses.replace(programs.Sizes.small(), yields=0))
     if "skipped" in rows[0]:
         pytest.skip(rows[0]["skipped"])
     return {row["row"]: row for row in rows}
 
 
 def test_every_row_is_there_with_its_figures(table):
-    assert list(table) == ["hello", "loop (user)", "loop (kernel)", "getpid", "switch", "kgtp-sim run", "rss (1 CPU)"]
+    assert list(table) == ["hello", "loop (user)", "loop (kernel)", "getpid", "kgtp-sim run", "rss (1 CPU)"]
     for name in ("hello", "kgtp-sim run"):
         assert table[name]["runs"] == 1 and table[name]["seconds_median"] > 0
     # the hello world's user instructions are part of what the machine counted from spawn to exit
@@ -27,7 +31,7 @@ def test_every_row_is_there_with_its_figures(table):
     for name in ("loop (user)", "loop (kernel)"):
         assert table[name]["insns_per_s"] > 0 and table[name]["ratio_to_kernel"] > 0
     text = programs.markdown(list(table.values()))
-    assert sum(line.startswith("| ") for line in text.splitlines()) == 3 + 2 + 4 + 1  # three headers, the rows
+    assert sum(line.startswith("| ") for line in text.splitlines()) == 3 + 2 + 3 + 1  # three headers, the rows (no switch row here)
     assert "getpid round trip" in text and "rss (1 CPU)" in text
 
 
@@ -49,12 +53,6 @@ def test_a_getpid_round_trip_is_counted_exactly(table):
                                        "on every call): see the bench's getpid row")
 def test_a_getpid_round_trip_is_within_the_issues_bound(table):
     assert table["getpid"]["insns_per_call"] <= ISSUE_GETPID_BOUND
-
-
-def test_a_switch_between_two_processes_costs_a_yield_and_more(table):
-    row = table["switch"]
-    assert row["switches_per_window"] == 2 * 50  # each process's 50 yields, each one a switch to the other
-    assert row["insns_per_switch"] > table["getpid"]["insns_per_call"]  # a system call, then schedule()
 
 
 def test_the_soak_switched_as_often_as_asked_and_sampled_memory(table):
