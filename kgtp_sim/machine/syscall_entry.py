@@ -106,13 +106,14 @@ def hflags_offset() -> int | None:
     when a scratch CPU leaves ring 0 by `sysretq`, in two runs from different addresses and registers (one run can
     show another field changing that way by chance: the host's memory beside the state, an address ending in 0
     that became one ending in 3), so the find does not depend on the host's memory layout."""
-    found: set[int] | None = None
-    for entry, seed in ((0x2000, 0x1111), (0x2A40, 0x7777)):
-        candidates = _cpl_candidates(entry, seed)
-        if candidates is None:
-            return None
-        found = candidates if found is None else found & candidates
-    return min(found) if found and len(found) == 1 else None
+    for attempt in range(5):  # fresh scratch CPUs each time: another host layout around them
+        found: set[int] | None = None
+        for entry, seed in ((0x2000 + 0x40 * attempt, 0x1111 + attempt), (0x2A40, 0x7777 * (attempt + 1))):
+            candidates = _cpl_candidates(entry, seed)
+            found = set() if candidates is None else candidates if found is None else found & candidates
+        if found is not None and len(found) == 1:
+            return min(found)
+    return None
 
 
 def _cpl_candidates(entry: int, seed: int) -> set[int] | None:
