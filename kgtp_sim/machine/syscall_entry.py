@@ -16,7 +16,7 @@ nothing else in its API sets the CPL, which QEMU keeps in the low two bits of CP
 cleared in the CPU's state itself, then CS and SS are loaded through the API, which then passes its checks and
 fills the descriptor caches (and the CPL again, from SS) as a real segment load. Where that field lives is found
 by experiment, as uc_native finds QEMU's other unreachable fields: `cpu_state_address` looks for the live
-registers (set to a pattern) behind the pointers of the engine's handle, `hflags_offset` runs `sysretq` on a
+registers (set to a pattern of that call) behind the pointers of the engine's handle, `hflags_offset` runs `sysretq` on a
 scratch CPU and takes the one field whose low two bits went from 0 to 3.
 
 Runs on the CPU thread (the hook inside emulation; `enter_ring0` from the interrupt hook).
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import struct
 
 from unicorn import UC_ARCH_X86, UC_HOOK_INSN, UC_MODE_64, Uc
@@ -65,7 +66,9 @@ def cpu_state_address(uc: Uc) -> int | None:
     Searches only readable host memory (/proc/self/maps) behind the pointers in the engine's handle, and checks
     the find by changing a register."""
     saved = [uc.reg_read(reg) for reg in _GPRS]
-    pattern = [0x6B67_7470_5EED_0000 | i * 0x1111 for i in range(len(_GPRS))]
+    # a pattern of this call only: a freed engine's state, still in the host's heap, holds an earlier call's
+    nonce = int.from_bytes(os.urandom(6), "little") << 16
+    pattern = [nonce | i * 0x1111 for i in range(len(_GPRS))]
     try:
         for reg, value in zip(_GPRS, pattern):
             uc.reg_write(reg, value)
@@ -86,14 +89,15 @@ def cpu_state_address(uc: Uc) -> int | None:
                 continue
             blob = ctypes.string_at(pointer, min(span[1], pointer + _SEARCH) - pointer)
             at = blob.find(wanted)
-            while at >= 0 and at % 8:
+            while at >= 0:  # every aligned copy: the live one is the one that follows a register write
+                if at % 8 == 0:
+                    found = pointer + at
+                    uc.reg_write(X.UC_X86_REG_RAX, ~nonce & 0xFFFF_FFFF_FFFF_FFFF)
+                    live = ctypes.c_uint64.from_address(found).value == ~nonce & 0xFFFF_FFFF_FFFF_FFFF
+                    uc.reg_write(X.UC_X86_REG_RAX, pattern[0])
+                    if live:
+                        return found
                 at = blob.find(wanted, at + 1)
-            if at < 0:
-                continue
-            found = pointer + at
-            uc.reg_write(X.UC_X86_REG_RAX, 0x1234_5678)
-            if ctypes.c_uint64.from_address(found).value == 0x1234_5678:
-                return found
     finally:
         for reg, value in zip(_GPRS, saved):
             uc.reg_write(reg, value)
