@@ -16,8 +16,8 @@ nothing else in its API sets the CPL, which QEMU keeps in the low two bits of CP
 cleared in the CPU's state itself, then CS and SS are loaded through the API, which then passes its checks and
 fills the descriptor caches (and the CPL again, from SS) as a real segment load. Where that field lives is found
 by experiment, as uc_native finds QEMU's other unreachable fields: `cpu_state_address` looks for the live
-registers (set to a pattern of that call) behind the pointers of the engine's handle, `hflags_offset` runs `sysretq` on a
-scratch CPU and takes the one field whose low two bits went from 0 to 3.
+registers (set to a pattern of that call) behind the pointers of the engine's handle, `hflags_offset` runs
+`sysretq` on a scratch CPU and takes the one field whose low two bits went from 0 to 3.
 
 Runs on the CPU thread (the hook inside emulation; `enter_ring0` from the interrupt hook).
 """
