@@ -228,9 +228,11 @@ class TraceHandlers:
         replay = self.views.replay
         if replay is not None or (self._selected is not None and self._frames is not None):
             frame = replay.frame if replay is not None else self._frames[self._selected]  # type: ignore[index]
-            for number, value in frame.tsv_values():
-                if number == packet.number:
-                    return t.encode_trace_variable_value(value)
+            # a frame may hold a variable twice (`collect $v += 1` traces it when read and when set): KGTP
+            # answers the first (gtp_rb_traceframe_get_tv), gdbserver the last (traceframe_read_tsv)
+            values = [value for number, value in frame.tsv_values() if number == packet.number]
+            if values:
+                return t.encode_trace_variable_value(values[-1] if self.tracer.gdbserver else values[0])
             if packet.number == CPU_ID:  # KGTP answers $cpu_id from the frame itself (gtp_rb_traceframe_get_tv)
                 return t.encode_trace_variable_value(frame.cpu)
             return t.encode_trace_variable_value(None)

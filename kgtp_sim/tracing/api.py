@@ -22,6 +22,7 @@ class TracerApi(Protocol):
     running: bool
     stop_reason: StopReason
     engine: str
+    gdbserver: bool  # the gdbserver role's tracer (gdbserver's rules where they differ from KGTP's)
     tsc: Tsc
     start_time: int | None  # microseconds, of the last tstart: since the epoch (the gdbserver role: its steady clock)
 

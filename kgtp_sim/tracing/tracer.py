@@ -138,8 +138,9 @@ class Tracer:
             self.definitions.variables[variable.number] = variable.definition()
         cpu_number = BUILTIN_VARIABLES.by_name("cpu_number")  # KGTP's gtp_cpu_number, uploaded as its value
         self.definitions.variables[cpu_number.number] = replace(cpu_number.definition(), initial=machine.cpu_count)
-        #: gdbserver's one trace buffer for every CPU (see the class), not KGTP's ring per CPU
-        self.one_buffer = gdbserver
+        #: the gdbserver role's tracer (gdbserver's rules where they differ from KGTP's): gdbserver's one trace
+        #: buffer for every CPU (see the class), not KGTP's ring per CPU
+        self.gdbserver = self.one_buffer = gdbserver
         #: the target's own variables besides KGTP's: gdbserver's `$trace_timestamp`, numbered after KGTP's table
         self.predefined = (gdbserver_variables(max(self.definitions.variables) + 1) if gdbserver
                            else PredefinedVariables())

@@ -37,6 +37,7 @@ class FakeTracer:
     stop_reason: StopReason = StopReason.NOT_RUN
     stop_note: str | None = None
     engine: str = "opt"
+    gdbserver: bool = False
     start_time: int | None = None
     tsc: FakeClock = field(default_factory=FakeClock)
     listed_markers: list[Marker] = field(default_factory=list)
