@@ -50,3 +50,15 @@ def test_the_parent_stops_at_a_breakpoint_its_fork_child_runs_through(build, ser
     assert len(re.findall(r"^Breakpoint 1, ", out, re.M)) == 1, out
     assert re.search(r"^\[Inferior 1 \(.*\) exited normally\]$", out, re.M), out
     assert server.out["stdout"] == ["parent work 1", "child that ran work(): exited 7"], server.out
+
+
+@pytest.mark.parametrize("kind", ["kgtp-sim", "gdbserver"])
+def test_a_program_that_forks_execs_and_waits_runs_under_gdb_as_natively(build, servers, kind):
+    """The whole of forks.c under GDB 13 (musl: its posix_spawn shares no memory the debugger would have to
+    copy): each child's SIGCHLD stops the traced parent and GDB passes it on, and what it cut short (a nanosleep,
+    a pipe's read, a wait) starts again, as on Linux: the output is the native run's."""
+    program = build("musl-static")
+    native = subprocess.run([str(program)], capture_output=True, text=True, timeout=60)
+    out, server = debug(servers, kind, GDB_CLIENTS[0], program, (), ["continue"], cpus=2 if kind == "kgtp-sim" else None)
+    assert re.search(r"^\[Inferior 1 \(.*\) exited normally\]$", out, re.M), out
+    assert server.out["stdout"] == native.stdout.splitlines(), server.out
