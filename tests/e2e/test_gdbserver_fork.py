@@ -54,9 +54,10 @@ def test_the_parent_stops_at_a_breakpoint_its_fork_child_runs_through(build, ser
 
 @pytest.mark.parametrize("kind", ["kgtp-sim", "gdbserver"])
 def test_a_program_that_forks_execs_and_waits_runs_under_gdb_as_natively(build, servers, kind):
-    """The whole of forks.c under GDB 13 (musl: its posix_spawn shares no memory the debugger would have to
-    copy): each child's SIGCHLD stops the traced parent and GDB passes it on, and what it cut short (a nanosleep,
-    a pipe's read, a wait) starts again, as on Linux: the output is the native run's."""
+    """The whole of forks.c under GDB 13: each child's SIGCHLD stops the traced parent and GDB passes it on, and
+    what it cut short (a nanosleep, a pipe's read, a wait) starts again, as on Linux: the output is the native
+    run's. musl's: its posix_spawn tells an exec's failure through a pipe, where glibc's writes it in memory it
+    shares with the child, which the kernel copies for a traced parent (the child's int3s taken out)."""
     program = build("musl-static")
     native = subprocess.run([str(program)], capture_output=True, text=True, timeout=60)
     out, server = debug(servers, kind, GDB_CLIENTS[0], program, (), ["continue"], cpus=2 if kind == "kgtp-sim" else None)
