@@ -9,7 +9,9 @@ from host H, port P`, `Can't bind address: Address already in use.` (then exit 1
 starts), `Child exited with status N`. The program's streams are relayed on this command's own stdout and stderr,
 and this command's standard input is the program's (unless packets come on it), as gdbserver's inferior shares its
 terminal. Besides gdbserver's packets, the session has KGTP mode's tracing: tracepoints in the program (its own
-memory) and in the kernel under it, with `$inferior_pid` the program. Its environment is this
+memory) and in the kernel under it, with `$inferior_pid` the program; its trace buffer and `$trace_timestamp` are
+gdbserver's (one buffer of the size GDB sets, its predefined clock variable: the tracer's `gdbserver` flavour).
+Its environment is this
 command's, less the largest variables when the kernel's spawn request cannot hold them all (`fit_environment`: the
 variables left out are named on stderr).
 
@@ -282,8 +284,9 @@ class Server:
             return ""
 
         # tracepoints, in the kernel under the program: KGTP's engines on the same machine, frames laid over the
-        # process when GDB selects one; tracepoints in the program go into its own memory
-        self.tracer = Tracer(self.machine, self.options.engine)
+        # process when GDB selects one; tracepoints in the program go into its own memory; the buffer and
+        # `$trace_timestamp` as gdbserver has them
+        self.tracer = Tracer(self.machine, self.options.engine, gdbserver=True)
         self.target.listeners.append(self._process_changed)
         if self.target.process is not None:
             self._process_changed(self.target.process)

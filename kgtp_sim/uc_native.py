@@ -26,7 +26,7 @@ import functools
 import mmap
 from typing import Callable
 
-from unicorn import UC_ARCH_X86, UC_HOOK_CODE, UC_HOOK_INTR, UC_MODE_64, Uc
+from unicorn import UC_ARCH_X86, UC_HOOK_CODE, UC_HOOK_INTR, UC_HOOK_MEM_WRITE, UC_MODE_64, Uc
 from unicorn import x86_const as X
 from unicorn.unicorn_py3.arch.types import uc_hook_h
 from unicorn.unicorn_py3.unicorn import HOOK_CODE_CFUNC, uclib
@@ -275,3 +275,101 @@ def write_context_u64(context: object, offset: int, value: int) -> None:
     `uc.context_restore`)."""
     address = ctypes.cast(context.context, ctypes.c_void_p).value  # type: ignore[attr-defined]
     ctypes.c_uint64.from_address(address + offset).value = value & MASK64
+
+
+# ---- the engine's "PC written by a hook" flag ------------------------------------------------------------------
+#
+# Unicorn keeps RIP exact inside a memory or port hook by restoring it from the translated code's host address
+# (cpu_restore_state) unless its `skip_sync_pc_on_exit` flag is set: uc_reg_write sets it when it writes the PC,
+# so that the exit the write asks for does not restore the PC over the written one, and the next exit check in
+# translated code clears it. A PC written from an interrupt or instruction hook (an int3 sent to its detour, an
+# interrupt delivered, `syscall` entering the kernel) is taken without such a check: the flag stays set until the
+# next emu_start, and every memory hook until then reads the RIP of the start of its translated block, not of
+# the instruction that accessed memory (measured on unicorn 2.1.4). Hooks that write the PC there clear the flag
+# after the write (`pc_sync_flag_address`).
+
+
+def readable_ranges() -> list[tuple[int, int]]:
+    """The host's readable mappings of this process, [begin, end) each (/proc/self/maps)."""
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            span, perms = line.split()[:2]
+            if perms.startswith("r"):
+                lo, hi = (int(v, 16) for v in span.split("-"))
+                ranges.append((lo, hi))
+    return ranges
+
+
+_ENGINE_SCAN = 0x10000  #: bytes of the engine's own structure searched for the flag
+#: int $0x80; mov %rax,(%rbx); movq $7,8(%rbx); hlt: the two stores after an interrupt whose hook wrote the PC
+_PC_PROBE = bytes.fromhex("cd80" "488903" "48c7430807000000" "f4")
+_PC_PROBE_STORES = (0x1002, 0x1005)
+
+
+def _pc_probe(clear_at: int | None) -> tuple[Uc, list[int]]:
+    """A scratch CPU that runs _PC_PROBE with an interrupt hook writing the PC (and clearing the byte at
+    `clear_at` of the engine's structure after it); returns it and the RIPs its store hook saw."""
+    uc = Uc(UC_ARCH_X86, UC_MODE_64)
+    uc.mem_map(0x1000, PAGE)
+    uc.mem_map(0x3000, PAGE)
+    uc.mem_write(0x1000, _PC_PROBE)
+    uc.reg_write(X.UC_X86_REG_RBX, 0x3000)
+    seen: list[int] = []
+    state = {"write": True}
+
+    def on_interrupt(uc: Uc, _intno: int, _data: object) -> None:
+        if state["write"]:
+            uc.reg_write(X.UC_X86_REG_RIP, uc.reg_read(X.UC_X86_REG_RIP))
+            if clear_at is not None:
+                ctypes.c_uint8.from_address(ctypes.cast(handle(uc), ctypes.c_void_p).value + clear_at).value = 0
+
+    uc.hook_add(UC_HOOK_INTR, on_interrupt)
+    uc.hook_add(UC_HOOK_MEM_WRITE, lambda uc, *_: seen.append(uc.reg_read(X.UC_X86_REG_RIP)), None, 0x3000, 0x3FFF)
+    uc._pc_probe_state = state  # type: ignore[attr-defined]
+    return uc, seen
+
+
+@functools.cache
+def pc_sync_flag_offset() -> int | None:
+    """Offset of unicorn's `skip_sync_pc_on_exit` in the engine's structure, found by experiment: the one byte that
+    an interrupt hook's PC write leaves at 1 after a run and a run without that write leaves at 0, twice; kept only
+    if clearing it after the write makes the stores that follow see their own RIP. None when not found (the
+    machine then cannot make data breakpoints exact after such a hook)."""
+    uc, _seen = _pc_probe(None)
+    base = ctypes.cast(handle(uc), ctypes.c_void_p).value
+    end = next((hi for lo, hi in readable_ranges() if lo <= base < hi), base)
+    size = min(_ENGINE_SCAN, end - base)
+    if size <= 0:
+        return None
+    state = uc._pc_probe_state  # type: ignore[attr-defined]
+
+    def after_run(write: bool) -> bytes:
+        state["write"] = write
+        uc.emu_start(0x1000, 0x1000 + len(_PC_PROBE) - 1)
+        return ctypes.string_at(base, size)
+
+    found: set[int] | None = None
+    for _ in range(2):
+        clean, dirty = after_run(False), after_run(True)
+        flipped = {i for i in range(size) if clean[i] == 0 and dirty[i] == 1}
+        found = flipped if found is None else found & flipped
+    if found is None or len(found) != 1:
+        return None
+    offset = found.pop()
+    _checked, seen = _pc_probe(offset)
+    _checked.emu_start(0x1000, 0x1000 + len(_PC_PROBE) - 1)
+    return offset if tuple(seen) == _PC_PROBE_STORES else None
+
+
+def pc_sync_flag_address(uc: Uc) -> int | None:
+    """Host address of `uc`'s `skip_sync_pc_on_exit` byte (see above), None where it was not found. A hook that
+    wrote the PC from an interrupt or instruction hook stores 0 there after the write."""
+    offset = pc_sync_flag_offset()
+    return None if offset is None else ctypes.cast(handle(uc), ctypes.c_void_p).value + offset
+
+
+def clear_pc_sync_flag(address: int | None) -> None:
+    """Store 0 in the flag at `address` (pc_sync_flag_address); nothing when it is None."""
+    if address is not None:
+        ctypes.c_uint8.from_address(address).value = 0

@@ -121,3 +121,33 @@ def test_multi_needs_no_program_and_attach_takes_a_pid():
     for bad in (["--attach", ":2345"], ["--attach", ":2345", "x"], ["--attach", ":2345", "1", "2"]):
         with pytest.raises(UsageError):
             parse(bad)
+
+
+def _fields(status: bytes) -> dict[bytes, bytes]:
+    """qTStatus's `name:value` fields (the running flag and the stop reason left out)."""
+    return dict(field.split(b":", 1) for field in status.split(b";")[2:] if b":" in field)
+
+
+def test_trace_buffer_size_and_trace_timestamp_are_gdbservers_at_the_packet_level(tmp_path):
+    """What GDB's `set trace-buffer-size` and connection ask, answered as gdbserver answers them
+    (gdbserver/tracepoint.cc: cmd_bigqtbuffer_size, cmd_qtstatus, cmd_qtfv/cmd_qtsv's response_tsv, cmd_qtv):
+    the size as asked, in tsize and tfree, the default for `-1`; `$trace_timestamp` among the uploaded variables
+    as a built-in, unknown before any run."""
+    with served(compile_program("hello", "glibc-static", tmp_path)) as (_server, port):
+        with RspClient.connect(port) as client:
+            assert b"QTBuffer:size+" in client.request(b"qSupported:multiprocess+").split(b";")
+            status = _fields(client.request(b"qTStatus"))
+            assert (status[b"tsize"], status[b"tfree"]) == (b"500000", b"500000")  # 5 MiB, not one per CPU
+            assert client.request(b"QTBuffer:size:4") == b"OK"
+            status = _fields(client.request(b"qTStatus"))
+            assert (status[b"tsize"], status[b"tfree"]) == (b"4", b"4")
+            assert client.request(b"QTBuffer:size:-1") == b"OK"
+            assert _fields(client.request(b"qTStatus"))[b"tsize"] == b"500000"
+            uploaded = [client.request(b"qTfV")]
+            while uploaded[-1] != b"l":
+                uploaded.append(client.request(b"qTsV"))
+            name = b"trace_timestamp".hex().encode()
+            timestamp = [line for line in uploaded if line.endswith(b":" + name)]
+            assert len(timestamp) == 1 and timestamp[0].split(b":")[1:3] == [b"0", b"1"], uploaded
+            number = timestamp[0].split(b":")[0]
+            assert client.request(b"qTV:" + number) == b"U"

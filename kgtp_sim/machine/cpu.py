@@ -60,7 +60,14 @@ from unicorn import (
 from unicorn import x86_const as X
 
 from .. import uc_paging as paging
-from ..uc_native import InstructionCounter, Registers, delete_hook, old_exception_offset
+from ..uc_native import (
+    InstructionCounter,
+    Registers,
+    clear_pc_sync_flag,
+    delete_hook,
+    old_exception_offset,
+    pc_sync_flag_address,
+)
 from ..uc_paging import AddressSpace, memory_operand_address, page_fault_error_offset
 from .dispatch import FaultFixups, FaultHandler, InterruptDispatch  # noqa: F401 - FaultHandler: cpu.py's name too
 from . import process
@@ -171,6 +178,7 @@ class Cpu:
         self._error: BaseException | None = None  # raised inside a hook; re-raised by run()
         #: int3 -> target without Python (`InterruptDispatch`); other interrupts reach `_on_interrupt`
         self.jumps = InterruptDispatch(uc, self._on_interrupt)
+        self._pc_sync_flag = pc_sync_flag_address(uc)
         uc.hook_add(UC_HOOK_INSN_INVALID, self._on_invalid)
         # Only where no frame is: a memory hook whose range covers a frame makes the emulator take its slow path
         # for every store to that frame, forever (it never marks a hooked page's TLB entry dirty).
@@ -367,6 +375,7 @@ class Cpu:
             if self.observer is not None:
                 self.observer.fault_at(self.regs.read(X.UC_X86_REG_RIP))
             self.deliver(6)
+            clear_pc_sync_flag(self._pc_sync_flag)  # RIP written from an instruction hook (uc_native)
             return True
         except BaseException as error:  # noqa: BLE001
             self._fail(error)

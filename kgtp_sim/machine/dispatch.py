@@ -2,7 +2,8 @@
 
 - `InterruptDispatch`: the CPU's one UC_HOOK_INTR callback, in machine code; an int3 at an address of its table
   goes on at that address's target without any Python (the compiled engines' probes), anything else goes to the
-  CPU's Python handler (cpu.py);
+  CPU's Python handler (cpu.py); either way it then clears unicorn's "PC written by a hook" flag, which an
+  interrupt hook's RIP write would leave set (uc_native.pc_sync_flag_offset);
 - `FaultFixups`: ranges of stub-generated code whose memory faults the tracer resolves (like Linux's exception
   tables), never the kernel's #PF handler.
 
@@ -19,7 +20,7 @@ from unicorn import UC_HOOK_INTR, Uc
 from unicorn import x86_const as X
 from unicorn.unicorn_py3.unicorn import HOOK_INTR_CFUNC
 
-from ..uc_native import add_native_hook, lib
+from ..uc_native import add_native_hook, clear_pc_sync_flag, lib, pc_sync_flag_address, pc_sync_flag_offset
 from .errors import MachineError
 
 FaultHandler = Callable[[Uc, int], None]
@@ -114,6 +115,7 @@ class InterruptDispatch:
         mov $RIP, %esi
         mov %rsp, %rdx
         call *0x10(%r12)
+        CLEAR_PC_SYNC_FLAG
         add $0x10, %rsp
         pop %r13
         pop %r12
@@ -138,15 +140,23 @@ class InterruptDispatch:
         self._cell = _JumpCell.from_buffer(memory)
         self._slots = ctypes.cast(ctypes.addressof(memory) + ctypes.sizeof(_JumpCell),
                                   ctypes.POINTER(ctypes.c_uint64))
-        self._python = HOOK_INTR_CFUNC(lambda _uc, intno, _data: handler(uc, intno, None))
+        flag = pc_sync_flag_address(uc)
+
+        def python(_uc: object, intno: int, _data: object) -> None:
+            handler(uc, intno, None)
+            clear_pc_sync_flag(flag)  # the handler may have written RIP (uc_native: memory hooks then see it)
+
+        self._python = HOOK_INTR_CFUNC(python)
         self._cell.python = ctypes.cast(self._python, ctypes.c_void_p).value
         self._cell.reg_read = ctypes.cast(lib.uc_reg_read, ctypes.c_void_p).value
         self._cell.reg_write = ctypes.cast(lib.uc_reg_write, ctypes.c_void_p).value
         self._cell.mask = self.SLOTS - 1
-        code = assemble(self.SOURCE.replace("$RIP", f"${X.UC_X86_REG_RIP:#x}"))
+        offset = pc_sync_flag_offset()
+        clear = "" if offset is None else f"movb $0x0, {offset:#x}(%rbx)"  # after its RIP write, as `python` does
+        code = assemble(self.SOURCE.replace("$RIP", f"${X.UC_X86_REG_RIP:#x}").replace("CLEAR_PC_SYNC_FLAG", clear))
         self.native = add_native_hook(uc, UC_HOOK_INTR, code, ctypes.addressof(memory)) is not None
         if not self.native:
-            uc.hook_add(UC_HOOK_INTR, handler)
+            uc.hook_add(UC_HOOK_INTR, python)
 
     @property
     def hits(self) -> int:

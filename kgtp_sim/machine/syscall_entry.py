@@ -6,8 +6,9 @@ Owns the two places where the machine moves a CPU from ring 3 to ring 0, which u
   alone), then adds the instruction's length to whatever RIP the hook wrote. `SyscallEntry` installs a hook whose
   callback is machine code (no Python per call, like the machine's native interrupt hook) doing what the CPU
   does: RCX = the next instruction, R11 = RFLAGS, RFLAGS &= ~MSR_SYSCALL_MASK, CS = STAR[47:32] and SS = CS + 8
-  (descriptors from the GDT, CPL 0), RIP = MSR_LSTAR (written as LSTAR - 2). `swapgs` stays the kernel entry's
-  own instruction (unicorn runs it). `sysretq` needs nothing: unicorn runs it architecturally.
+  (descriptors from the GDT, CPL 0), RIP = MSR_LSTAR (written as LSTAR - 2; then unicorn's "PC written by a
+  hook" flag cleared: uc_native.pc_sync_flag_offset). `swapgs` stays the kernel entry's own instruction (unicorn
+  runs it). `sysretq` needs nothing: unicorn runs it architecturally.
 - an interrupt or exception delivered while the CPU is in user mode (cpu.py `deliver`): the frame goes on the
   stack in the TSS's rsp0, CS comes from the gate, SS is the null selector (`ring0_stack`, `enter_ring0`).
 
@@ -34,7 +35,15 @@ from unicorn import x86_const as X
 from unicorn.unicorn_py3.arch.types import uc_hook_h
 from unicorn.unicorn_py3.unicorn import HOOK_CODE_CFUNC
 
-from ..uc_native import handle, lib, native_function
+from ..uc_native import (
+    clear_pc_sync_flag,
+    handle,
+    lib,
+    native_function,
+    pc_sync_flag_address,
+    pc_sync_flag_offset,
+    readable_ranges,
+)
 
 MSR_EFER = 0xC000_0080
 MSR_STAR = 0xC000_0081
@@ -50,17 +59,6 @@ _GPRS = (X.UC_X86_REG_RAX, X.UC_X86_REG_RCX, X.UC_X86_REG_RDX, X.UC_X86_REG_RBX,
 _SEARCH = 0x40000  #: bytes searched behind each pointer of the handle for the CPU's state
 
 
-def _readable() -> list[tuple[int, int]]:
-    ranges = []
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            span, perms = line.split()[:2]
-            if perms.startswith("r"):
-                lo, hi = (int(v, 16) for v in span.split("-"))
-                ranges.append((lo, hi))
-    return ranges
-
-
 def cpu_state_address(uc: Uc) -> int | None:
     """Host address of the CPU's CPUX86State (its first field: the 16 general registers), None if not found.
     Searches only readable host memory (/proc/self/maps) behind the pointers in the engine's handle, and checks
@@ -73,7 +71,7 @@ def cpu_state_address(uc: Uc) -> int | None:
         for reg, value in zip(_GPRS, pattern):
             uc.reg_write(reg, value)
         wanted = struct.pack(f"<{len(pattern)}Q", *pattern)
-        ranges = _readable()
+        ranges = readable_ranges()
 
         def within(address: int) -> tuple[int, int] | None:
             return next(((lo, hi) for lo, hi in ranges if lo <= address < hi), None)
@@ -206,6 +204,7 @@ _SOURCE = """
     sub $0x2, %rax
     mov $RIP, %esi
     call set
+    CLEAR_PC_SYNC_FLAG
     pop %r15
     pop %r14
     pop %r13
@@ -248,7 +247,8 @@ def _hook_code() -> bytes:
     source = _SOURCE
     for name in ("RIP", "EFLAGS", "RCX", "R11", "MSR", "CS", "SS"):
         source = source.replace(f"${name},", f"${getattr(X, f'UC_X86_REG_{name}'):#x},")
-    return assemble(source)
+    offset = pc_sync_flag_offset()  # after the RIP write: see uc_native (rbx is the engine)
+    return assemble(source.replace("CLEAR_PC_SYNC_FLAG", "" if offset is None else f"movb $0x0, {offset:#x}(%rbx)"))
 
 
 class PrivilegeUnavailable(RuntimeError):
@@ -268,6 +268,7 @@ class SyscallEntry:
                            ctypes.cast(lib.uc_reg_write, ctypes.c_void_p).value,
                            state + offset if self.available else 0)
         self._hook = uc_hook_h()
+        self._pc_sync_flag = pc_sync_flag_address(uc)
         self.native = False
         if not self.available:
             return
@@ -296,6 +297,7 @@ class SyscallEntry:
         star = uc.msr_read(MSR_STAR) >> 32 & 0xFFFC
         self.enter_ring0(star, star + 8)
         uc.reg_write(X.UC_X86_REG_RIP, uc.msr_read(MSR_LSTAR) - 2)
+        clear_pc_sync_flag(self._pc_sync_flag)
 
     def enter_ring0(self, cs: int, ss: int) -> None:
         """CPL 0, then CS and SS loaded (descriptors from the GDT; ss 0: the null selector of an interrupt)."""

@@ -20,7 +20,7 @@ from ..tracing.core.builtins import CPU_ID
 from ..arch import amd64
 from ..tracing.core.frames import FrameView, TraceFrame
 from ..tracing.core.tfile import SavePathError, resolve_save_path, write_tfile
-from ..tracing.core.model import DEFAULT_BUFFER_SIZE, MAX_BUFFER_SIZE, MIN_BUFFER_SIZE, Definitions, VariableSpec
+from ..tracing.core.model import Definitions, VariableSpec
 from .overlay import FrameOverlay
 
 log = logging.getLogger(__name__)
@@ -144,10 +144,14 @@ class TraceHandlers:
 
     @handles(t.SetTraceBufferSize)
     def buffer_size(self, packet: t.SetTraceBufferSize) -> Reply:
-        size = DEFAULT_BUFFER_SIZE if packet.size is None else packet.size
-        if not MIN_BUFFER_SIZE <= size <= MAX_BUFFER_SIZE:
-            raise RspError(E_TRACE, f"trace buffer size {size:#x} outside {MIN_BUFFER_SIZE:#x}..{MAX_BUFFER_SIZE:#x}")
-        self.tracer.definitions.buffer_size = size & ~7
+        """The tracer's rules (KGTP's per-CPU rings, or gdbserver's one buffer: `Tracer.set_buffer_size`); a
+        buffer made anew has no frame for GDB to be looking at."""
+        try:
+            emptied = self.tracer.set_buffer_size(packet.size)
+        except TraceError as error:
+            raise RspError(E_TRACE, str(error)) from None
+        if emptied:
+            self._select(None)
         return b"OK"
 
     @handles(t.SetTraceNotes)
@@ -224,9 +228,11 @@ class TraceHandlers:
         replay = self.views.replay
         if replay is not None or (self._selected is not None and self._frames is not None):
             frame = replay.frame if replay is not None else self._frames[self._selected]  # type: ignore[index]
-            for number, value in frame.tsv_values():
-                if number == packet.number:
-                    return t.encode_trace_variable_value(value)
+            # a frame may hold a variable twice (`collect $v += 1` traces it when read and when set): KGTP
+            # answers the first (gtp_rb_traceframe_get_tv), gdbserver the last (traceframe_read_tsv)
+            values = [value for number, value in frame.tsv_values() if number == packet.number]
+            if values:
+                return t.encode_trace_variable_value(values[-1] if self.tracer.gdbserver else values[0])
             if packet.number == CPU_ID:  # KGTP answers $cpu_id from the frame itself (gtp_rb_traceframe_get_tv)
                 return t.encode_trace_variable_value(frame.cpu)
             return t.encode_trace_variable_value(None)

@@ -22,8 +22,9 @@ class TracerApi(Protocol):
     running: bool
     stop_reason: StopReason
     engine: str
+    gdbserver: bool  # the gdbserver role's tracer (gdbserver's rules where they differ from KGTP's)
     tsc: Tsc
-    start_time: int | None  # microseconds since the epoch, of the last tstart
+    start_time: int | None  # microseconds, of the last tstart: since the epoch (the gdbserver role: its steady clock)
 
     # run control
     def start(self) -> None:
@@ -41,6 +42,10 @@ class TracerApi(Protocol):
     # settings
     def set_engine(self, engine: str) -> None:
         """Engine for the next tstart; ValueError for an unknown name."""
+
+    def set_buffer_size(self, size: int | None) -> bool:
+        """QTBuffer:size (None: the default); TraceError for a size the target refuses (or cannot take now).
+        True when the change emptied the buffer (gdbserver's: the last run's frames are gone)."""
 
     def set_circular(self, circular: bool) -> None: ...
 

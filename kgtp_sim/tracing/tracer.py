@@ -30,10 +30,11 @@ from .core.builtins import (BUILTIN_VARIABLES, CLOCK, CPU_ID, EINVAL, IGNORE_ERR
                             gdb_value, setting, tsc_to_clock)
 from .core.clock import Tsc
 from .core.frames import CompactRegisters, StaticBlock, TraceFrame, TsvBlock, encode_frame
-from .core.model import Definitions, ProbeRow, StopReason, TraceError, Tracepoint, TraceStatus
+from .core.model import Definitions, ProbeRow, StopReason, TraceError, Tracepoint, TraceStatus, requested_buffer_size
 from .core.percpu import PerCpuVariables
 from .core.perf import PerfEvents
-from .core.ring import BLOCKS_AT, RawEntries, Rings
+from .core.predefined import PredefinedVariables, gdbserver_variables, steady_clock_us
+from .core.ring import BLOCKS_AT, MIN_SIZE, RawEntries, Rings
 from .core.sdata import render
 from .engines.fastregs import RegisterReader
 from .engines.hits import MAX_COLLECT, HitContext, Stepper
@@ -78,9 +79,12 @@ class MachineMemory:
 
 
 class Tracer:
-    """One kernel's tracer: definitions from GDB, the current (or last) run, its frames."""
+    """One kernel's tracer: definitions from GDB, the current (or last) run, its frames. `gdbserver`: the
+    gdbserver role's, with gdbserver's buffer (gdbserver/tracepoint.cc: one for every CPU, of the size GDB asks
+    for, fixed during a run, emptied by a new size; KGTP gives each CPU a ring of that size), `$trace_timestamp`
+    (predefined.py) and tstatus times on the clock it reads."""
 
-    def __init__(self, machine: Machine, engine: str = "opt", probe: str = "auto") -> None:
+    def __init__(self, machine: Machine, engine: str = "opt", probe: str = "auto", gdbserver: bool = False) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}")
         if probe not in ("auto", "int3"):
@@ -134,10 +138,22 @@ class Tracer:
             self.definitions.variables[variable.number] = variable.definition()
         cpu_number = BUILTIN_VARIABLES.by_name("cpu_number")  # KGTP's gtp_cpu_number, uploaded as its value
         self.definitions.variables[cpu_number.number] = replace(cpu_number.definition(), initial=machine.cpu_count)
+        #: the gdbserver role's tracer (gdbserver's rules where they differ from KGTP's): gdbserver's one trace
+        #: buffer for every CPU (see the class), not KGTP's ring per CPU
+        self.gdbserver = self.one_buffer = gdbserver
+        #: the target's own variables besides KGTP's: gdbserver's `$trace_timestamp`, numbered after KGTP's table
+        self.predefined = (gdbserver_variables(max(self.definitions.variables) + 1) if gdbserver
+                           else PredefinedVariables())
+        for variable in self.predefined.definitions():
+            self.definitions.variables[variable.number] = variable
+        #: the clock of tstatus's start and stop times: gdbserver's steady clock in its role, else the epoch's
+        self._now_us = steady_clock_us if gdbserver else _now_us
 
     # ---- trace state variables --------------------------------------------------------------------------
 
     def variable_value(self, number: int, hit: HitContext | None = None) -> int | None:
+        if number in self.predefined:  # its getter, at a hit or for GDB; GDB's qTV before the first run: unknown
+            return self.predefined.value(number) if hit is not None or self._has_run else None
         if number in self.perf:  # the machine's counter (GDB: read on the CPU thread, the loaded CPU's)
             if hit is not None:
                 return self.perf.get(number, self._cpu_of(hit), hit.site)
@@ -180,6 +196,8 @@ class Tracer:
         """Write a variable where every path of this run reads it: the compiled engines' array in emulated
         memory when the run has one (so Python hits and detours share it), else the tracer's own table. A hit's
         write of a variable Python carries out ($watch_start ...) goes to it instead."""
+        if number in self.predefined:  # gdbserver's getter replaces whatever was set at the next read
+            return
         builtin = BUILTIN_VARIABLES.by_number(number) if hit is not None else None
         if builtin is not None and builtin.assign is not None:
             builtin.assign(BuiltinContext(hit.uc, self.machine, self.tsc, hit, self), value)
@@ -204,6 +222,19 @@ class Tracer:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}")
         self.engine = engine
+
+    def set_buffer_size(self, size: int | None) -> bool:
+        """QTBuffer:size (None: the default), or TraceError. KGTP mode: each CPU's ring, from the next tstart.
+        gdbserver's buffer (cmd_bigqtbuffer_size): refused during a run, else made anew, empty (True: the last
+        run's frames are gone)."""
+        if self.one_buffer and self.running:
+            raise TraceError("the trace buffer's size cannot change while a trace is running")
+        self.definitions.buffer_size = requested_buffer_size(size, one_buffer=self.one_buffer)
+        if not self.one_buffer or self.ring is None:
+            return False
+        self.ring = None
+        self._frames_cache = None
+        return True
 
     def set_circular(self, circular: bool) -> None:
         """QTBuffer:circular: also applies to a running buffer (which stays circular while it is a recorder's
@@ -310,7 +341,7 @@ class Tracer:
         self.stop_reason = StopReason.NOT_RUN  # what gdbserver reports while running, too
         self.stop_note = None
         self.stopping_tracepoint = 0
-        self.start_time = _now_us()
+        self.start_time = self._now_us()
         self.start_tsc = self.tsc.read()  # on the CPU thread, before the first hit of the run
         self.stop_time = None
         log.info("tracing started with %d probes", len(self.probes.installed))
@@ -335,7 +366,8 @@ class Tracer:
             return
         assert self.ring is not None
         slots = max(self.definitions.variables, default=0) + 1
-        self.native = CompiledRun(self.machine, self.engine, self.ring.ctl, slots, self.machine.cpu_count)
+        self.native = CompiledRun(self.machine, self.engine, self.ring.ctl, slots, self.machine.cpu_count,
+                                  shared_ring=self.one_buffer)
         self.native.reset(self.values)
         if self.per_cpu.copies:  # per-CPU copies where the detours reach them (percpu.py)
             self.per_cpu.attach(MachineMemory(self.machine), self.machine.alloc_data(self.per_cpu.size()))
@@ -386,18 +418,25 @@ class Tracer:
         self.stop_reason = reason
         self.stop_note = note
         self.stopping_tracepoint = tracepoint
-        self.stop_time = _now_us()
+        self.stop_time = self._now_us()
         log.info("tracing stopped: %s", reason.name)
 
     def frame_room(self) -> int:
         """Bytes of blocks one frame may hold, in every engine: four full-size collections, at most half a
-        CPU's ring (the most one entry may take)."""
+        CPU's ring (the most one entry may take). A gdbserver buffer under a page does not bound a hit: a frame
+        that does not fit stops the run full, as gdbserver's."""
         size = self.ring[0].state().size if self.ring is not None else self.definitions.buffer_size
+        if self.one_buffer and size < MIN_SIZE:
+            return 4 * MAX_COLLECT
         return min(4 * MAX_COLLECT, size // 2 - BLOCKS_AT - 8)
 
     def _allocate_ring(self) -> None:
-        """One ring of `buffer_size` bytes per CPU (KGTP's per-CPU gtp_rb), the control area in module space."""
+        """One ring of `buffer_size` bytes per CPU (KGTP's per-CPU gtp_rb), or gdbserver's one buffer (the size
+        rounded down to whole 8-byte units, 8 at least: qTStatus still reports the size GDB asked for), the
+        control area in module space."""
         size, count = self.definitions.buffer_size, self.machine.cpu_count
+        if self.one_buffer:
+            size, count = max(8, size & ~7), 1
         if self._ring_memory is not None and self._ring_memory[1] != size:
             self.machine.free_data(self._ring_memory[0])
             self._ring_memory = None
@@ -407,7 +446,8 @@ class Tracer:
         if self._ring_control is None:  # no-execute, as a detour's counters (Machine.alloc_code)
             self._ring_control = self.machine.alloc_code(0x10, data_pages=1)
         base, size = self._ring_memory
-        self.ring = Rings(MachineMemory(self.machine), self._ring_control, count)
+        self.ring = Rings(MachineMemory(self.machine), self._ring_control, self.machine.cpu_count,
+                          shared=self.one_buffer)
         self.flight_recorder = self.recorders > 0
         self.recorder_note = None
         self.ring.initialize(base, size, self.definitions.circular or self.flight_recorder)
@@ -480,8 +520,15 @@ class Tracer:
 
     def status(self) -> TraceStatus:
         """KGTP's gtp_get_status over per-CPU rings: frames, created and free summed over CPUs, the size each
-        CPU's ring times the CPUs (`Rings`)."""
+        CPU's ring times the CPUs (`Rings`). gdbserver's one buffer (cmd_qtstatus): its size as GDB asked for
+        it, and what its frames leave of it free."""
         state = self.ring.state() if self.ring is not None else None
+        if self.one_buffer:
+            size = self.definitions.buffer_size
+            free = max(0, size - state.used) if state else size
+        else:
+            size = state.size if state else self.definitions.buffer_size * self.machine.cpu_count
+            free = state.free if state else size
         return TraceStatus(
             running=self.running,
             stop_reason=self.stop_reason,
@@ -489,8 +536,8 @@ class Tracer:
             stopping_tracepoint=self.stopping_tracepoint,
             frames=state.frames if state else 0,
             created=state.created if state else 0,
-            buffer_free=state.free if state else self.definitions.buffer_size * self.machine.cpu_count,
-            buffer_size=state.size if state else self.definitions.buffer_size * self.machine.cpu_count,
+            buffer_free=free,
+            buffer_size=size,
             circular=self.definitions.circular or self.flight_recorder,
             disconnected=self.definitions.disconnected_tracing,
             start_time=self.start_time,

@@ -49,8 +49,6 @@ def test_a_getpid_round_trip_is_counted_exactly(table):
     assert row["ns_per_call"] > 0
 
 
-@pytest.mark.xfail(strict=True, reason="the kernel's syscall path is longer today (itimer and runtime accounting "
-                                       "on every call): see the bench's getpid row")
 def test_a_getpid_round_trip_is_within_the_issues_bound(table):
     assert table["getpid"]["insns_per_call"] <= ISSUE_GETPID_BOUND
 

@@ -97,6 +97,27 @@ def session(gdb, program: Path, commands, *options: str) -> tuple[str, str, str]
         server.stop()
 
 
+def debian_session(gdb, program: Path, commands: list[str]) -> str:
+    """GDB's output for `commands` on `program` served by Debian's gdbserver (`--once`, a free port), the same way
+    `session` serves it by the stub: what a comparison holds the stub to."""
+    server = subprocess.Popen(["gdbserver", "--once", "127.0.0.1:0", str(program)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        assert server.stderr is not None
+        for line in server.stderr:
+            match = re.match(r"Listening on port (\d+)", line)
+            if match:
+                port = int(match.group(1))
+                break
+        assert port is not None
+        return run_gdb(gdb, None, f"file {program}", f"target remote 127.0.0.1:{port}", *commands, attach=False,
+                       timeout=120)
+    finally:
+        server.kill()
+        server.wait()
+
+
 def frames_listing() -> list[str]:
     return ["tfind start", "while $trace_frame != -1", 'printf "frame %d tp %d pc %p\\n", $trace_frame, $tracepoint, '
             "$pc", "tfind", "end"]
@@ -323,22 +344,7 @@ def test_the_tracepoint_session_matches_gdbserver(programs):
                 "tstop", "tfind start", "while $trace_frame != -1", 'printf "a=%d b=%d\\n", a, b', "tfind", "end",
                 "kill"]
     ours, _, _ = session(GDB13, programs["static"], commands)
-    port_holder = subprocess.Popen(["gdbserver", "--once", "127.0.0.1:0", str(programs["static"])],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        port = None
-        assert port_holder.stderr is not None
-        for line in port_holder.stderr:
-            match = re.match(r"Listening on port (\d+)", line)
-            if match:
-                port = int(match.group(1))
-                break
-        assert port is not None
-        theirs = run_gdb(GDB13, None, f"file {programs['static']}", f"target remote 127.0.0.1:{port}", *commands,
-                         attach=False, timeout=120)
-    finally:
-        port_holder.kill()
-        port_holder.wait()
+    theirs = debian_session(GDB13, programs["static"], commands)
     pairs = re.findall(r"^a=\d+ b=\d+$", ours, re.M)
     assert pairs and pairs == re.findall(r"^a=\d+ b=\d+$", theirs, re.M), (ours, theirs)
 

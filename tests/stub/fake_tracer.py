@@ -12,7 +12,8 @@ from kgtp_sim.arch import amd64
 from kgtp_sim.machine import Marker
 from kgtp_sim.tracing.api import TracerApi
 from kgtp_sim.tracing.core.frames import MemoryBlock, RegisterBlock, TraceFrame
-from kgtp_sim.tracing.core.model import Definitions, ProbeRow, StopReason, TraceError, Tracepoint, TraceStatus
+from kgtp_sim.tracing.core.model import (Definitions, ProbeRow, StopReason, TraceError, Tracepoint, TraceStatus,
+                                         requested_buffer_size)
 
 
 class FakeClock:
@@ -36,6 +37,7 @@ class FakeTracer:
     stop_reason: StopReason = StopReason.NOT_RUN
     stop_note: str | None = None
     engine: str = "opt"
+    gdbserver: bool = False
     start_time: int | None = None
     tsc: FakeClock = field(default_factory=FakeClock)
     listed_markers: list[Marker] = field(default_factory=list)
@@ -69,6 +71,10 @@ class FakeTracer:
         if engine not in ("interp", "naive", "opt"):
             raise ValueError("engine must be one of interp, naive, opt")
         self.engine = engine
+
+    def set_buffer_size(self, size: int | None) -> bool:
+        self.definitions.buffer_size = requested_buffer_size(size)
+        return False
 
     def set_circular(self, circular: bool) -> None:
         self.definitions.circular = circular

@@ -7,6 +7,8 @@ how run control and status reach the tracer and come back as replies.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kgtp_sim.arch import amd64
@@ -15,7 +17,7 @@ from kgtp_sim.rsp.packets import trace as t
 from kgtp_sim.machine import Marker
 from kgtp_sim.stub.overlay import FrameOverlay
 from kgtp_sim.stub.trace import TraceHandlers
-from kgtp_sim.tracing.core.frames import ViewError
+from kgtp_sim.tracing.core.frames import TsvBlock, ViewError
 from kgtp_sim.tracing.core.model import StopReason
 
 from .fake_tracer import FakeTracer, register_frame
@@ -97,6 +99,18 @@ def test_frame_info_and_variables_come_from_the_selected_frame():
     handlers.select_frame(t.SelectTraceFrame.parse(b"ffffffff"))
     with pytest.raises(RspError):
         handlers.traceframe_info(t.ReadTraceFrameInfo.parse(b":0,1000"))
+
+
+@pytest.mark.parametrize("gdbserver", [False, True])
+def test_a_variable_a_frame_traced_twice_reads_as_each_server_answers(gdbserver):
+    """`collect $v += 1` traces $v when it is read and again when it is set: a frame holds both values. KGTP
+    answers qTV with the first (gtp_rb_traceframe_get_tv), gdbserver with the last (traceframe_read_tsv; GDB's
+    tsv.exp prints the incremented value)."""
+    frame = register_frame(0, 1, A)
+    frame = replace(frame, blocks=frame.blocks + (TsvBlock(5, 15), TsvBlock(5, 16)))
+    handlers, _ = _handlers(recorded=[frame], variables={5: 99}, gdbserver=gdbserver)
+    handlers.select_frame(t.SelectTraceFrame.parse(b"0"))
+    assert handlers.variable_value(t.QueryTraceVariable.parse(b"5")) == (b"V10" if gdbserver else b"Vf")
 
 
 # ---- qTSTMat gating -------------------------------------------------------------------------------------

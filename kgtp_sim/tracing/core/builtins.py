@@ -534,6 +534,9 @@ def runs_natively(tracer: Run, programs, native_builtins: tuple[str, ...]) -> bo
     perf = getattr(tracer, "perf", None)
     if perf is not None and perf.reads_or_writes(programs):
         return False  # a perf event's counter is the machine's, read and switched from Python (perf.py)
+    predefined = getattr(tracer, "predefined", None)
+    if predefined is not None and predefined.used_by(programs):
+        return False  # the target's own variables ($trace_timestamp) have a getter in Python (predefined.py)
     return all(kind in native_builtins for _, kind in builtin_slots(programs))
 
 

@@ -23,6 +23,20 @@ class TraceError(Exception):
     """tstart (or a definition) cannot be honoured; the text reaches the user through GDB."""
 
 
+def requested_buffer_size(size: int | None, *, one_buffer: bool = False) -> int:
+    """The trace buffer `QTBuffer:size` asks for (None: `-1`, the target's default), or TraceError.
+
+    KGTP mode (each CPU's ring gets it): MIN_BUFFER_SIZE to MAX_BUFFER_SIZE, rounded down to 8. `one_buffer`
+    (the gdbserver role: gdbserver/tracepoint.cc, cmd_bigqtbuffer_size, takes any size for its one buffer and
+    tstatus reports it as asked): up to MAX_BUFFER_SIZE, kept exactly."""
+    if size is None:
+        return DEFAULT_BUFFER_SIZE
+    low = 0 if one_buffer else MIN_BUFFER_SIZE
+    if not low <= size <= MAX_BUFFER_SIZE:
+        raise TraceError(f"trace buffer size {size:#x} outside {low:#x}..{MAX_BUFFER_SIZE:#x}")
+    return size if one_buffer else size & ~7
+
+
 # --- actions -------------------------------------------------------------------------------------------
 
 
@@ -237,7 +251,8 @@ class TraceStatus:
 
     `stop_note`: for tstop, the user's note (None sends the old `tstop:0`, which GDB prints without
     parentheses, while "" prints "()"), for terror the error text. `stopping_tracepoint` goes with
-    tpasscount and terror. Times are microseconds since the epoch.
+    tpasscount and terror. Times are microseconds since the epoch (in the gdbserver role, on gdbserver's steady
+    clock, as its tstatus reports them).
     """
 
     running: bool = False

@@ -23,9 +23,18 @@ the rest and the entry starts at physical 0. Entries are 8-byte aligned:
 
 A frame may take at most half the ring. Circular mode evicts the oldest entries to make room, a page's worth
 more than the entry needs (CTL_DISCARD); otherwise a frame that does not fit sets `full` and is dropped, which
-stops the run with `tfull`. A reader that keeps up with the writers (the follow channel's drain,
-`Rings.read_since`) takes each CPU's committed bytes from the logical position it reached to `head`, without
-parsing them.
+stops the run with `tfull`. A frame the ring could never hold (more than half of it) sets `full` in either mode,
+as gdbserver stops when it cannot allocate a frame even after discarding all the others.
+
+One buffer for every CPU (`Rings(..., shared=True)`, the gdbserver role's: gdbserver has one trace buffer of the
+size GDB asks for): a single ring, CPU 0's control fields, that every CPU's writer uses (the routines load 0
+instead of the CPU number; the CPUs are interleaved on one host thread and never switched inside the tracer's
+code, so no two writers are ever between reserve and commit at once). Each entry still names the CPU that wrote
+it; its sequence number counts the buffer's frames. It may be smaller than MIN_SIZE (GDB may ask gdbserver for
+a few bytes): a ring too small for any frame stops the run at its first hit, full.
+
+A reader that keeps up with the writers (the follow channel's drain, `Rings.read_since`) takes each ring's
+committed bytes from the logical position it reached to `head`, without parsing them.
 """
 
 from __future__ import annotations
@@ -130,25 +139,30 @@ class RingState:
         return self.size - self.used
 
 
-def reserve_and_commit_asm(ctl: int) -> str:
+def reserve_and_commit_asm(ctl: int, shared: bool = False) -> str:
     """AT&T source of two routines working on the ring of the CPU that runs them, its control fields in the
-    control area at `ctl` (%r8 holds the CPU number, from %gs:0x8).
+    control area at `ctl` (%r8 holds the CPU number, from %gs:0x8), or, `shared`, on the one ring every CPU
+    writes (%r8 is 0; the entry's cpu field is still the writer's).
 
     `ring_reserve`: in %rdi = tracepoint number, %rsi = the most bytes of blocks the frame may hold; out %rax =
-    address where blocks go (0: no room, or not circular and full), %rdx = the limit for them. Clobbers rcx,
-    rdx, r8-r11, flags. `ring_commit`: in %rdi = end of the blocks written; stamps sizes, timestamp and
+    address where blocks go (0: the frame does not fit, and `full` is set), %rdx = the limit for them. Clobbers
+    rcx, rdx, r8-r11, flags. `ring_commit`: in %rdi = end of the blocks written; stamps sizes, timestamp and
     sequence, and publishes the entry. Interrupts must be off between the two (detours run with IF=0).
     Every number is written in hex: in AT&T mode the assembler reads decimal immediates and displacements
     as hex (`16(%r9)` became `0x16(%r9)`).
     """
+    which = ("xor %r8d, %r8d                       /* the one ring of every CPU */" if shared else
+             f"mov %gs:{PERCPU_CPU_NUMBER:#x}, %r8d       /* this CPU's ring */")
+    writer = (f"mov %gs:{PERCPU_CPU_NUMBER:#x}, %eax\n    mov %eax, 0x4(%rdx)                  /* cpu: the writer's */"
+              if shared else "mov %r8d, 0x4(%rdx)                  /* cpu: the writer's */")
     return f"""
 ring_reserve:
-    mov %gs:{PERCPU_CPU_NUMBER:#x}, %r8d       /* this CPU's ring */
+    {which}
     lea {BLOCKS_AT + 7:#x}(%rsi), %r9
     and $-8, %r9                         /* need = align8(BLOCKS_AT + max) */
     lea (%r9,%r9), %rax                  /* at most half the ring, so padding + entry always fit */
     cmp {control_disp(ctl, CTL_SIZE)}(,%r8,8), %rax
-    ja ring_fail
+    ja ring_full                         /* a frame the ring can never hold */
     mov {control_disp(ctl, CTL_HEAD)}(,%r8,8), %r10
     lea (%r10,%r9), %rax
     cmp {control_disp(ctl, CTL_LIMIT)}(,%r8,8), %rax
@@ -226,13 +240,12 @@ ring_entry:
     ret
 ring_full:
     movq $0x1, {control_disp(ctl, CTL_FULL)}(,%r8,8)
-ring_fail:
     xor %eax, %eax
     xor %edx, %edx
     ret
 
 ring_commit:
-    mov %gs:{PERCPU_CPU_NUMBER:#x}, %r8d       /* this CPU's ring */
+    {which}
     mov {control_disp(ctl, CTL_PHYS)}(,%r8,8), %rdx         /* rdx = entry address */
     mov %rdi, %rcx
     sub %rdx, %rcx                       /* rcx = entry length before alignment */
@@ -241,7 +254,7 @@ ring_commit:
     add $0x7, %rcx
     and $-8, %rcx
     movl %ecx, (%rdx)
-    mov %r8d, 0x4(%rdx)                  /* cpu: the writer's */
+    {writer}
     mov %rdx, %r9
     rdtsc
     shl $0x20, %rdx
@@ -337,12 +350,14 @@ class Ring:
             self._put(tail=tail, frames=frames, phys=phys, limit=limit)
         return dropped
 
-    def append(self, tracepoint: int, blocks: bytes, timestamp: int) -> bool:
+    def append(self, tracepoint: int, blocks: bytes, timestamp: int, writer: int | None = None) -> bool:
         """Python-side writer with the same rules as the native routines (used by the interpreter engine); the
-        entry's cpu field is this ring's CPU."""
+        entry's cpu field is `writer`, by default this ring's CPU. False: the frame does not fit (`full` is then
+        set, unless a circular ring wrapped)."""
         state = self.state()
         need = align8(BLOCKS_AT + len(blocks))
-        if 2 * need > state.size:
+        if 2 * need > state.size:  # never fits, as ring_reserve
+            self._put(full=1)
             return False
         head, tail, frames = state.head, state.tail, state.frames
         to_end = state.size - head % state.size
@@ -363,7 +378,8 @@ class Ring:
             self.memory.write(state.base + head % state.size, _PAD.pack(pad, PAD_CPU))
             head += pad
         phys = state.base + head % state.size
-        entry = ENTRY_HEADER.pack(need, self.cpu, timestamp, state.created) + FRAME_HEADER.pack(tracepoint, len(blocks))
+        cpu = self.cpu if writer is None else writer
+        entry = ENTRY_HEADER.pack(need, cpu, timestamp, state.created) + FRAME_HEADER.pack(tracepoint, len(blocks))
         self.memory.write(phys, entry + blocks)
         phys, limit = struct.unpack("<QQ", short_path_fields(state.base, state.size, head + need, tail))
         self._put(head=head + need, tail=tail, frames=frames + 1, created=state.created + 1, phys=phys, limit=limit)
@@ -416,25 +432,32 @@ class Rings:
     - Frames (`entries`) are every ring's, merged by timestamp (ties: CPU, then the CPU's sequence), each CPU's
       in its ring's order, and numbered in that order: what tfind, tdump, qTBuffer/tsave, the follow channel and
       the export see. A frame's `sequence` is its CPU's creation count (unique with its `cpu`).
+
+    `shared` (gdbserver's one buffer, see the module): a single ring of `size` bytes for the `count` CPUs, whose
+    frames are in the order they were committed and whose sequences count the buffer's frames; qTStatus's
+    tsize and tfree are its own.
     """
 
     memory: Memory
     ctl: int
     count: int
+    shared: bool = False
 
     def __post_init__(self) -> None:
-        self.rings = [Ring(self.memory, self.ctl, cpu) for cpu in range(self.count)]
+        self.rings = [Ring(self.memory, self.ctl, cpu) for cpu in range(1 if self.shared else self.count)]
 
     def __getitem__(self, cpu: int) -> Ring:
         return self.rings[cpu]
 
     def initialize(self, base: int, size: int, circular: bool) -> None:
-        """The rings' bytes: `count` rings of `size` bytes from `base`, CPU 0's first."""
+        """The rings' bytes: `count` rings of `size` bytes from `base`, CPU 0's first (shared: one ring, of any
+        size that is a multiple of 8)."""
         fields = [0] * (_FIELDS * MAX_CPUS)
-        for cpu in range(self.count):
+        for cpu in range(len(self.rings)):
             start = base + cpu * size
-            if size < MIN_SIZE or size % 8:
-                raise ValueError(f"trace buffer size must be a multiple of 8 of at least {MIN_SIZE} bytes")
+            smallest = 8 if self.shared else MIN_SIZE
+            if size % 8 or size < smallest:
+                raise ValueError(f"trace buffer size must be a multiple of 8 of at least {smallest} bytes")
             values = (start, size, 0, 0, 0, 0, int(circular), 0, start, size, min(DISCARD, size // 4), 0)
             for index, value in enumerate(values):
                 fields[index * MAX_CPUS + cpu] = value
@@ -442,7 +465,7 @@ class Rings:
 
     def states(self) -> list[RingState]:
         control = self.memory.read(self.ctl, CONTROL_BYTES)
-        return [Ring._parse_state(control, cpu) for cpu in range(self.count)]
+        return [Ring._parse_state(control, cpu) for cpu in range(len(self.rings))]
 
     def state(self) -> RingState:
         """The rings summed as qTStatus reports them (`free` and `size` over every CPU)."""
@@ -483,7 +506,7 @@ class Rings:
         def read_all(read) -> list[RawEntries]:
             control = read(self.ctl, CONTROL_BYTES)
             out = []
-            for cpu in range(self.count):
+            for cpu in range(len(self.rings)):
                 state = Ring._parse_state(control, cpu)
                 position = positions.get(cpu, state.tail)
                 start = position if state.tail <= position <= state.head else state.tail
@@ -502,7 +525,8 @@ class Rings:
 
     def consume(self, through: dict[int, int]) -> int:
         """Drop each CPU's frames up to its sequence in `through` (cpu -> sequence). Returns the frames dropped."""
-        return sum(self.rings[cpu].consume(sequence) for cpu, sequence in through.items() if cpu < self.count)
+        return sum(self.rings[cpu].consume(sequence) for cpu, sequence in through.items() if cpu < len(self.rings))
 
     def append(self, tracepoint: int, blocks: bytes, timestamp: int, cpu: int = 0) -> bool:
-        return self.rings[cpu].append(tracepoint, blocks, timestamp)
+        """A frame written by CPU `cpu` (its ring, or the shared one)."""
+        return self.rings[0 if self.shared else cpu].append(tracepoint, blocks, timestamp, writer=cpu)

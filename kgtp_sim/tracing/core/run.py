@@ -20,6 +20,7 @@ from .clock import Tsc
 from .model import Definitions, StopReason, Tracepoint
 from .percpu import PerCpuVariables
 from .perf import PerfEvents
+from .predefined import PredefinedVariables
 from .ring import Rings
 
 
@@ -64,6 +65,7 @@ class Run(Protocol):
     kgtp: Any  # core.builtins.KgtpState: what KGTP's special variables keep across hits
     per_cpu: PerCpuVariables
     perf: PerfEvents  #: KGTP's perf-event variables on the machine's counters
+    predefined: PredefinedVariables  #: the target's own variables besides KGTP's (gdbserver's $trace_timestamp)
     native: Any  # engines.native.CompiledRun, or None under the interpreting engine
     retired: Any  # patching.retire.RetiredCode: code freed once no CPU can be in it
     registers: Any  # engines.fastregs.RegisterReader: the registers of a hit

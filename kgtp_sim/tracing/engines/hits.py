@@ -160,12 +160,12 @@ def record_hit(tracer: Run, hit: HitContext, item) -> bool | None:
 
 
 def commit(tracer: Run, number: int, hit: HitContext, item: Installed) -> bool:
-    """Append the hit's blocks as one frame to the hitting CPU's ring; a full linear buffer ends the run
-    (`tfull`)."""
+    """Append the hit's blocks as one frame to the hitting CPU's ring; a full linear buffer, or a frame the ring
+    can never hold, ends the run (`tfull`: the ring's `full`, as the native writers' hypercall reads it)."""
     blocks = b"".join(hit.blocks)
     assert tracer.ring is not None
     if not tracer.ring.append(number, blocks, tracer.tsc.read(), smp.cpu_number(hit.uc)):
-        if not tracer.definitions.circular:
+        if tracer.ring.state().full:
             tracer.stop(t.StopReason.BUFFER_FULL)
         return False
     item.usage += len(blocks) + 6

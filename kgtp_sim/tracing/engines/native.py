@@ -127,12 +127,15 @@ class CompiledRun:
     ring_ctl: int  # the per-CPU rings' control area (ring.py)
     tsv_slots: int
     cpus: int = 1
+    #: one ring for every CPU (ring.py's `shared`, the gdbserver role's buffer): the ring routines write it, and
+    #: no detour takes the short path (it writes the hitting CPU's ring in place)
+    shared_ring: bool = False
 
     def __post_init__(self) -> None:
         machine = self.machine
-        size = len(d.Runtime.build(_TRIAL_BASE, self.ring_ctl).code)
+        size = len(d.Runtime.build(_TRIAL_BASE, self.ring_ctl, self.shared_ring).code)
         base = machine.alloc_code(size)
-        self.runtime = d.Runtime.build(base, self.ring_ctl)
+        self.runtime = d.Runtime.build(base, self.ring_ctl, self.shared_ring)
         machine.write_memory(base, self.runtime.code)
         self.ctx = machine.alloc_data(abi.CTX_SIZE + 8 * self.tsv_slots)
         self.tsv_array = self.ctx + abi.CTX_SIZE
@@ -245,7 +248,8 @@ class CompiledRun:
                                    for program in [p for _, p in actions if p] for insn in program.insns))
         # the short path: a frame of registers and register-built `$_sdata` only, after a condition known true (a
         # fast path that may fail leaves the error to the full path), nothing that could fail, count or call
-        lean = (self.engine == "opt" and register_mask != ALL_GENERAL and bool(register_mask or entries)
+        lean = (self.engine == "opt" and not self.shared_ring and register_mask != ALL_GENERAL
+                and bool(register_mask or entries)
                 and all(isinstance(entry, d.SdataPlan) for entry, _, _ in entries) and not pass_count
                 and not builtin_slots and (condition is None or (fast is not None and not fast.can_fail)))
         plan = replace(plan, ring_ctl=self.ring_ctl, lean=lean)

@@ -65,8 +65,9 @@ class Runtime:
     code: bytes
 
     @classmethod
-    def build(cls, base: int, ring_ctl: int) -> Runtime:
-        source = reserve_and_commit_asm(ring_ctl)
+    def build(cls, base: int, ring_ctl: int, shared_ring: bool = False) -> Runtime:
+        """The routines at `base`, on the per-CPU rings at `ring_ctl` (`shared_ring`: the one ring of every CPU)."""
+        source = reserve_and_commit_asm(ring_ctl, shared_ring)
         code = assemble(source, base)
         commit = base + len(assemble(source.split("ring_commit:")[0], base))
         return cls(base, commit, code)
