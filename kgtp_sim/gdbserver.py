@@ -84,10 +84,11 @@ examples:
 """
 
 
-#: Events gdbserver announces on Linux (server.cc: handle_query's qSupported) that the machine's processes never
-#: make: its kernel has no fork, vfork or execve. Announced, they let GDB insert `catch fork`, `catch vfork` and
-#: `catch exec` (which then never trigger, as for a Linux program that never forks) instead of refusing them; a
-#: kernel that gains those calls needs the process target to report them (`T05fork:`, `vfork:`, `exec:`).
+#: Events gdbserver announces on Linux (server.cc: handle_query's qSupported). Announced, they let GDB insert `catch
+#: fork`, `catch vfork` and `catch exec` instead of refusing them. The kernel forks and execs, but the process target
+#: does not report these events (`T05fork:`, `vfork:`, `exec:`): GDB is not told of a fork, whose child runs untraced
+#: (the int3s of GDB's breakpoints taken out of its memory by the machine: machine/tracee.py), and the catchpoints
+#: never trigger.
 NO_EVENTS = ("fork-events+", "vfork-events+", "exec-events+")
 
 

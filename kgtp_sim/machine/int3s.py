@@ -17,6 +17,11 @@ A record whose int3 is no longer in memory (not lifted: its process ended and th
 stale, and dropped where it is met. Translated code is the writer's to drop (what it may drop depends on where the
 CPU is: cpu.py's `remove_cache`).
 
+A fork copies a process's memory, int3s included, into a new space nobody holds int3s in: the bytes under them go
+back into the copy before the child runs (`forked`, when the kernel tells the machine of the fork: tracee.py), as
+gdbserver's detach_breakpoints does for a fork child it does not follow; the child, untraced, would otherwise die of
+the first one it ran into.
+
 Runs on the CPU thread (the tracer's hits inside emulation; the debugger's changes through `Machine.run_on_cpu`).
 """
 
@@ -108,6 +113,24 @@ class Int3s:
         held.lifted = lifted
         Uc.mem_write(space.uc, physical, bytes([held.under]) if lifted else INT3)
         return True
+
+    def forked(self, parent: Any, child: Any) -> int:
+        """A fork copied `parent`'s memory into `child`, a new space the child has not run in yet: every int3 held in
+        `parent` is replaced in the copy by the byte under it (one being lifted is the byte already), and `child`
+        holds none. How many were taken out. The child's frames were written by the kernel's copy, which dropped any
+        code translated from them before, so none is left to drop here."""
+        taken = 0
+        for (root, address), held in list(self._held.items()):
+            if root != parent.root or held.lifted:
+                continue
+            physical = parent.translate(address, 1)
+            copy = child.translate(address, 1)
+            if physical is None or copy is None or self._valid(parent, address, physical) is None:
+                continue
+            if bytes(Uc.mem_read(child.uc, copy, 1)) == INT3:
+                Uc.mem_write(child.uc, copy, bytes([held.under]))
+                taken += 1
+        return taken
 
     def hide(self, space: Any, address: int, data: bytes) -> bytes:
         """`data` read at `address` of `space`, with the bytes under its int3s in place of the int3s."""

@@ -12,6 +12,11 @@ from then until it is resumed everything of it is in kernel memory, where this m
   one of its areas that it has not touched yet is faulted in by the task itself (PTRACE_PEEKDATA: it reads a word
   as the process would, and stops again), so demand paging stays the kernel's.
 
+A fork of a traced process (fixtures/kernel/fork.c) gives an untraced child a copy of its memory; the kernel tells
+the machine before the child runs (PORT_PTRACE, %rsi FORKED), and the int3s held in the parent's memory (the
+debugger's breakpoints, the tracer's tracepoints) are taken out of the child's copy there and then (int3s.py:
+`Int3s.forked`), as gdbserver does for a fork child it does not follow. `forks` counts them.
+
 A running process is attached (`Ptrace.attach`) through the kernel's PTRACE_ATTACH (a machine request, process.py):
 every thread traced and stopped quietly. Requests (PTRACE_CONT, PTRACE_SINGLESTEP with a signal, PTRACE_DETACH,
 PTRACE_KILL, PTRACE_PEEKDATA, and the machine's own PTRACE_JUMP_PAD: a mapping for fast tracepoints' jump pads) are
@@ -20,7 +25,7 @@ The offsets of the task's fields come from the kernel's `ptrace_abi` table.
 
 | port | access | meaning |
 |------|--------|---------|
-| 0xe8 | outl | pid in %eax, %rdi = the task, %rsi = the signal it stopped with (all ones: the thread ended) |
+| 0xe8 | outl | pid in %eax, %rdi = the task, %rsi = the signal it stopped with (all ones: the thread ended; FORKED: %eax and %rdi are a traced process's fork child, %rdx its parent task) |
 
 Threads: `port_out` runs on the CPU thread (inside emulation) and calls the listeners there; every other method
 runs on any thread, reading and writing through `Machine.run_on_cpu`, and waits for stops on a condition.
@@ -50,6 +55,8 @@ PTRACE_JUMP_PAD = 0x4280
 TASK_TRACED = 0x8
 #: PORT_PTRACE's %rsi for a thread of a traced process that ended (its process lives on)
 THREAD_ENDED = (1 << 64) - 1
+#: PORT_PTRACE's %rsi for a traced process's fork: %eax and %rdi are the child, %rdx the parent task
+FORKED = (1 << 64) - 2
 #: what `Tracee.interrupt` asks: SIGINT (GDB's Ctrl-C), or a stop with no signal (gdbserver's stop of the other
 #: threads when one reports an event; a new thread's first stop)
 INTERRUPT_SIGINT, INTERRUPT_QUIET = 1, 2
@@ -130,6 +137,9 @@ class Ptrace:
         self._layout: TaskLayout | None = None
         #: called on the CPU thread with the pid of each stop and of each traced process that ended
         self.listeners: list[Callable[[int], None]] = []
+        #: traced processes' forks the machine heard of, and the int3s taken out of the children's memory
+        self.forks = 0
+        self.int3s_taken = 0
         machine.processes.exit_listeners.append(self._process_ended)
 
     @property
@@ -143,7 +153,11 @@ class Ptrace:
     def port_out(self, value: int, rdi: int) -> None:
         """PORT_PTRACE: a traced task is stopped and off its CPU."""
         pid = value & 0xFFFF_FFFF
-        rsi = self._machine.cpu.uc.reg_read(X.UC_X86_REG_RSI)
+        uc = self._machine.cpu.uc
+        rsi = uc.reg_read(X.UC_X86_REG_RSI)
+        if rsi == FORKED:
+            self._forked(uc, rdi, uc.reg_read(X.UC_X86_REG_RDX))
+            return
         with self._cond:
             self._serial += 1
             if rsi == THREAD_ENDED:  # one thread of a traced process ended, the others live on
@@ -153,6 +167,19 @@ class Ptrace:
             self._cond.notify_all()
         for listener in list(self.listeners):
             listener(pid)
+
+    def _forked(self, uc: Any, child: int, parent: int) -> None:
+        """A traced process (task `parent`) forked (task `child`, its memory a copy, not run yet): the int3s of the
+        parent's memory out of the child's."""
+        layout = self.layout
+
+        def space(task: int) -> Any:
+            mm = struct.unpack("<Q", uc.mem_read(task + layout.mm, 8))[0]
+            root = struct.unpack("<Q", uc.mem_read(mm + layout.mm_pgd, 8))[0]
+            return self._machine.kernel_space.space_at(root)
+
+        self.forks += 1
+        self.int3s_taken += self._machine.int3s.forked(space(parent), space(child))
 
     def _process_ended(self, pid: int) -> None:
         with self._cond:

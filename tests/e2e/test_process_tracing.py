@@ -122,3 +122,33 @@ def test_a_second_inferior_reads_the_running_program_and_walks_its_traced_stack(
     assert _values(out)[2] == "1", out  # the kernel's session went on after inferior 2's detach
     assert "[Inferior 2 (Remote target) detached]" in out
     assert "Attaching to Remote target failed" in out or "failed" in out.rsplit("attach 99999", 1)[-1], out
+
+
+def test_fork_and_the_end_of_a_child_are_the_kernels_own_code_tracepoints_see(gdb, tmp_path):
+    """A program forking child after child (tests/programs/forks.c "many"): a tracepoint at do_fork sees the parent
+    in the fork system call, one at exit_notify each child's end with its wait status and its parent, one at
+    do_wait the parent reaping them (fixtures/kernel/fork.c, exit.c)."""
+    program = compile_program("forks", "musl-static", tmp_path)
+    server = start_stub("--run", f"{program} many 1000000", cpus=2)
+    try:
+        started = wait_until(lambda: next((line for line in server.output if "started" in line), None),
+                             "the program's start")
+        pid = int(re.search(r"as pid (\d+)", started).group(1))
+        out = run_gdb(
+            gdb, server,
+            "trace do_fork", "actions", "collect $current_task_pid, ((struct task_struct *)$current_task)->comm",
+            "end",
+            f"trace exit_notify if leader->parent->pid == {pid}", "actions", "collect leader->pid, status", "end",
+            "trace do_wait", "actions", "collect $current_task_pid, which", "end",
+            "tstart", *wait_for_hits(2, 3), "tstop",
+            "tfind tracepoint 1", "print $current_task_pid", "print ((struct task_struct *)$current_task)->comm",
+            "tfind tracepoint 2", "print leader->pid", "print status", "tfind tracepoint 3",
+            "print $current_task_pid", "print which",
+        )
+    finally:
+        server.stop()
+    values = _values(out)
+    assert len(values) == 6, out + "".join(server.output[-20:])
+    assert values[0] == str(pid) and values[1] == f'"{program.name[:15]}"', out  # the parent, in fork
+    assert int(values[2]) != pid and int(values[3]) % 256 == 0, out  # a child's end: its pid, an exit code
+    assert values[4:] == [str(pid), "1"], out  # the parent in wait4 for its child (P_PID)
