@@ -55,10 +55,10 @@ from .gdb_testsuite import (
 #: its tests, and their outcomes, names included, were the same over repeated runs on a busy machine. Left out:
 #: gdb.threads/pthreads.exp (a test's name counts the calls a thread made before it stopped, which varies: `... 15
 #: times (16 times)`), gdb.threads/print-threads.exp (the simulated kernel crashed once under it, at a context switch
-#: to a task whose saved stack pointer was 0, fixed since) and gdb.trace/collection.exp (391 passes, but 35 to 50 s
-#: alone). gdb.threads/schedlock.exp was left out while it passed 192 to 198 of 208 (a `next` over a call timing
-#: out: instructions run twice after a hook's RIP write, see DESIGN "RIP in a memory hook"); in since it passed
-#: 208 of 208 in every run, quiet or beside the whole suite.
+#: to a task whose saved stack pointer was 0, fixed since), gdb.trace/collection.exp (391 passes, but 35 to 50 s
+#: alone) and gdb.threads/schedlock.exp (208 passes in every run on a busy machine, 192 to 198 on a quieter one in
+#: an earlier session, its `next` over a call with the other threads running timing out: not reproduced since, on
+#: a machine that stayed busy, so not yet explained).
 GATE = (
     "gdb.trace/tsv.exp",           # trace state variables: defined, collected, read live and from tsave's files
     "gdb.trace/actions.exp",       # tracepoint actions (collect, teval, while-stepping): set, listed, run, saved
@@ -67,7 +67,6 @@ GATE = (
     "gdb.base/step-test.exp",      # step, next, stepi, nexti into and over calls (vCont)
     "gdb.base/finish.exp",         # finish out of functions of every return type, return values read back
     "gdb.base/watchpoint.exp",     # software and hardware watchpoints (Z2-Z4), read/access watchpoints, scope
-    "gdb.threads/schedlock.exp",   # scheduler-locking: step, next and continue with the other threads held or run
 )
 #: The committed outcomes (written by `--update` only)
 EXPECTED = FIXTURES / "gdb-testsuite" / "gate.txt"
