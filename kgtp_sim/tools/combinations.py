@@ -252,10 +252,10 @@ def interrupted(data: bytes, address: int) -> list[int]:
     each is an interrupt frame as x86_64 pushes one on the kernel's own stack (ip, the kernel's cs, flags, sp, the
     kernel's ss), right below the interrupted stack pointer aligned down to 16 bytes (`Cpu.deliver`).
 
-    Only the live part of a stack is read, but a frame of a returned interrupt could survive in a word a later
-    call left unwritten. Not one inside kgtp_test_function: a benchmark thread back in its loop is below no such
-    frame, an interrupt there writes its own frame and registers over that place, and msleep_ticks and schedule,
-    the calls it sleeps in, push the words that identify one there (kernel cs and ss, the frame's own sp)."""
+    Only the live part of a stack is read, but a frame of a returned interrupt could survive in words a later
+    call left unwritten. Not one taken inside kgtp_test_function: the live part of a benchmark thread back in its
+    loop ends above that place, an interrupt in the loop writes its own frame and registers over it, and
+    msleep_ticks and schedule, the calls the thread sleeps in, push registers over its cs and ss."""
     words = struct.unpack(f"<{len(data) // 8}Q", data[:len(data) // 8 * 8])
     return [words[k] for k in range(len(words) - 4)
             if words[k + 1] == KERNEL_CS and words[k + 4] == KERNEL_DS and address + 8 * k + 40 == words[k + 3] & ~0xF]
