@@ -19,8 +19,9 @@ packets, exactly as the TCP server feeds it (the fuzzer's `Harness`): with every
 an instruction boundary, never in the stub's code) it reads kgtp_counter and each CPU's pc, starts the run, lets
 the kernel go until the counter has moved enough (events, never a time window), stops every CPU again, reads the
 counter and pcs, stops the run, and reads every frame back (QTFrame, `g`, `m`, qTV, `monitor frames`). The
-oracle (`check`) expects the calls between the two stops (a CPU stopped between the function's entry and the
-probed place is counted from its pc): that many fired hits (`monitor probes`), that many hits (qTP) unless the
+oracle (`check`) expects the calls between the two stops (a call between the function's entry and the probed
+place when every CPU stopped is counted from where it is: its CPU's pc, or the interrupted pc on its thread's stack
+when the tick preempted it there, `Halt`): that many fired hits (`monitor probes`), that many hits (qTP) unless the
 condition, pass count, `$disable` or a full buffer says less, frames whose collected kgtp_counter are exactly
 those calls' values, registers that agree with them (the soak's `check_frame_values`), each CPU's sequence
 numbers consecutive (the soak's `check_sequence`), `$hits` and `$p_hits` counting 1, 2, 3... The stub and the
@@ -41,6 +42,7 @@ import argparse
 import logging
 import random
 import re
+import struct
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -49,6 +51,9 @@ from dataclasses import dataclass, field, fields, replace
 from ..agent.opcodes import assemble
 from ..client import VMLINUX, console_text
 from ..machine import KernelImage
+from ..machine.cpu import KERNEL_CS, KERNEL_DS
+from ..machine.dwarf import KernelDwarf
+from ..rsp.packets.data import MAX_READ
 from ..tracing.core.builtins import BUILTIN_VARIABLES
 from .fuzz_harness import FuzzFailure, Harness, build_stub
 from .soak_checks import FrameRecord, TracepointSpec, check_frame_values, check_sequence
@@ -195,6 +200,67 @@ class Sites:
                    tuple(range(f.address, f.address + f.size) for f in callers))
 
 
+@dataclass(frozen=True)
+class Stacks:
+    """Where the benchmark threads, the only callers of kgtp_test_function, keep their stacks: kernel thread i's
+    is the i-th of the equal stacks of `thread_stacks[]`, and `tasks[i].thread.sp` holds its stack pointer while
+    it is switched out (fixtures/kernel/sched.c). `saved` are the addresses of those pointers, one per benchmark
+    thread (a thread of a CPU the machine does not have never runs)."""
+
+    saved: tuple[int, ...]
+    base: int
+    each: int  #: THREAD_SIZE
+    count: int
+
+    @classmethod
+    def of(cls, image: KernelImage) -> Stacks:
+        dwarf = KernelDwarf(image.path)
+        try:
+            found = dwarf.global_variable("tasks")
+            if found is None or found[1].target is None or not found[1].count:
+                raise CombinationFailure("the kernel's DWARF has no tasks[]: its threads' stacks cannot be read")
+            address, array = found
+            task = array.target
+            thread, kind = task.member("thread")
+            sp, entry = thread + kind.member("sp")[0], task.member("entry")[0]
+        finally:
+            dwarf.close()
+        bench = image.address_of("kgtp_bench_thread")
+        at = [address + i * task.size for i in range(array.count)]  # the kernel threads' entries are static
+        stacks = image.symbols["thread_stacks"]
+        return cls(tuple(a + sp for a in at if int.from_bytes(image.read(a + entry, 8), "little") == bench),
+                   stacks.address, stacks.size // array.count, array.count)
+
+    def live(self, saved: list[int], running: list[int]) -> list[tuple[int, int]]:
+        """The live part [sp, top) of the benchmark threads' stacks, from their saved stack pointers and those of
+        the CPUs (`running`: a CPU's is the one that counts for the thread it runs, whose saved one is stale; a
+        CPU on any other stack is left out)."""
+        start: dict[int, int] = {}
+        for sp in saved:
+            index = (sp - self.base - 1) // self.each  # an empty stack's pointer is at its top
+            if 0 <= index < self.count:
+                start[index] = (sp + 7) & ~7
+        for sp in running:
+            index = (sp - self.base - 1) // self.each
+            if index in start:
+                start[index] = (sp + 7) & ~7
+        return [(sp, self.base + (index + 1) * self.each) for index, sp in sorted(start.items())]
+
+
+def interrupted(data: bytes, address: int) -> list[int]:
+    """The pcs of the kernel contexts interrupted in live stack memory `data` (read at `address`, 8-byte aligned):
+    each is an interrupt frame as x86_64 pushes one on the kernel's own stack (ip, the kernel's cs, flags, sp, the
+    kernel's ss), right below the interrupted stack pointer aligned down to 16 bytes (`Cpu.deliver`).
+
+    Only the live part of a stack is read, but a frame of a returned interrupt could survive in words a later
+    call left unwritten. Not one taken inside kgtp_test_function: the live part of a benchmark thread back in its
+    loop ends above that place, an interrupt in the loop writes its own frame and registers over it, and
+    msleep_ticks and schedule, the calls the thread sleeps in, push registers over its cs and ss."""
+    words = struct.unpack(f"<{len(data) // 8}Q", data[:len(data) // 8 * 8])
+    return [words[k] for k in range(len(words) - 4)
+            if words[k + 1] == KERNEL_CS and words[k + 4] == KERNEL_DS and address + 8 * k + 40 == words[k + 3] & ~0xF]
+
+
 def main_actions(c: Combination, s: Sites) -> list[bytes]:
     """The QTDP action pieces of the combination's tracepoint (each one packet, as GDB sends them)."""
     counter = b"M-1,%x,4" % s.counter
@@ -282,13 +348,37 @@ def added_definition(c: Combination, s: Sites) -> list[bytes]:
 
 
 @dataclass
+class Halt:
+    """The kernel with every CPU stopped: kgtp_counter, every CPU's pc, and the pcs at which the benchmark threads'
+    interrupted contexts wait (`interrupted`: a thread the tick preempted, switched out by schedule(), or the one
+    whose interrupt handler a CPU runs)."""
+
+    counter: int
+    pcs: list[int]
+    waiting: list[int] = field(default_factory=list)
+
+
+@dataclass
 class Window:
-    """Calls counted between two stops of every CPU: kgtp_counter and every CPU's pc at both."""
+    """Calls counted between two stops of every CPU: kgtp_counter, every CPU's pc and the interrupted contexts'
+    pcs (`Halt`) at both."""
 
     first: int
     last: int
     pcs_before: list[int]
     pcs_after: list[int]
+    waiting_before: list[int] = field(default_factory=list)
+    waiting_after: list[int] = field(default_factory=list)
+
+    @classmethod
+    def between(cls, start: Halt, end: Halt) -> Window:
+        return cls(start.counter, end.counter, start.pcs, end.pcs, start.waiting, end.waiting)
+
+    def start(self) -> Halt:
+        return Halt(self.first, self.pcs_before, self.waiting_before)
+
+    def end(self) -> Halt:
+        return Halt(self.last, self.pcs_after, self.waiting_after)
 
 
 @dataclass
@@ -346,6 +436,7 @@ class Runner:
         self.harnesses: dict[int, Harness] = {}
         self.image = KernelImage.load(IMAGE_PATH)
         self.sites = Sites.of(self.image)
+        self.stacks = Stacks.of(self.image)
 
     def close(self) -> None:
         for harness in self.harnesses.values():
@@ -403,6 +494,16 @@ class Runner:
         reply = self._one(h, b"m%x,4" % address)
         return _little(reply) if re.fullmatch(rb"[0-9a-fx]{8}", reply) else None
 
+    def _read(self, h: Harness, address: int, length: int) -> bytes:
+        data = b""
+        while len(data) < length:
+            want = min(MAX_READ, length - len(data))
+            reply = self._one(h, b"m%x,%x" % (address + len(data), want))
+            if not re.fullmatch(rb"(?:[0-9a-f]{2})+", reply) or len(reply) != 2 * want:
+                raise CombinationFailure(f"m{address + len(data):x},{want:x} answered {reply[:80]!r}")
+            data += bytes.fromhex(reply.decode())
+        return data
+
     def _registers(self, h: Harness) -> dict[str, int | None]:
         reply = self._one(h, b"g")
         return {name: _little(reply[16 * i: 16 * i + 16]) for i, name in enumerate(_GENERAL)}
@@ -414,16 +515,28 @@ class Runner:
 
     # -- the kernel between stops --
 
-    def _stop_cpus(self, h: Harness, cpus: int) -> tuple[int, list[int]]:
+    def halt(self, h: Harness, cpus: int) -> Halt:
+        """Stop every CPU (`monitor stop`: each at an instruction boundary) and read what the oracle counts from;
+        the CPUs stay stopped."""
         self._monitor(h, "stop")
-        pcs = []
+        pcs, sps = [], []
         for cpu in range(cpus):
             self._ok(h, b"Hg%x" % (cpu + 1))
-            pcs.append(self._registers(h)["rip"] or 0)
+            registers = self._registers(h)
+            pcs.append(registers["rip"] or 0)
+            sps.append(registers["rsp"] or 0)
         self._ok(h, b"Hg0")
         counter = self._u32(h, self.sites.counter)
         assert counter is not None
-        return counter, pcs
+        return Halt(counter, pcs, self._waiting(h, sps))
+
+    def _waiting(self, h: Harness, sps: list[int]) -> list[int]:
+        """The pcs of the contexts interrupted on the benchmark threads' live stacks."""
+        saved = [int.from_bytes(self._read(h, at, 8), "little") for at in self.stacks.saved]
+        found = []
+        for low, high in self.stacks.live(saved, sps):
+            found += interrupted(self._read(h, low, high - low), low)
+        return found
 
     def _run_until(self, h: Harness, done: Callable[[], bool], what: str) -> None:
         """Let the kernel go until `done`; a failure when kgtp_counter stood still for WAIT_S (a slow kernel, the
@@ -448,13 +561,11 @@ class Runner:
             places.append(f"{rip:#x} ({function.name})" if function else f"{rip:#x}")
         return ", ".join(places)
 
-    def _window(self, h: Harness, cpus: int, calls: int, start: tuple[int, list[int]],
+    def _window(self, h: Harness, cpus: int, calls: int, start: Halt,
                 ended: Callable[[], bool] = lambda: False) -> Window:
-        first, pcs = start
-        self._run_until(h, lambda: ended() or (self._u32(h, self.sites.counter) or 0) - first >= calls,
+        self._run_until(h, lambda: ended() or (self._u32(h, self.sites.counter) or 0) - start.counter >= calls,
                         f"{calls} calls of kgtp_test_function")
-        last, after = self._stop_cpus(h, cpus)
-        return Window(first, last, pcs, after)
+        return Window.between(start, self.halt(h, cpus))
 
     # -- one combination --
 
@@ -467,7 +578,7 @@ class Runner:
         for packet in definitions(c, self.sites):
             self._ok(h, packet)
         seen = Observed()
-        start = self._stop_cpus(h, c.cpus)
+        start = self.halt(h, c.cpus)
         seen.reply = self._one(h, b"QTStart")
         if seen.reply != b"OK":
             self._monitor(h, "go")
@@ -479,16 +590,16 @@ class Runner:
         if c.change == "toggle":
             seen.windows.append(self._window(h, c.cpus, calls, start))
             self._ok(h, b"QTDisable:%x:%x" % (MAIN, self._address(c)))
-            gap = self._window(h, c.cpus, calls, (seen.windows[-1].last, seen.windows[-1].pcs_after))
+            gap = self._window(h, c.cpus, calls, seen.windows[-1].end())
             self._ok(h, b"QTEnable:%x:%x" % (MAIN, self._address(c)))
-            seen.windows.append(self._window(h, c.cpus, calls, (gap.last, gap.pcs_after)))
+            seen.windows.append(self._window(h, c.cpus, calls, gap.end()))
         elif c.change == "add":
             middle = self._window(h, c.cpus, calls, start)
             for packet in added_definition(c, self.sites):
                 self._ok(h, packet)
-            last = self._window(h, c.cpus, calls, (middle.last, middle.pcs_after))
-            seen.windows.append(Window(middle.first, last.last, middle.pcs_before, last.pcs_after))
-            seen.added_windows.append(Window(middle.last, last.last, middle.pcs_after, last.pcs_after))
+            last = self._window(h, c.cpus, calls, middle.end())
+            seen.windows.append(Window.between(middle.start(), last.end()))
+            seen.added_windows.append(Window.between(middle.end(), last.end()))
         elif ends_itself:
             seen.windows.append(self._window(h, c.cpus, FILL_CALLS if c.buffer == "fill" else calls * 4, start,
                                              ended=stopped))
@@ -561,22 +672,33 @@ class Runner:
 # ---- the oracle --------------------------------------------------------------------------------------------------
 
 
+def in_flight(c: Combination, s: Sites) -> Callable[[int], bool] | None:
+    """Whether a pc is between a call's add and the combination's probed place, when that is later in the call
+    (a marker: after the add; a return); None when the probe fires with the add."""
+    if c.path == "marker":
+        return lambda pc: pc == s.marker
+    if c.path == "kret":
+        return lambda pc: s.function < pc < s.function + 16  # past the add, before ret ran
+    return None
+
+
 def expected_fired(c: Combination, w: Window, s: Sites) -> int:
     """The main tracepoint's hits the kernel's count says happened in a window (before any condition).
 
     kgtp_counter counts entries. The probed place of a marker (after the add) or of a return is later in the
-    call: a CPU stopped between the entry and it (pc in that stretch) entered in one window and is probed in the
-    next."""
+    call: a call that was between the two when every CPU stopped entered in one window and is probed in the next.
+    Such a call is where a CPU's pc is, or in a thread interrupted there (`Halt.waiting`): the kernel preempts at
+    every tick, and a block boundary after the add (where the out-of-line copy or detour of a probe at the
+    function's entry jumps back, or where an earlier interrupt returned) lets a tick in, so the thread can be
+    switched out, or its CPU in the handler, with the call half done and no CPU's pc inside the function."""
     calls = w.last - w.first
-    if c.path == "marker":
-        inside = lambda pc: pc == s.marker  # noqa: E731
-    elif c.path == "kret":
-        inside = lambda pc: s.function < pc < s.function + 16  # noqa: E731 (past the add, before ret ran)
-    else:
+    inside = in_flight(c, s)
+    if inside is None:
         return calls
+    after = sum(map(inside, w.pcs_after + w.waiting_after))
     if c.path == "kret":  # a return is probed only for entries made while the run was on
-        return calls - sum(map(inside, w.pcs_after))
-    return calls + sum(map(inside, w.pcs_before)) - sum(map(inside, w.pcs_after))
+        return calls - after
+    return calls + sum(map(inside, w.pcs_before + w.waiting_before)) - after
 
 
 def check(c: Combination, seen: Observed, s: Sites) -> list[str]:
@@ -667,9 +789,28 @@ def check(c: Combination, seen: Observed, s: Sites) -> list[str]:
         problems.append(f"frames without the collected counter: {[f.number for f in hit_frames if f.counter is None][:5]}")
         return problems
     after_add = c.path in ("marker", "kret", "watch")  # these read kgtp_counter after the call's add
-    calls = [set(range(w.first + after_add, w.last + after_add)) for w in seen.windows]
+    inside = in_flight(c, s)
+
+    def begun(w: Window) -> bool:
+        """A marker's call was in flight when the window began: it reads kgtp_counter as it was then, if no
+        add comes first."""
+        return c.path == "marker" and inside is not None and any(map(inside, w.pcs_before + w.waiting_before))
+
+    calls = [set(range(w.first + after_add - begun(w), w.last + after_add)) for w in seen.windows]
     allowed = set().union(*calls) if calls else set()
-    if len(set(values)) != len(values) and not (c.path == "kret" and c.cpus > 1):
+    if inside is not None and c.cpus > 1:
+        # A marker or a return reads kgtp_counter some time after its call's add: when its CPU is switched out or
+        # its thread preempted in between (see expected_fired), other CPUs' adds come first, and two CPUs can
+        # read one value. One CPU's calls are its benchmark thread's, one after the other: on each CPU, in the
+        # order of its frames, the values strictly increase, and a call collected twice reads one value twice.
+        by_cpu: dict[int, list[int]] = {}
+        for f in sorted(hit_frames, key=lambda f: (f.cpu, f.sequence)):
+            by_cpu.setdefault(f.cpu, []).append(f.counter)  # type: ignore[arg-type]
+        for cpu, row in sorted(by_cpu.items()):
+            twice = sorted({b for a, b in zip(row, row[1:]) if b <= a})
+            if twice:
+                problems.append(f"a call collected twice on CPU {cpu}: {twice[:5]}")
+    elif len(set(values)) != len(values):
         problems.append("a call collected twice: " + str(sorted(v for v in set(values) if values.count(v) > 1)[:5]))
     if c.path != "marker" and c.path != "kret" and not disconnect:  # a marker's or return's last calls are counted from pcs
         if c.buffer == "linear" and c.condition in ("none", "true") and not c.passcount and c.action != "disable":

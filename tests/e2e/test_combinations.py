@@ -1,12 +1,14 @@
 """The combination suite in the test run (issue 26): every pair KGTP refuses is refused with KGTP's reason and the
-kernel goes on. The seeded walk over the whole space (kgtp_sim/tools/combinations.py, `scripts/combinations
---seconds N`) joins the test run once a long run finds no failure: it still finds some (README, Reliability)."""
+kernel goes on; the runner sees a call the tick preempted where it waits. The seeded walk over the whole space
+(kgtp_sim/tools/combinations.py, `scripts/combinations --seconds N`) joins the test run once a long run finds no
+failure: it still finds some (README, Reliability)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kgtp_sim.tools.combinations import Combination, Runner, run_one
+from kgtp_sim.machine.scheduler import TIMER_VECTOR
+from kgtp_sim.tools.combinations import Combination, Halt, Runner, Window, expected_fired, run_one
 
 
 @pytest.fixture(scope="module")
@@ -21,3 +23,39 @@ def runner():
 def test_what_kgtp_refuses_is_refused_with_its_reason_and_the_kernel_goes_on(runner, path, beside):
     outcome = run_one(runner, Combination(engine="opt", path=path, cpus=2, beside=beside))
     assert not outcome.problems
+
+
+def test_a_thread_interrupted_inside_the_function_is_counted_where_it_waits(runner):
+    """The oracle's view of a call the tick preempted: the benchmark thread stopped at the marker (a breakpoint
+    there, between the call's add and its marker) counts as a call in flight from its CPU's pc; a timer interrupt
+    delivered there, as the machine delivers one (`Cpu.deliver`), moves the CPU into the handler, and the call is
+    then read back from the interrupt frame on the thread's stack, counting the same."""
+    h = runner.harness(1)
+    machine, marker = h.machine, runner.sites.marker
+    control = machine.control
+    control.stop()
+    control.insert_breakpoint(marker)
+    try:
+        event = control.wait(control.resume(), timeout=30)
+    finally:
+        control.remove_breakpoint(marker)
+    assert event is not None and event.address == marker
+    at_marker = runner.halt(h, 1)
+    assert at_marker.pcs == [marker] and marker not in at_marker.waiting
+    saved = machine.registers(0)
+
+    def tick(uc) -> None:
+        machine.cpu.deliver(TIMER_VECTOR)
+
+    machine.on_cpu(0, tick, stay=False)
+    try:
+        in_handler = runner.halt(h, 1)
+    finally:
+        machine.set_registers(saved, cpu=0)
+    assert in_handler.pcs == [runner.image.address_of("asm_timer_interrupt")]
+    assert in_handler.waiting == [marker]
+    marker_path, later = Combination(path="marker"), Halt(at_marker.counter + 10, [0])
+    for start in (at_marker, in_handler):  # ten calls, and the one in flight
+        assert expected_fired(marker_path, Window.between(start, later), runner.sites) == 11
+    h.request(b"qRcmd," + b"go".hex().encode())
+    runner.healthy(1)

@@ -7,12 +7,14 @@ from __future__ import annotations
 import itertools
 import random
 import re
+import struct
 
 import pytest
 
 from kgtp_sim.machine import KernelImage
 from kgtp_sim.tools.combinations import (
-    DIMENSIONS, MAIN, Combination, Frame, Observed, Sites, Window, check, generate, normalize, refusal, walk,
+    DIMENSIONS, MAIN, Combination, Frame, Observed, Sites, Stacks, Window, check, expected_fired, generate,
+    interrupted, normalize, refusal, walk,
 )
 
 from ..conftest import VMLINUX
@@ -98,12 +100,76 @@ def test_the_oracle_wants_kgtps_reason_for_a_refusal():
 
 
 def test_a_marker_or_return_counts_the_calls_a_stop_split():
-    from kgtp_sim.tools.combinations import expected_fired
-
     w = Window(10, 20, [SITES.marker, 0], [0, SITES.marker])
     assert expected_fired(replace_path("marker"), w, SITES) == 10  # one entered before, one probed after
     w = Window(10, 20, [0, 0], [SITES.function + 7, 0])
     assert expected_fired(replace_path("kret"), w, SITES) == 9  # one still inside at the end
+
+
+def test_a_call_whose_thread_was_preempted_inside_counts_as_one_whose_cpu_stopped_there():
+    w = Window(10, 20, [0, 0], [0, 0], waiting_before=[SITES.marker, 0x1234], waiting_after=[])
+    assert expected_fired(replace_path("marker"), w, SITES) == 11  # entered before the window, probed in it
+    w = Window(10, 20, [0, 0], [0, 0], waiting_after=[SITES.marker])
+    assert expected_fired(replace_path("marker"), w, SITES) == 9  # entered in the window, probed after it
+    w = Window(10, 20, [0, 0], [0, 0], waiting_before=[SITES.function + 7], waiting_after=[SITES.function + 12])
+    assert expected_fired(replace_path("kret"), w, SITES) == 9  # an entry before tstart is never probed
+    assert expected_fired(replace_path("jump"), w, SITES) == 10  # the entry's probe fires with the add
+
+
+def _frame_at(rsp: int, ip: int, cs: int = 0x08, ss: int = 0x10) -> tuple[int, list[int]]:
+    """Where an interrupt taken at `ip` with `rsp` puts its frame (Cpu.deliver), and its five words."""
+    at = (rsp & ~0xF) - 40
+    return at, [ip, cs, 0x246, rsp, ss]
+
+
+def test_interrupt_frames_are_found_on_a_live_stack_and_nothing_else_is():
+    base = 0xFFFF_C900_0000_1000
+    words = [0x1111] * 64
+    at, frame = _frame_at(base + 8 * 40 + 8, SITES.marker)  # the interrupted rsp not 16-byte aligned
+    words[(at - base) // 8:(at - base) // 8 + 5] = frame
+    at, frame = _frame_at(base + 8 * 20, SITES.function + 12)
+    words[(at - base) // 8:(at - base) // 8 + 5] = frame
+    at, frame = _frame_at(base + 8 * 60, 0x400000, cs=0x33, ss=0x2B)  # from user mode: another stack's business
+    words[(at - base) // 8:(at - base) // 8 + 5] = frame
+    words[2:7] = [SITES.marker, 0x08, 0x246, base + 8 * 30, 0x10]  # its sp says it is not where a CPU puts it
+    data = struct.pack(f"<{len(words)}Q", *words)
+    assert interrupted(data, base) == [SITES.function + 12, SITES.marker]
+
+
+def test_a_benchmark_threads_stack_is_live_from_its_cpus_stack_pointer_else_from_the_saved_one():
+    stacks = Stacks(saved=(), base=0x10000, each=0x1000, count=4)
+    saved = [0x10F00, 0x11E00, 0, 0x14000]  # not started; the last: stack 3's top, an empty stack
+    assert stacks.live(saved, running=[0x11C03, 0x12800, 0xFFFF_8000]) == [
+        (0x10F00, 0x11000), (0x11C08, 0x12000), (0x14000, 0x14000)]  # a CPU on another thread's stack: left out
+    kernel = Stacks.of(KernelImage.load(VMLINUX))
+    assert kernel.each == 0x4000 and len(kernel.saved) == 8  # THREAD_SIZE; a benchmark thread per possible CPU
+
+
+def test_two_cpus_may_read_one_counter_at_a_marker_but_one_cpu_never_twice():
+    c = Combination(engine="opt", path="marker", cpus=2, action="global")
+    frames = [Frame(n, MAIN, cpu, seq, float(n), {"rip": SITES.marker}, counter=v)
+              for n, (cpu, seq, v) in enumerate([(0, 1, 101), (1, 1, 102), (0, 2, 103), (1, 2, 103), (0, 3, 104)])]
+    seen = Observed(reply=b"OK", windows=[Window(100, 104, [0, 0], [0, 0])],
+                    status={"tstop": ":0", "tframes": "5", "tcreated": "5", "running": "0"},
+                    hits={MAIN: 5}, fired={MAIN: 4}, frames=frames)
+    assert not any("twice" in p for p in check(c, seen, SITES))
+    frames[4].counter = 103
+    assert any("a call collected twice on CPU 0: [103]" in p for p in check(c, seen, SITES))
+
+
+def test_a_markers_call_in_flight_at_the_start_may_read_the_counter_as_it_was():
+    c = Combination(engine="opt", path="marker", cpus=1, action="global", buffer="circular")
+    seen = Observed(reply=b"OK", windows=[Window(100, 103, [0], [0], waiting_before=[SITES.marker])],
+                    status={"tstop": ":0", "tframes": "4", "tcreated": "4", "running": "0"},
+                    hits={MAIN: 4}, fired={MAIN: 4},
+                    frames=[Frame(n, MAIN, 0, n, float(n), {"rip": SITES.marker}, counter=100 + n)
+                            for n in range(4)])
+    assert check(c, seen, SITES) == []
+    seen.windows[0].waiting_before = []
+    seen.fired = seen.hits = {MAIN: 3}
+    seen.frames.pop(0)
+    seen.frames[0].counter = 100
+    assert any("outside the calls counted: [100]" in p for p in check(c, seen, SITES))
 
 
 def replace_path(path: str) -> Combination:
