@@ -25,7 +25,9 @@ def test_gdb_traces_through_a_pipe(gdb):
     out = run_gdb(gdb, None, PIPE, "print jiffies", "trace kgtp_test_function", "actions",
                   "collect $regs", "collect kgtp_counter", "end", "tstart", *wait_for_hits(1, 3), "tstop",
                   "tstatus", "tfind 2", "print kgtp_counter", "tfind none", "print jiffies", "detach", attach=False)
-    first, counter, second = (int(v) for v in re.findall(r"^\$\d+ = (\d+)$", out, re.M))
+    values = [int(v) for v in re.findall(r"^\$\d+ = (\d+)$", out, re.M)]
+    assert len(values) == 3, out  # the session as GDB printed it, when it went otherwise
+    first, counter, second = values
     assert second > first, out  # the kernel kept running while GDB was attached
     assert re.search(r"Collected \d+ trace frames", out) and counter > 0, out
     assert "kgtp-sim: kernel" in out and "serving the debugger on stdin/stdout" in out, out  # stderr reached GDB's
