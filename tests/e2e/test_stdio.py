@@ -22,7 +22,9 @@ PIPE = "target remote | cd {root} && {command}".format(
 
 
 def test_gdb_traces_through_a_pipe(gdb):
-    out = run_gdb(gdb, None, PIPE, "print jiffies", "trace kgtp_test_function", "actions",
+    # on a loaded host a reply once took GDB's default 2 s: GDB went on without it and took it for the next
+    # packet's ("Remote replied unexpectedly to 'vMustReplyEmpty': vCont;c;C;s;S;r"); the transport is what is tested
+    out = run_gdb(gdb, None, "set remotetimeout 30", PIPE, "print jiffies", "trace kgtp_test_function", "actions",
                   "collect $regs", "collect kgtp_counter", "end", "tstart", *wait_for_hits(1, 3), "tstop",
                   "tstatus", "tfind 2", "print kgtp_counter", "tfind none", "print jiffies", "detach", attach=False)
     values = [int(v) for v in re.findall(r"^\$\d+ = (\d+)$", out, re.M)]
