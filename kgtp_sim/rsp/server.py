@@ -1,7 +1,9 @@
 """Transports for the RSP session: TCP (one debugger at a time, loopback unless told otherwise) or a pipe.
 
 The kernel is root on the machine it debugs, so the defaults are the safe ones: bind to 127.0.0.1, and refuse a
-second debugger with a clear error instead of letting two clients interleave tracepoint downloads.
+second debugger with a clear error instead of letting two clients interleave tracepoint downloads. A debugger that
+connects while the one served is leaving (its session over, its detach or disconnect still being carried out) waits
+for the slot instead (`LEAVING_WAIT_S`): GDB's detach and a new `target remote` come back to back.
 
 Threads: `serve_forever` accepts on the thread that calls it (the main thread of `kgtp-sim serve`); each debugger is
 served by a daemon thread of its own, `rsp-<peer port>`, the server thread of docs/DESIGN.md (one at a time: a
@@ -28,6 +30,8 @@ from .session import Session
 log = logging.getLogger(__name__)
 
 BUSY_MESSAGE = "kgtp-sim: another debugger is attached; only one is served at a time"
+#: how long a debugger that connects while the one served is leaving waits for the slot
+LEAVING_WAIT_S = 30.0
 
 
 def is_loopback(host: str) -> bool:
@@ -69,6 +73,8 @@ class RspServer:
     _listener: socket.socket | None = field(init=False, default=None)
     _busy: threading.Lock = field(init=False, default_factory=threading.Lock)
     _stop: threading.Event = field(init=False, default_factory=threading.Event)
+    #: the debugger served has left (its session is over) and its slot is being given back
+    _leaving: threading.Event = field(init=False, default_factory=threading.Event)
     _threads: list[threading.Thread] = field(init=False, default_factory=list)
     connections: int = field(init=False, default=0)
     #: (host, port) of the debugger served now, or last (the gdbserver role announces it)
@@ -117,15 +123,15 @@ class RspServer:
                 raise
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._busy.acquire(blocking=False):
-                self.peer = peer[:2]
-                self.connections += 1
-                log.info("debugger connected from %s:%s", *peer[:2])
+                self._take(peer)
                 target = self._serve_client
+            elif self._leaving.is_set():
+                target = self._serve_when_free
             else:
                 self.refused += 1
                 log.warning("refused a second debugger from %s:%s", *peer[:2])
                 target = self._refuse
-            thread = threading.Thread(target=target, args=(conn,), daemon=True, name=f"rsp-{peer[1]}")
+            thread = threading.Thread(target=target, args=(conn, peer), daemon=True, name=f"rsp-{peer[1]}")
             self._threads = [t for t in self._threads if t.is_alive()] + [thread]
             thread.start()
 
@@ -137,7 +143,24 @@ class RspServer:
             thread.join(timeout=2)
         self.wake()  # a pipe's serving loop sees the stop at once
 
-    def _serve_client(self, conn: socket.socket) -> None:
+    def _take(self, peer: tuple) -> None:
+        """The slot is ours (the caller holds `_busy`): `peer` is the debugger served now."""
+        self._leaving.clear()
+        self.peer = peer[:2]
+        self.connections += 1
+        log.info("debugger connected from %s:%s", *peer[:2])
+
+    def _serve_when_free(self, conn: socket.socket, peer: tuple) -> None:
+        """A debugger that came while the one served was leaving: served once the slot is free, else refused."""
+        if not self._busy.acquire(timeout=LEAVING_WAIT_S):
+            self.refused += 1
+            log.warning("refused a second debugger from %s:%s", *peer[:2])
+            self._refuse(conn, peer)
+            return
+        self._take(peer)
+        self._serve_client(conn, peer)
+
+    def _serve_client(self, conn: socket.socket, _peer: tuple) -> None:
         session = self.make_session()
         try:
             self.on_connect()
@@ -169,6 +192,7 @@ class RspServer:
         except OSError as error:
             log.info("connection lost: %s", error)
         finally:
+            self._leaving.set()  # a debugger connecting from now on waits for the slot
             conn.close()
             if session.decoder.pending:
                 log.info("client left in the middle of a packet (%d bytes dropped)", session.decoder.pending)
@@ -207,7 +231,7 @@ class RspServer:
             log.info("debugger on the pipe left")
 
     @staticmethod
-    def _refuse(conn: socket.socket) -> None:
+    def _refuse(conn: socket.socket, _peer: tuple = ()) -> None:
         """Answer the newcomer's first packet with an error it prints, then hang up."""
         decoder = Decoder()
         try:

@@ -81,3 +81,49 @@ def test_over_a_pipe():
         thread.join(5)
         for fd in (to_stub, to_gdb, from_stub):
             os.close(fd)
+
+
+def _connect_and_ask(port: int, payload: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(encode_packet(payload))
+        assert sock.recv(1) == b"+"
+        return _next_packet(lambda: sock.recv(4096))
+
+
+def test_a_debugger_arriving_while_the_last_one_leaves_is_served_once_it_has_left():
+    """GDB's detach and the next `target remote` come back to back: the first session's end (its detach carried
+    out by `on_disconnect`) may still be running when the second debugger connects. That one waits for the slot;
+    one arriving while a debugger is being served is refused at once."""
+    target = Target()
+    leaving, left = threading.Event(), threading.Event()
+
+    def on_disconnect() -> None:
+        leaving.set()
+        left.wait(10)  # the first debugger's detach, still being carried out
+
+    dispatcher = Dispatcher((target,))
+    server = RspServer(lambda: Session(dispatcher, async_stop=lambda: target.stopped), port=0,
+                       on_disconnect=on_disconnect)
+    target.server = server
+    _, port = server.bind()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        first = socket.create_connection(("127.0.0.1", port), timeout=10)
+        first.sendall(encode_packet(b"?"))
+        assert first.recv(1) == b"+"
+        _next_packet(lambda: first.recv(4096))
+        assert b"another debugger" in _connect_and_ask(port, b"?")  # while the first is served: refused
+        first.close()
+        assert leaving.wait(10)
+        answer: list[bytes] = []
+        second = threading.Thread(target=lambda: answer.append(_connect_and_ask(port, b"?")))
+        second.start()
+        second.join(0.5)
+        assert not answer  # waiting for the slot, not refused
+        left.set()
+        second.join(30)
+        assert answer and b"another debugger" not in answer[0], answer
+        assert server.connections == 2
+    finally:
+        left.set()
+        server.shutdown()
