@@ -197,13 +197,16 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
             raise RspError(E_BAD_PACKET, f"no thread {tid} in process {self.pid}")
         return thread
 
-    def _forget_gone_threads(self) -> None:
-        """Threads the kernel no longer has (a thread ended: only the process's end is told to the machine)."""
+    def _forget_gone_threads(self) -> set[int]:
+        """Threads the kernel no longer has (a thread ended: only the process's end is told to the machine)
+        forgotten; returns the threads it has that are not met yet (made by the process, their first stop, at
+        their start, not taken in yet)."""
         if self.ended() is not None:
-            return
+            return set()
         live = self.machine.ptrace.threads_of(self.pid)
         for tid in [t for t in self.threads_by_tid if t not in live]:
             del self.threads_by_tid[tid]
+        return set(live) - set(self.threads_by_tid)
 
     def register_layout(self) -> amd64.RegisterLayout:
         return amd64.LINUX
@@ -594,17 +597,18 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         return stop
 
     def _stop_all(self) -> None:
-        """Stop every running thread (quietly: no signal) and wait for each; their own events become pending."""
-        running = self._running()
-        if not running:
-            return
+        """Stop every running thread (quietly: no signal) and wait for each, and for each thread the process made
+        that has not stopped at its start yet; their own events become pending. gdbserver's stop_all_lwps stops a
+        clone child too, known from its parent's clone event; the machine hears of a new thread only at its first
+        stop, which may come after every thread it knew of stopped: met later, it would go on under whatever GDB
+        resumes next, a step of one thread over a breakpoint GDB lifted meanwhile among them, and run past it."""
         self._stopping = True
         try:
-            self._stop_running(running)
+            self._stop_running()
         finally:
             self._stopping = False
 
-    def _stop_running(self, running: list[_Thread]) -> None:
+    def _stop_running(self) -> None:
         ptrace = self.machine.ptrace
         while True:
             for thread in self._running():  # each running thread asked once (one going on again: again)
@@ -616,10 +620,17 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
                         log.info("stop thread %d: %s", thread.tracee.pid, error)
             serial = ptrace.serial
             self._collect_stops()
-            self._forget_gone_threads()
-            if not self._running() or self.ended() is not None:
+            unmet = self._forget_gone_threads()
+            if self.ended() is not None or not (self._running() or unmet):
                 break
-            ptrace.wait_serial(serial)
+            if self._running():
+                ptrace.wait_serial(serial)
+                continue
+            try:  # only new threads left, each stopping at its start on its own
+                ptrace.wait_serial(serial, _NEW_THREAD_S)
+            except MachineError:
+                log.info("threads %s of process %d did not stop at their start", sorted(unmet), self.pid)
+                break
         if self.ended() is not None:
             for thread in self.threads_by_tid.values():
                 thread.after = None
