@@ -340,6 +340,7 @@ class Scheduler:
                 continue
             if slot.halted or control.stop_wanted and not self._in_stub_code():
                 continue
+            one_step = False
             with self._cond:
                 if self._requests or self._stopping or self._kicked:
                     continue
@@ -351,11 +352,16 @@ class Scheduler:
                     # an interrupt, another CPU or a stop waits while the stub's code runs (interrupts off): take
                     # the turn where the kernel's code resumes
                     cpu.stopper.stop_outside(MODULE_BASE, MODULE_BASE + MODULE_SIZE)
-                elif control.stop_wanted:  # the tracer single-steps this CPU (TF): one instruction at a time
-                    cpu.stopper.request()
+                elif control.stop_wanted:
+                    # the tracer single-steps this CPU (TF): one instruction at a time, counted (a block stop
+                    # asked before the run would end it before its first instruction, so the steps, which run
+                    # with interrupts off, would never end and the stop never come)
+                    one_step = True
             try:
                 if control.stepping(slot.index):
                     stop = control.step_turn(slot.index)
+                elif one_step:
+                    stop = cpu.run(count=1)
                 else:
                     stop = cpu.run(keep_stop_request=True)
             except (MachineError, Exception) as error:  # noqa: BLE001 - a crashed kernel stays inspectable

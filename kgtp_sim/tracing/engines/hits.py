@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from unicorn import Uc
-from unicorn.x86_const import UC_X86_REG_EFLAGS, UC_X86_REG_RIP
+from unicorn.x86_const import UC_X86_REG_CS, UC_X86_REG_EFLAGS, UC_X86_REG_RIP
 
 from ...agent.errors import EvalResult, UnreadableMemory
 from ...agent.interp import evaluate
@@ -31,6 +31,10 @@ from ..patching.probes import INT3
 log = logging.getLogger(__name__)
 
 EFLAGS_TF = 1 << 8
+EFLAGS_IF = 1 << 9
+#: what gtp_step_check_insn passes over before an opcode: the legacy prefixes and REX
+_PREFIXES = frozenset((0x26, 0x2E, 0x36, 0x3E, 0x64, 0x65, 0x66, 0x67, 0xF0, 0xF2, 0xF3, *range(0x40, 0x50)))
+_STI, _CLI = 0xFB, 0xFA
 #: Largest memory range one `collect` may record in a frame (GDB never asks for more than 64 KiB at once).
 MAX_COLLECT = 0xFFFF
 
@@ -196,10 +200,15 @@ class Stepper:
     As a CPU single-steps: the int3 is lifted so the probed instruction runs in place, and EFLAGS.TF makes the CPU
     trap (#DB, `Cpu.debug_trap`) after every instruction with RIP at the next one, where the step is collected.
     The emulator translates code run with TF apart from code run without it, so no translated block can skip a
-    step, however emulation is cut between instructions. Interrupt handlers are never stepped: entering one
-    clears TF and `iretq` restores it, as on hardware. The kernel's context switch keeps the flags, so a task
-    switch inside the steps would hand TF to the next task: the first trap in another task ends the stepping
-    (the steps taken so far stay recorded) and clears TF there.
+    step, however emulation is cut between instructions. As KGTP's gtp_kp_post_handler does, the steps run with
+    interrupts off (IF cleared at the hit, put back as it was when they end, gtp_step_stop), and a `sti` or
+    `cli` among them is passed over and only noted for that end (gtp_step_check_insn). So no tick comes between
+    a hit and its probed instruction or between two steps: none can preempt the hit task, switch the CPU to
+    another while the int3 is lifted (whose calls would go unseen, or, beside another while-stepping
+    tracepoint, hit with no steps), or stop the machine with the steps half done (the scheduler stops and
+    switches CPUs only without TF, so a sequence of steps is one piece). The kernel's context switch keeps the
+    flags, so a task switch inside the steps (a call of schedule() among them) would hand TF to the next task:
+    the first trap in another task ends the stepping (the steps taken so far stay recorded) and clears TF there.
 
     A program's site (the gdbserver role's process) steps the same way in ring 3, its bytes written by the
     program's probes into the program's own memory (`write_site`), whichever space the CPU has loaded when the
@@ -214,6 +223,7 @@ class Stepper:
         self._remaining = 0
         self._write_site: Any = None
         self._previous_trap: Any = None
+        self._irq_need_open = False  # IF before the steps (KGTP's gtp_step.irq_need_open)
 
     @property
     def active(self) -> bool:
@@ -235,7 +245,9 @@ class Stepper:
         if machine.cpu.debug_trap != self._trap:
             self._previous_trap = machine.cpu.debug_trap
         machine.cpu.debug_trap = self._trap
-        uc.reg_write(UC_X86_REG_EFLAGS, uc.reg_read(UC_X86_REG_EFLAGS) | EFLAGS_TF)
+        eflags = uc.reg_read(UC_X86_REG_EFLAGS)
+        self._irq_need_open = bool(eflags & EFLAGS_IF)
+        uc.reg_write(UC_X86_REG_EFLAGS, (eflags | EFLAGS_TF) & ~EFLAGS_IF)
         uc.reg_write(UC_X86_REG_RIP, site.address)
 
     def _trap(self, uc: Uc) -> None:
@@ -246,13 +258,35 @@ class Stepper:
         if smp.current_task(uc) != self._task:
             self._stop_stepping(uc)  # TF followed a context switch into another task
             return
+        self._pass_interrupt_flag_change(uc, item)
         self.tracer.kgtp.timed(lambda: self._collect(uc, item, uc.reg_read(UC_X86_REG_RIP)))
         self._remaining -= 1
         if self._remaining <= 0:
             self._stop_stepping(uc)
 
+    def _pass_interrupt_flag_change(self, uc: Uc, item: Installed) -> None:
+        """The next instruction a `sti` or `cli` of the kernel: not run (interrupts stay off through the steps),
+        only noted for their end (gtp_step_check_insn; a program's faults in ring 3, as without steps)."""
+        if uc.reg_read(UC_X86_REG_CS) & 3:
+            return
+        rip = uc.reg_read(UC_X86_REG_RIP)
+        try:  # the instruction's bytes up to its page's end: the next page may be absent
+            code = self.tracer.machine.read_memory(rip, min(16, 0x1000 - (rip & 0xFFF)), space=item.space)
+        except MemoryFault:
+            return
+        at = 0
+        while at < len(code) - 1 and code[at] in _PREFIXES:
+            at += 1
+        if code[at] in (_STI, _CLI):
+            self._irq_need_open = code[at] == _STI
+            uc.reg_write(UC_X86_REG_RIP, rip + at + 1)
+
     def _stop_stepping(self, uc: Uc) -> None:
-        uc.reg_write(UC_X86_REG_EFLAGS, uc.reg_read(UC_X86_REG_EFLAGS) & ~EFLAGS_TF)
+        eflags = uc.reg_read(UC_X86_REG_EFLAGS) & ~EFLAGS_TF
+        if self._item is not None and self._irq_need_open:
+            eflags |= EFLAGS_IF  # interrupts back on as they were before the steps (gtp_step_stop)
+        self._irq_need_open = False
+        uc.reg_write(UC_X86_REG_EFLAGS, eflags)
         item, self._item = self._item, None
         cpu = self.tracer.machine.cpu
         if item is not None and item.space is not None and cpu.debug_trap == self._trap:
