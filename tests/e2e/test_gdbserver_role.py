@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import signal
 import socket
 import subprocess
 import threading
@@ -90,8 +91,11 @@ class Server:
 
     def __init__(self, argv: list[str]) -> None:
         self.argv = argv
+        # PYTHONFAULTHANDLER: ours prints every thread's stack on SIGABRT, which `wait` sends to a server that
+        # does not end (what it was doing is then in the failure)
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                                     stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                     env=dict(os.environ, PYTHONFAULTHANDLER="1"))
         self.out: dict[str, list[str]] = {"stdout": [], "stderr": []}
         self._changed = threading.Condition()
         self._open = 2
@@ -130,8 +134,17 @@ class Server:
         return int(self.wait_line(r"^Listening on port (\d+)$").group(1))
 
     def wait(self, timeout: float = WAIT_S) -> int:
-        """The exit status, once it exited and both streams are read to their end."""
-        status = self.proc.wait(timeout)
+        """The exit status, once it exited and both streams are read to their end; a server still running after
+        `timeout` is aborted and the failure shows what it printed (ours: every thread's stack)."""
+        try:
+            status = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)
+            self.proc.wait(30)
+            with self._changed:
+                self._changed.wait_for(lambda: not self._open, 30)
+            raise AssertionError(f"{' '.join(self.argv)} did not end in {timeout:.0f} s; it printed:\n"
+                                 + self.text() + "\n" + self.text("stdout")) from None
         with self._changed:
             while self._open:
                 self._changed.wait(timeout)
