@@ -19,10 +19,11 @@ from unicorn import x86_const as X
 
 from kgtp_sim.machine.dispatch import InterruptDispatch
 from kgtp_sim.machine.dispatch import assemble as _assemble
-from kgtp_sim.machine.syscall_entry import MSR_EFER, MSR_LSTAR, MSR_STAR, MSR_SYSCALL_MASK, SyscallEntry
 from kgtp_sim.uc_native import pc_sync_flag_offset
 
-CODE, TARGET, DATA = 0x1000, 0x1100, 0x3000
+from .test_syscall_entry import KERNEL, START, _cpu
+
+CODE, TARGET, DATA = 0x1000, 0x1100, 0x8000
 #: at TARGET: two instructions without memory access, then two stores (their RIPs are what the hook must see)
 AFTER = "lea (%rax,%rax,2), %rcx\n lea (%rcx,%rax,4), %rcx\n mov %rcx, (%rbx)\n movq $0x7, 0x8(%rbx)\n hlt"
 
@@ -66,24 +67,11 @@ def test_stores_after_an_int3_sent_elsewhere_see_their_own_rip(path):
 
 
 def test_stores_in_the_kernel_after_syscall_see_their_own_rip():
-    uc = Uc(UC_ARCH_X86, UC_MODE_64)
-    uc.mem_map(0, 0x10000)
-    gdt = struct.pack("<7Q", 0, 0x00AF9B000000FFFF, 0x00CF93000000FFFF, 0, 0x00CFFB000000FFFF,
-                      0x00CFF3000000FFFF, 0x00AFFB000000FFFF)
-    uc.mem_write(0x800, gdt)
-    uc.reg_write(X.UC_X86_REG_GDTR, (0, 0x800, len(gdt) - 1, 0))
-    uc.reg_write(X.UC_X86_REG_CS, 0x08)
-    uc.reg_write(X.UC_X86_REG_SS, 0x10)
-    uc.msr_write(MSR_EFER, uc.msr_read(MSR_EFER) | 1)
-    uc.msr_write(MSR_STAR, 0x23 << 48 | 0x08 << 32)
-    uc.msr_write(MSR_LSTAR, TARGET)
-    uc.msr_write(MSR_SYSCALL_MASK, 0x47700)
-    entry = SyscallEntry(uc)
+    stores = AFTER.rsplit("\n", 1)[0]  # the kernel side: the stores, then test_syscall_entry's sysretq
+    uc, entry = _cpu(stores, 1)  # ring 3 code making one system call, LSTAR at KERNEL
     assert entry.native
     uc.reg_write(X.UC_X86_REG_RBX, DATA)
-    uc.mem_write(CODE, _assemble("syscall"))  # from ring 0 here: the hook makes it the same entry
-    uc.mem_write(TARGET, _assemble(AFTER))
     seen = _store_rips(uc)
-    uc.emu_start(CODE, TARGET + len(_assemble(AFTER)) - 1)
+    uc.emu_start(START, KERNEL + len(_assemble(stores)))
     assert entry.count == 1
-    assert seen == _expected(TARGET)
+    assert seen == _expected(KERNEL)
