@@ -50,7 +50,7 @@ def test_disassembly_and_line_info_at_pc(gdb, stub):
     out = run_gdb(gdb, stub, "x/5i $pc", "info line *$pc")
     instructions = re.findall(r"^(?:=>)?\s*0x[0-9a-f]+(?: <[\w.]+(?:\+\d+)?>)?:\t\S+", out, re.M)
     assert len(instructions) == 5, out
-    assert re.search(r'Line \d+ of "[^"]+\.[cS]"', out), out
+    assert re.search(r'Line \d+ of "[^"]+\.[chS]"', out), out
 
 
 def test_detach_and_attach_again(gdb, stub):
