@@ -231,6 +231,15 @@ class Stacks:
         return cls(tuple(a + sp for a in at if int.from_bytes(image.read(a + entry, 8), "little") == bench),
                    stacks.address, stacks.size // array.count, array.count)
 
+    def call(self, sp: int | None, rdi: int | None) -> tuple[int, int] | None:
+        """Which call of kgtp_test_function a context inside it holds: its benchmark thread (the stack `sp` is
+        in) and its first argument, that thread's counter1, which goes up by one each call (module.c); None
+        off the benchmark threads' stacks."""
+        if sp is None or rdi is None:
+            return None
+        index = (sp - self.base - 1) // self.each
+        return (index, rdi & 0xFFFFFFFF) if 0 <= index < self.count else None
+
     def live(self, saved: list[int], running: list[int]) -> list[tuple[int, int]]:
         """The live part [sp, top) of the benchmark threads' stacks, from their saved stack pointers and those of
         the CPUs (`running`: a CPU's is the one that counts for the thread it runs, whose saved one is stale; a
@@ -256,9 +265,19 @@ def interrupted(data: bytes, address: int) -> list[int]:
     call left unwritten. Not one taken inside kgtp_test_function: the live part of a benchmark thread back in its
     loop ends above that place, an interrupt in the loop writes its own frame and registers over it, and
     msleep_ticks and schedule, the calls the thread sleeps in, push registers over its cs and ss."""
+    return [pc for _, pc in interrupt_frames(data, address)]
+
+
+def interrupt_frames(data: bytes, address: int) -> list[tuple[int, int]]:
+    """`interrupted`'s frames: each one's address and the pc it holds."""
     words = struct.unpack(f"<{len(data) // 8}Q", data[:len(data) // 8 * 8])
-    return [words[k] for k in range(len(words) - 4)
+    return [(address + 8 * k, words[k]) for k in range(len(words) - 4)
             if words[k + 1] == KERNEL_CS and words[k + 4] == KERNEL_DS and address + 8 * k + 40 == words[k + 3] & ~0xF]
+
+
+#: where common_entry (boot.S) saved %rdi, below an interrupt frame: the error code slot, the vector, then r9, r8,
+#: r10, rdx, rsi, rdi
+_SAVED_RDI = 64
 
 
 def main_actions(c: Combination, s: Sites) -> list[bytes]:
@@ -356,6 +375,8 @@ class Halt:
     counter: int
     pcs: list[int]
     waiting: list[int] = field(default_factory=list)
+    #: which call each place holds (`Stacks.call`), CPUs' then waiting contexts', in the order of `pcs + waiting`
+    calls: list[tuple[int, int] | None] = field(default_factory=list)
 
 
 @dataclass
@@ -369,16 +390,28 @@ class Window:
     pcs_after: list[int]
     waiting_before: list[int] = field(default_factory=list)
     waiting_after: list[int] = field(default_factory=list)
+    calls_before: list[tuple[int, int] | None] = field(default_factory=list)
+    calls_after: list[tuple[int, int] | None] = field(default_factory=list)
 
     @classmethod
     def between(cls, start: Halt, end: Halt) -> Window:
-        return cls(start.counter, end.counter, start.pcs, end.pcs, start.waiting, end.waiting)
+        return cls(start.counter, end.counter, start.pcs, end.pcs, start.waiting, end.waiting, start.calls,
+                   end.calls)
 
     def start(self) -> Halt:
-        return Halt(self.first, self.pcs_before, self.waiting_before)
+        return Halt(self.first, self.pcs_before, self.waiting_before, self.calls_before)
 
     def end(self) -> Halt:
-        return Halt(self.last, self.pcs_after, self.waiting_after)
+        return Halt(self.last, self.pcs_after, self.waiting_after, self.calls_after)
+
+    def unmoved(self, inside: Callable[[int], bool]) -> int:
+        """Calls in flight at `inside` places at both ends that are one and the same call, whether its thread ran
+        on a CPU or waited switched out at either end: with four CPUs on a busy host a short window may give a CPU,
+        or a thread, no instruction at all."""
+        before = {call for pc, call in zip(self.pcs_before + self.waiting_before, self.calls_before)
+                  if inside(pc) and call is not None}
+        return sum(1 for pc, call in zip(self.pcs_after + self.waiting_after, self.calls_after)
+                   if inside(pc) and call in before)
 
 
 @dataclass
@@ -424,6 +457,8 @@ _GENERAL = ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", 
 
 def _little(hex_text: bytes) -> int | None:
     return None if b"x" in hex_text else int.from_bytes(bytes.fromhex(hex_text.decode()), "little")
+
+
 
 
 class Runner:
@@ -519,24 +554,34 @@ class Runner:
         """Stop every CPU (`monitor stop`: each at an instruction boundary) and read what the oracle counts from;
         the CPUs stay stopped."""
         self._monitor(h, "stop")
-        pcs, sps = [], []
+        pcs, sps, rdis, calls = [], [], [], []
         for cpu in range(cpus):
             self._ok(h, b"Hg%x" % (cpu + 1))
             registers = self._registers(h)
             pcs.append(registers["rip"] or 0)
             sps.append(registers["rsp"] or 0)
+            rdis.append(registers["rdi"])
+            calls.append(self.stacks.call(registers["rsp"], registers["rdi"]))
         self._ok(h, b"Hg0")
         counter = self._u32(h, self.sites.counter)
         assert counter is not None
-        return Halt(counter, pcs, self._waiting(h, sps))
+        waiting, interrupted_calls = self._waiting(h, sps, rdis)
+        return Halt(counter, pcs, waiting, calls + interrupted_calls)
 
-    def _waiting(self, h: Harness, sps: list[int]) -> list[int]:
-        """The pcs of the contexts interrupted on the benchmark threads' live stacks."""
+    def _waiting(self, h: Harness, sps: list[int], rdis: list[int | None]) -> tuple[list[int], list[tuple[int, int] | None]]:
+        """The pcs of the contexts interrupted on the benchmark threads' live stacks, and the call each holds
+        (`Stacks.call`): its %rdi as the kernel's entry saved it below the frame, or, while a CPU is still in that
+        entry and has not pushed it yet (its sp above the slot), the CPU's own."""
         saved = [int.from_bytes(self._read(h, at, 8), "little") for at in self.stacks.saved]
-        found = []
+        pcs, calls = [], []
         for low, high in self.stacks.live(saved, sps):
-            found += interrupted(self._read(h, low, high - low), low)
-        return found
+            data = self._read(h, low - _SAVED_RDI, high - low + _SAVED_RDI)
+            for at, pc in interrupt_frames(data[_SAVED_RDI:], low):
+                entering = [rdi for sp, rdi in zip(sps, rdis) if at - _SAVED_RDI < sp <= at]
+                rdi = entering[0] if entering else int.from_bytes(data[at - low: at - low + 8], "little")
+                pcs.append(pc)
+                calls.append(self.stacks.call(at, rdi))
+        return pcs, calls
 
     def _run_until(self, h: Harness, done: Callable[[], bool], what: str) -> None:
         """Let the kernel go until `done`; a failure when kgtp_counter stood still for WAIT_S (a slow kernel, the
@@ -697,7 +742,7 @@ def expected_fired(c: Combination, w: Window, s: Sites) -> int:
         return calls
     after = sum(map(inside, w.pcs_after + w.waiting_after))
     if c.path == "kret":  # a return is probed only for entries made while the run was on
-        return calls - after
+        return calls - after + w.unmoved(inside)
     return calls + sum(map(inside, w.pcs_before + w.waiting_before)) - after
 
 

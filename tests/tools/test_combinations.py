@@ -116,6 +116,25 @@ def test_a_call_whose_thread_was_preempted_inside_counts_as_one_whose_cpu_stoppe
     assert expected_fired(replace_path("jump"), w, SITES) == 10  # the entry's probe fires with the add
 
 
+def test_a_return_probe_expects_the_return_of_a_call_in_flight_at_both_ends_only_when_it_is_another_call():
+    """A call in flight when the run started is never probed at its return, and no call of the window either,
+    wherever its thread is at the end: four CPUs on a busy host may give a CPU, or a thread, no instruction in a
+    short window (the walk once expected 46 returns of 49 entries where 47 were probed; another time the thread
+    waiting at the start ran on a CPU at the end, still in that call)."""
+    inside, kret = SITES.function + 7, replace_path("kret")
+    same = Window(10, 20, [inside, 0], [inside, 0], calls_before=[(0, 5), None], calls_after=[(0, 5), None])
+    assert expected_fired(kret, same, SITES) == 10
+    moved = Window(10, 20, [inside, 0], [inside, 0], calls_before=[(0, 5), None], calls_after=[(0, 6), None])
+    assert expected_fired(kret, moved, SITES) == 9  # the thread's next call stands there now
+    other = Window(10, 20, [inside, 0], [0, inside], calls_before=[(0, 5), None], calls_after=[None, (1, 5)])
+    assert expected_fired(kret, other, SITES) == 9  # another thread's call
+    resumed = Window(10, 20, [0], [inside], waiting_before=[inside], calls_before=[None, (2, 9)],
+                     calls_after=[(2, 9)])
+    assert expected_fired(kret, resumed, SITES) == 10  # waiting at the start, on a CPU at the end: one call
+    entering = Window(10, 20, [SITES.function], [inside], calls_before=[(0, 5)], calls_after=[(0, 5)])
+    assert expected_fired(kret, entering, SITES) == 9  # at the entry when the run began: entered in it
+
+
 def _frame_at(rsp: int, ip: int, cs: int = 0x08, ss: int = 0x10) -> tuple[int, list[int]]:
     """Where an interrupt taken at `ip` with `rsp` puts its frame (Cpu.deliver), and its five words."""
     at = (rsp & ~0xF) - 40
