@@ -25,6 +25,7 @@ Runs on the CPU thread (the hook inside emulation; `enter_ring0` from the interr
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import functools
 import os
@@ -71,10 +72,12 @@ def cpu_state_address(uc: Uc) -> int | None:
         for reg, value in zip(_GPRS, pattern):
             uc.reg_write(reg, value)
         wanted = struct.pack(f"<{len(pattern)}Q", *pattern)
-        ranges = readable_ranges()
+        ranges = sorted(readable_ranges())
+        starts = [lo for lo, _ in ranges]
 
         def within(address: int) -> tuple[int, int] | None:
-            return next(((lo, hi) for lo, hi in ranges if lo <= address < hi), None)
+            i = bisect.bisect_right(starts, address) - 1  # the host has hundreds of mappings, the handle 512 words
+            return ranges[i] if i >= 0 and address < ranges[i][1] else None
 
         base = ctypes.cast(handle(uc), ctypes.c_void_p).value
         span = within(base)
@@ -146,9 +149,9 @@ def _cpl_candidates(entry: int, seed: int) -> set[int] | None:
     if uc.reg_read(X.UC_X86_REG_CS) & CPL_MASK != 3:
         return None
     after = ctypes.string_at(state, size)
-    return {i for i in range(0, size, 4)
-            if (old := int.from_bytes(before[i: i + 4], "little")) & CPL_MASK == 0
-            and int.from_bytes(after[i: i + 4], "little") == old | CPL_MASK}
+    return {4 * i for i, (old, new) in enumerate(zip(struct.unpack(f"<{size // 4}I", before),
+                                                     struct.unpack(f"<{size // 4}I", after)))
+            if old & CPL_MASK == 0 and new == old | CPL_MASK}
 
 
 class _Cell(ctypes.Structure):
