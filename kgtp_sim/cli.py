@@ -16,7 +16,6 @@ import threading
 from pathlib import Path
 
 from .optional import MissingDependency
-from .rsp.server import is_loopback
 
 #: CPUs of `kgtp-sim serve` unless --cpus says otherwise.
 DEFAULT_CPUS = 2
@@ -54,17 +53,38 @@ class _CommandsFormatter(argparse.RawDescriptionHelpFormatter):
             self._action_max_length = max(self._action_max_length, widest + self._current_indent + 2 * self._indent_increment)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """`kgtp-sim`'s parser; with `command` "run", that command's alone: `kgtp-sim run` starts a program, and the
+    other commands' modules (the server, the viewers, the benchmark) would only add their import time to it."""
     parser = argparse.ArgumentParser(prog="kgtp-sim", description=_DESCRIPTION, epilog=_FIRST_STEPS,
                                      formatter_class=_CommandsFormatter)
     commands = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     from .client import paths  # here, as the subcommands' modules are: importing kgtp_sim.cli stays light
 
+    if command != "run":
+        _add_serve_parser(commands, paths.VMLINUX)
+    from . import programs
+
+    programs.add_run_parser(commands, paths.VMLINUX, DEFAULT_CPUS)
+    if command != "run":
+        commands.add_parser("gdbserver", help="debug a program on the kernel, as gdbserver",
+                            description="kgtp-sim gdbserver [--once] [--multi] COMM PROG [ARGS...]: see "
+                                        "`kgtp-sim gdbserver --help`", add_help=False)
+        from .view import cli as view_cli
+
+        view_cli.add_parsers(commands)
+        from .bench import cli as bench_cli
+
+        bench_cli.add_parser(commands)
+    return parser
+
+
+def _add_serve_parser(commands, vmlinux: Path) -> None:
     serve = commands.add_parser("serve", help="start the simulated kernel and the GDB stub",
                                 description="Start the simulated kernel; serve one GDB at a time on the RSP port\n"
                                 "and any number of followers on the follow channel beside it.",
                                 epilog=_SERVE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    serve.add_argument("--kernel", type=Path, default=paths.VMLINUX, help="static x86_64 kernel ELF (default: bundled)")
+    serve.add_argument("--kernel", type=Path, default=vmlinux, help="static x86_64 kernel ELF (default: bundled)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=1234, help="TCP port (default: 1234; 0 picks a free one)")
     serve.add_argument(
@@ -94,19 +114,6 @@ def _parser() -> argparse.ArgumentParser:
                        help="pack a program into the machine without starting it, for `monitor run PROG ARGS` "
                             "(repeatable)")
     serve.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeat for packet traces)")
-    from . import programs
-
-    programs.add_run_parser(commands, paths.VMLINUX, DEFAULT_CPUS)
-    commands.add_parser("gdbserver", help="debug a program on the kernel, as gdbserver",
-                        description="kgtp-sim gdbserver [--once] [--multi] COMM PROG [ARGS...]: see "
-                                    "`kgtp-sim gdbserver --help`", add_help=False)
-    from .view import cli as view_cli
-
-    view_cli.add_parsers(commands)
-    from .bench import cli as bench_cli
-
-    bench_cli.add_parser(commands)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         from . import gdbserver
 
         return gdbserver.main(argv[1:])
-    args = _parser().parse_args(argv)
+    args = _parser("run" if argv[:1] == ["run"] else None).parse_args(argv)
     logging.basicConfig(
         level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(getattr(args, "verbose", 0), 2)],
         format="kgtp-sim: %(levelname)s %(name)s: %(message)s",
@@ -176,6 +183,7 @@ def _programs(args: argparse.Namespace, machine, stdout_fd: int):
 def serve(args: argparse.Namespace) -> int:
     from .app import Stub, StubConfig
     from .machine import KernelImage, KernelImageError
+    from .rsp.server import is_loopback
 
     if not 1 <= args.cpus <= MAX_CPUS:
         print(f"kgtp-sim: --cpus must be between 1 and {MAX_CPUS}", file=sys.stderr)

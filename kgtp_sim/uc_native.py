@@ -352,7 +352,12 @@ def pc_sync_flag_offset() -> int | None:
     found: set[int] | None = None
     for _ in range(2):
         clean, dirty = after_run(False), after_run(True)
-        flipped = {i for i in range(size) if clean[i] == 0 and dirty[i] == 1}
+        # the 1 bytes found by bytes.find, at C speed: a byte-by-byte loop over the structure took ~10 ms a run
+        flipped, at = set(), dirty.find(1)
+        while at >= 0:
+            if clean[at] == 0:
+                flipped.add(at)
+            at = dirty.find(1, at + 1)
         found = flipped if found is None else found & flipped
     if found is None or len(found) != 1:
         return None

@@ -29,15 +29,16 @@ the CPU has not loaded.
 from __future__ import annotations
 
 import struct
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import functools
 
-from capstone import CS_ARCH_X86, CS_MODE_64, CS_OP_MEM, Cs
-from capstone import x86_const as CX
 from unicorn import UC_ARCH_X86, UC_ERR_READ_UNMAPPED, UC_ERR_WRITE_UNMAPPED, UC_HOOK_INTR, UC_MODE_64, Uc, UcError
 from unicorn.unicorn_py3.unicorn import ucsubclass
 from unicorn import x86_const as X
+
+if TYPE_CHECKING:
+    from capstone import Cs
 
 PAGE_SIZE = 0x1000
 PTE_PRESENT = 1 << 0
@@ -240,10 +241,10 @@ class AddressSpace:
             table = self.table_for(virtual)
             first = indexes(virtual)[3]
             count = min(512 - first, (end - virtual) // PAGE_SIZE)
-            entries = struct.pack(f"<{count}Q", *((physical + i * PAGE_SIZE) | flags for i in range(count)))
+            frames = range(physical, physical + count * PAGE_SIZE, PAGE_SIZE)
+            entries = struct.pack(f"<{count}Q", *(frame | flags for frame in frames))
             self.uc.phys_write(table + 8 * first, entries)
-            for i in range(count):
-                self._known[virtual + i * PAGE_SIZE] = physical + i * PAGE_SIZE
+            self._known.update(zip(range(virtual, virtual + count * PAGE_SIZE, PAGE_SIZE), frames))
             virtual += count * PAGE_SIZE
             physical += count * PAGE_SIZE
 
@@ -430,6 +431,9 @@ def page_fault_error_offset() -> int | None:
 def memory_operand_address(uc: Uc, rip: int) -> int:
     """The address the instruction at `rip` accesses, from its memory operand (base + index * scale + disp);
     for a #GP, which unlike a #PF reports no address. 0 if it has none or cannot be read."""
+    from capstone import CS_OP_MEM
+    from capstone import x86_const as CX
+
     try:
         insn = next(_disassembler().disasm(bytes(uc.mem_read(rip, 16)), rip, 1))
     except (UcError, StopIteration):
@@ -452,6 +456,8 @@ def memory_operand_address(uc: Uc, rip: int) -> int:
 
 @functools.cache
 def _disassembler() -> Cs:
+    from capstone import CS_ARCH_X86, CS_MODE_64, Cs  # on first use: a machine that never needs it never loads it
+
     cs = Cs(CS_ARCH_X86, CS_MODE_64)
     cs.detail = True
     return cs

@@ -141,3 +141,24 @@ def test_a_trace_file_without_cpus_and_times_says_so(saved_trace, tmp_path):
     assert "its frames carry no CPU ($cpu_id)" in result.stderr and "no time ($clock)" in result.stderr
     records = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
     assert len(records) == 30 and all(record["cpu"] is None for record in records)
+
+
+# ---- what `kgtp-sim run` loads ----------------------------------------------------------------------------
+
+
+def test_run_loads_only_what_running_a_program_needs(tmp_path):
+    """`kgtp-sim run` starts a program on a new machine (its time is the benchmark's, end to end): no stub server,
+    tracer, viewer or GDB driver, and none of keystone, capstone or pyelftools (the machine reads ELF files itself
+    and its native hooks are committed bytes), while the program runs as before."""
+    from .programs import compile_program
+
+    program = compile_program("hello", "glibc-dynamic", tmp_path)
+    unwanted = ("keystone", "capstone", "elftools", "kgtp_sim.rsp", "kgtp_sim.stub", "kgtp_sim.tracing",
+                "kgtp_sim.view", "kgtp_sim.bench", "kgtp_sim.client.gdb", "kgtp_sim.client.mi")
+    report = ("import atexit, os, sys\n"  # what was imported, said on stderr as the interpreter ends
+              f"unwanted = {unwanted!r}\n"
+              "atexit.register(lambda: os.write(2, repr(sorted(m for m in sys.modules\n"
+              "    if any(m == u or m.startswith(u + '.') for u in unwanted))).encode()))")
+    result = kgtp("run", "--cpus", "1", str(program), prelude=report)
+    assert (result.returncode, result.stdout) == (3, "hello, world\n"), result.stderr
+    assert result.stderr.endswith("[]"), result.stderr

@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         sizes = Sizes(runs=3 if args.quick else Sizes.runs,
                       switches=args.switches or (20_000 if args.quick else Sizes.switches))
         programs = program_rows(sizes, progress=lambda m: print(f"  {m}", file=sys.stderr))
-        print("Programs on the kernel: a dynamic glibc hello world, the thesis loop in user mode and in the kernel, "
+        print("Programs on the kernel: a dynamic glibc hello world, the same loop in ring 3 and in ring 0, "
               f"getpid, context switches, RSS over {sizes.switches:,} switches (kgtp_sim/bench/programs.py)\n")
         print(programs_markdown(programs))
         if args.programs_json:

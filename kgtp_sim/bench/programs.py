@@ -9,11 +9,16 @@ served and ended, so boot is excluded; the kernel's own threads run as they alwa
    interval (separate runs): the machine's count (the program's, the kernel's work for
    it and whatever the kernel's own threads did meanwhile) and the instructions retired in user mode (the
    machine's performance counter, exact). Then `kgtp-sim run` on the same program, end to end: a new Python,
-   boot, the run, shutdown (boot included).
-2. **user vs kernel**: the thesis loop (kgtp_bench_loop calling kgtp_test_function, the kernel's
-   fixtures/kernel/module.c and its user twin in fixtures/bench/windows.c: 9 and 8 instructions a call, the
-   kernel's has its marker's nopl) as a process and as the kernel through `Machine.call` (timed on the CPU
-   thread, less a call of 0 iterations), in emulated instructions per host second, and their ratio.
+   boot, the run, shutdown (boot included), with compiled bytecode as an installed command has it.
+2. **user vs kernel**: the same bytes in ring 3 and in ring 0. fixtures/bench/windows.c's ring_loop (the kernel's
+   thesis loop, kgtp_bench_loop calling kgtp_test_function in fixtures/kernel/module.c, instruction for
+   instruction in assembly, its counter through a register: 9 instructions a call) runs in a process, and its
+   bytes, copied into kernel memory (module space) at the same offset in a page, run through `Machine.call`; the
+   kernel's own kgtp_bench_loop too, for reference. Emulated instructions a call (exact, on the counting machine)
+   and host ns a call, timed interleaved (rounds of: a few of the process's windows, as many calls of each kernel
+   loop, of 0 calls then of n), the difference of the medians at n and at 0 over n, so the fixed cost of each
+   side (the window hooks, `Machine.call`'s) drops out; then instructions per host second, and the ratio to ring
+   0's copy.
 3. **getpid**: a round trip through the `syscall` instruction, the kernel's entry, do_syscall and `sysretq`
    (with the user loop's own add, cmp, jne and mov: five user instructions a call), instructions a call (exact)
    and host ns a call.
@@ -58,6 +63,7 @@ from kgtp_sim.client.paths import VMLINUX
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.machine.counters import EventAttr, HwEvent, PerfType
 from kgtp_sim.machine.initramfs import Archive
+from kgtp_sim.machine.layout import PAGE_SIZE, page_floor
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ROOT / "fixtures" / "bench"
@@ -87,6 +93,22 @@ def build(workdir: Path) -> dict[str, Path]:
             raise Unavailable(f"{' '.join(command)} {name}.c failed: {result.stderr.strip()[-300:]}")
         out[name] = binary
     return out
+
+
+def symbols_of(binary: Path, *names: str) -> list[int]:
+    """The addresses of `names` in a static program's symbol table."""
+    with open(binary, "rb") as f:
+        symbols = ELFFile(f).get_section_by_name(".symtab")
+        return [symbols.get_symbol_by_name(name)[0]["st_value"] for name in names]
+
+
+def bytes_at(binary: Path, address: int, length: int) -> bytes:
+    """`length` bytes of a static program's file image at virtual address `address`."""
+    with open(binary, "rb") as f:
+        elf = ELFFile(f)
+        offset = next(elf.address_offsets(address, length))
+        f.seek(offset)
+        return f.read(length)
 
 
 # ---- a booted machine ----------------------------------------------------------------------------------------
@@ -160,10 +182,7 @@ class Windows:
     marks from index `since`. The hooks are never deleted (see Booted): they cost nothing elsewhere."""
 
     def __init__(self, machine: Machine, binary: Path) -> None:
-        with open(binary, "rb") as f:
-            symbols = ELFFile(f).get_section_by_name(".symtab")
-            self.begin, self.end = (symbols.get_symbol_by_name(name)[0]["st_value"]
-                                    for name in ("window_begin", "window_end"))
+        self.begin, self.end = symbols_of(binary, "window_begin", "window_end")
         self.machine = machine
         self.switches_at = machine.image.address_of("nr_context_switches")
         self.marks: list[tuple[bool, int, int, int, int, int]] = []
@@ -223,31 +242,45 @@ class Pair:
 ATTEMPTS = 8
 
 
+def clean_windows(booted: Booted, binary: Path, kind: str, calls: int, windows: int, processes: int = 1,
+                  units=lambda window, n: n) -> list[Window]:
+    """The clean windows, with units of work in them, of one run of `processes` copies of the windows program
+    doing `windows` rounds of `calls`; the run goes again when none was (a busy host stretches windows over
+    ticks), up to ATTEMPTS times."""
+    seen = 0
+    for _ in range(ATTEMPTS):
+        got = windows_of(booted, binary, (kind, str(calls), str(windows)), processes)
+        seen += len(got)
+        kept = [w for w in got if w.clean and units(w, calls)]
+        if kept:
+            return kept
+    raise RuntimeError(f"{kind} {calls}: none of {seen} windows ran without an interrupt")
+
+
+def counted_per_unit(booted: Booted, binary: Path, kind: str, n: int, windows: int, processes: int = 1,
+                     units=lambda window, n: n) -> dict:
+    """Instructions per unit of work on a counting machine: windows of n and of 2n calls, the difference of their
+    medians over the difference of their units, so the window's own instructions (its two calls, the loop's
+    prologue) drop out; `exact` if every clean window of each size counted the same."""
+    one = clean_windows(booted, binary, kind, n, windows, processes, units)
+    two = clean_windows(booted, binary, kind, 2 * n, windows, processes, units)
+    insns = (statistics.median(w.instructions for w in two) - statistics.median(w.instructions for w in one)) / (
+        statistics.median(units(w, 2 * n) for w in two) - statistics.median(units(w, n) for w in one))
+    exact = all(len({(w.instructions, units(w, calls)) for w in ws}) == 1 for ws, calls in ((one, n), (two, 2 * n)))
+    return {"insns": insns, "exact": exact, "windows": [len(one), len(two)],
+            "units_per_window": statistics.median(units(w, n) for w in one)}
+
+
 def per_unit(pair: Pair, binary: Path, kind: str, n: int, windows: int, processes: int = 1,
              units=lambda window, n: n) -> dict:
     """Instructions and host ns per unit of work (`units(window, n)` in a window: n calls unless said) over the
-    clean windows. Instructions: windows of n and of 2n calls on the counting machine, the difference of their
-    medians over the difference of their units, so the window's own instructions (its two calls, the loop's
-    prologue) drop out; `exact` if every clean window of each size counted the same. Host ns: windows of n on
-    the timing machine, median, min and max of each one's ns per unit."""
-    def clean(booted: Booted, calls: int) -> list[Window]:
-        seen = 0
-        for _ in range(ATTEMPTS):  # a busy host stretches windows over ticks: run the rounds again, up to a limit
-            got = windows_of(booted, binary, (kind, str(calls), str(windows)), processes)
-            seen += len(got)
-            kept = [w for w in got if w.clean and units(w, calls)]
-            if kept:
-                return kept
-        raise RuntimeError(f"{kind} {calls}: none of {seen} windows ran without an interrupt")
-
-    one, two = clean(pair.counted, n), clean(pair.counted, 2 * n)
-    timed = clean(pair.timed, n)
-    insns = (statistics.median(w.instructions for w in two) - statistics.median(w.instructions for w in one)) / (
-        statistics.median(units(w, 2 * n) for w in two) - statistics.median(units(w, n) for w in one))
+    clean windows: instructions as `counted_per_unit` says; host ns: windows of n on the timing machine, median,
+    min and max of each one's ns per unit."""
+    counted = counted_per_unit(pair.counted, binary, kind, n, windows, processes, units)
+    timed = clean_windows(pair.timed, binary, kind, n, windows, processes, units)
     ns = [w.ns / units(w, n) for w in timed]
-    exact = all(len({(w.instructions, units(w, calls)) for w in ws}) == 1 for ws, calls in ((one, n), (two, 2 * n)))
-    return {"insns": insns, "exact": exact, "ns": statistics.median(ns), "ns_min": min(ns), "ns_max": max(ns),
-            "windows": [len(one), len(two), len(timed)], "units_per_window": statistics.median(units(w, n) for w in one)}
+    return {**counted, "ns": statistics.median(ns), "ns_min": min(ns), "ns_max": max(ns),
+            "windows": [*counted["windows"], len(timed)]}
 
 
 # ---- the measurements ------------------------------------------------------------------------------------------
@@ -281,62 +314,111 @@ def hello_row(pair: Pair, hello: Path, runs: int) -> dict:
 
 
 def run_command_row(hello: Path, runs: int) -> dict:
-    """`kgtp-sim run hello` end to end (a new Python, boot, the run, shutdown): host seconds."""
+    """`kgtp-sim run hello` end to end (a new Python, boot, the run, shutdown): host seconds. As an installed
+    command runs: with the package's compiled bytecode (Python's cache, in a directory of its own so the checkout
+    is not written, filled by one untimed run first), whatever PYTHONDONTWRITEBYTECODE says here; without it every
+    run compiles the package's modules again."""
     seconds = []
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        result = subprocess.run([sys.executable, "-m", "kgtp_sim", "run", "--cpus", "1", str(hello)],
-                                capture_output=True, env=env, timeout=WAIT_S, cwd=ROOT)
-        seconds.append(time.perf_counter() - t0)
-        if result.returncode or result.stdout != b"hello, world\n":
-            raise RuntimeError(f"kgtp-sim run: status {result.returncode}, {result.stdout!r} {result.stderr[-500:]!r}")
+    with tempfile.TemporaryDirectory(prefix="kgtp-pycache-") as cache:
+        env = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, "PYTHONPATH": str(ROOT),
+               "PYTHONPYCACHEPREFIX": cache}
+        for run in range(runs + 1):
+            t0 = time.perf_counter()
+            result = subprocess.run([sys.executable, "-m", "kgtp_sim", "run", "--cpus", "1", str(hello)],
+                                    capture_output=True, env=env, timeout=WAIT_S, cwd=ROOT)
+            if run:
+                seconds.append(time.perf_counter() - t0)
+            if result.returncode or result.stdout != b"hello, world\n":
+                raise RuntimeError(f"kgtp-sim run: status {result.returncode}, {result.stdout!r} "
+                                   f"{result.stderr[-500:]!r}")
     return {"row": "kgtp-sim run", "what": "`kgtp-sim run --cpus 1 hello`, end to end (boot included)",
             "runs": runs, "seconds_median": statistics.median(seconds), "seconds_min": min(seconds),
             "seconds_max": max(seconds)}
 
 
-def speed_rows(pair: Pair, windows_binary: Path, calls: int, windows: int, repetitions: int) -> list[dict]:
-    """The thesis loop in user mode and in the kernel: instructions a call and per host second, and their ratio."""
-    user = per_unit(pair, windows_binary, "loop", calls, windows)
-    user_ips = user["insns"] / user["ns"] * 1e9
+def ring0_copy(machine: Machine, binary: Path) -> tuple[int, int, bytes]:
+    """The windows program's ring_loop, ring_loop to ring_end, copied into `machine`'s module space (executable
+    kernel memory) at the offset in a page it has in the program, and a zeroed counter for it in vmalloc space:
+    (the copy's address, the counter's, the bytes)."""
+    loop, end = symbols_of(binary, "ring_loop", "ring_end")
+    code = bytes_at(binary, loop, end - loop)
+    if page_floor(loop) != page_floor(end - 1):
+        raise RuntimeError(f"ring_loop at {loop:#x}..{end:#x} crosses a page")
+    base = machine.alloc_code(2 * PAGE_SIZE)
+    address = page_floor(base + PAGE_SIZE) + (loop - page_floor(loop))
+    machine.write_memory(address, code)
+    return address, machine.alloc_data(8), code
 
-    def counted(n: int) -> int:
-        machine = pair.counted.machine
 
-        def on_cpu(_uc) -> int:
-            i0 = machine.instructions()
-            machine.call("kgtp_bench_loop", n)
-            return machine.instructions() - i0
+def _call_ns(machine: Machine, target: str | int, *args: int) -> int:
+    """Host ns of one `Machine.call`, timed on the CPU thread with the collector off."""
+    def on_cpu(_uc) -> int:
+        gc.disable()
+        try:
+            t0 = time.perf_counter_ns()
+            machine.call(target, *args)
+            return time.perf_counter_ns() - t0
+        finally:
+            gc.enable()
 
-        return machine.run_on_cpu(on_cpu)
+    return machine.run_on_cpu(on_cpu)
 
-    def timed(n: int) -> int:
-        machine = pair.timed.machine
 
-        def on_cpu(_uc) -> int:
-            gc.disable()
-            try:
-                t0 = time.perf_counter_ns()
-                machine.call("kgtp_bench_loop", n)
-                return time.perf_counter_ns() - t0
-            finally:
-                gc.enable()
+def _call_insns(machine: Machine, target: str | int, *args: int) -> int:
+    """Instructions of one `Machine.call` on a counting machine."""
+    def on_cpu(_uc) -> int:
+        i0 = machine.instructions()
+        machine.call(target, *args)
+        return machine.instructions() - i0
 
-        return machine.run_on_cpu(on_cpu)
+    return machine.run_on_cpu(on_cpu)
 
-    kernel_insns = (counted(2 * calls) - counted(calls)) / calls  # the loop's prologue and return drop out
-    timed(calls)  # translated
-    empty = min(timed(0) for _ in range(max(repetitions, 5)))  # Machine.call's own cost
-    kernel_ns = statistics.median(max(timed(calls) - empty, 1) for _ in range(repetitions)) / calls
-    kernel_ips = kernel_insns / kernel_ns * 1e9
-    return [
-        {"row": "loop (user)", "what": f"kgtp_bench_loop({calls}) in a process", "insns": user["insns"],
-         "exact": user["exact"], "ns": user["ns"], "windows": user["windows"], "insns_per_s": user_ips,
-         "ratio_to_kernel": user_ips / kernel_ips},
-        {"row": "loop (kernel)", "what": f"kgtp_bench_loop({calls}) through Machine.call", "insns": kernel_insns,
-         "exact": True, "ns": kernel_ns, "insns_per_s": kernel_ips, "ratio_to_kernel": 1.0},
-    ]
+
+def speed_rows(pair: Pair, windows_binary: Path, calls: int, windows: int, rounds: int) -> list[dict]:
+    """ring_loop's bytes in ring 3 (a process's windows) and in ring 0 (their copy, `Machine.call`), and the kernel's
+    kgtp_bench_loop: instructions a call (exact: windows or calls of n and 2n on the counting machine), host ns a
+    call (`rounds` rounds of `windows` windows or calls of 0 then n calls on each side, the difference of the
+    medians over n: each side's fixed cost, its window hooks or `Machine.call`'s, drops out) and instructions per
+    host second, and each one's ratio to ring 0's copy."""
+    copies = {booted: ring0_copy(booted.machine, windows_binary) for booted in (pair.timed, pair.counted)}
+
+    def kernel_call(name: str, booted: Booted, n: int) -> tuple:
+        """Machine.call's arguments for `n` calls of the loop `name` on `booted`."""
+        if name == "kernel":  # ring_loop(n, &counter), the copy
+            return copies[booted][0], n, copies[booted][1]
+        return "kgtp_bench_loop", n
+
+    kernels = ("kernel", "kernel text")
+    user = counted_per_unit(pair.counted, windows_binary, "loop", calls, windows)
+    insns = {"user": (user["insns"], user["exact"])}
+    for name in kernels:  # two calls of n and two of 2n: the loop's prologue and return drop out
+        one, two = ([_call_insns(pair.counted.machine, *kernel_call(name, pair.counted, n)) for _ in range(2)]
+                    for n in (calls, 2 * calls))
+        insns[name] = ((two[0] - one[0]) / calls, len(set(one)) == len(set(two)) == 1)
+
+    sizes = (0, calls)
+    ns: dict[str, dict[int, list[int]]] = {name: {n: [] for n in sizes} for name in insns}
+    for name in kernels:  # translated before the first timing
+        _call_ns(pair.timed.machine, *kernel_call(name, pair.timed, 1))
+    for _ in range(rounds):  # interleaved, a few windows at a time: a busy host's slow spells fall on every side
+        for n in sizes:
+            ns["user"][n] += [w.ns for w in clean_windows(pair.timed, windows_binary, "loop", n, windows,
+                                                          units=lambda window, n: 1)]
+            for name in kernels:
+                ns[name][n] += [_call_ns(pair.timed.machine, *kernel_call(name, pair.timed, n))
+                                for _ in range(windows)]
+    per_call = {name: (statistics.median(ns[name][calls]) - statistics.median(ns[name][0])) / calls
+                for name in insns}
+    # nan where a small run on a busy host timed n calls under 0 calls
+    ips = {name: insns[name][0] / per_call[name] * 1e9 if per_call[name] > 0 else float("nan") for name in insns}
+    what = {"user": f"ring_loop({calls}) in a process (ring 3)",
+            "kernel": "the same bytes in kernel memory through Machine.call (ring 0)",
+            "kernel text": f"the kernel's own kgtp_bench_loop({calls}) through Machine.call (ring 0)"}
+    return [{"row": f"loop ({name})", "what": what[name], "insns": insns[name][0], "exact": insns[name][1],
+             "ns": per_call[name], "insns_per_s": ips[name], "ratio_to_kernel": ips[name] / ips["kernel"],
+             "fixed_ns": statistics.median(ns[name][0]), "windows": [len(ns[name][0]), len(ns[name][calls])],
+             **({"bytes": copies[pair.timed][2].hex()} if name != "kernel text" else {})}
+            for name in insns]
 
 
 def getpid_row(pair: Pair, windows_binary: Path, calls: int, windows: int) -> dict:
@@ -412,13 +494,15 @@ class Sizes:
     syscalls: int = 1_000  #: getpid calls a window
     yields: int = 100  #: sched_yield calls a window in each process (twice as many switches: a window under a tick)
     windows: int = 40
-    repetitions: int = 5  #: kernel loop timings
+    rounds: int = 20  #: interleaved rounds of the loop's timings (the process's windows, then the kernel's calls)
+    round_windows: int = 4  #: windows (calls) of each size on each side in a round
     switches: int = 100_000  #: the RSS soak's
     soak_cpus: tuple[int, ...] = (1, 2)
 
     @classmethod
     def small(cls) -> Sizes:
-        return cls(runs=1, loop_calls=2_000, syscalls=200, yields=50, windows=8, repetitions=1, switches=2_000, soak_cpus=(1,))
+        return cls(runs=1, loop_calls=2_000, syscalls=200, yields=50, windows=8, rounds=2, round_windows=2,
+                   switches=2_000, soak_cpus=(1,))
 
 
 def rows(sizes: Sizes = Sizes(), run_command: bool = True, progress=None) -> list[dict]:
@@ -438,8 +522,8 @@ def rows(sizes: Sizes = Sizes(), run_command: bool = True, progress=None) -> lis
                 booted.run(built["windows"], "getpid", "1", "1")  # booted: a first program served and ended
             say("hello world on a booted machine")
             out.append(hello_row(pair, built["hello"], sizes.runs))
-            say("the thesis loop in user mode and in the kernel")
-            out += speed_rows(pair, built["windows"], sizes.loop_calls, sizes.windows, sizes.repetitions)
+            say("the same loop in ring 3 and in ring 0")
+            out += speed_rows(pair, built["windows"], sizes.loop_calls, sizes.round_windows, sizes.rounds)
             say("getpid round trips")
             out.append(getpid_row(pair, built["windows"], sizes.syscalls, sizes.windows))
             say("context switches")
@@ -472,11 +556,11 @@ def markdown(table: list[dict]) -> str:
                          if "insns_median" in r else
                          f"| {r['what']} | {r['runs']} | {r['seconds_median']:.3f} | {r['seconds_min']:.3f}.."
                          f"{r['seconds_max']:.3f} | - | - |")
-    lines += ["", "| what | emulated insns (a call) | exact | host ns (a call) | emulated insns / host s | x kernel |",
+    lines += ["", "| what | emulated insns (a call) | exact | host ns (a call) | emulated insns / host s | x ring 0 |",
               "|---|---:|---|---:|---:|---:|"]
-    for name in ("loop (user)", "loop (kernel)"):
+    for name in ("loop (user)", "loop (kernel)", "loop (kernel text)"):
         r = by[name]
-        lines.append(f"| {r['what']} | {r['insns']:,.0f} | {'yes' if r['exact'] else 'no'} | {r['ns']:,.0f} "
+        lines.append(f"| {r['what']} | {r['insns']:,.0f} | {'yes' if r['exact'] else 'no'} | {r['ns']:,.1f} "
                      f"| {r['insns_per_s'] / 1e6:,.1f} M | {r['ratio_to_kernel']:.2f} |")
     r = by["getpid"]
     lines.append(f"| {r['what']}, per call | {r['insns_per_call']:,.1f} | {'yes' if r['exact'] else 'no'} "

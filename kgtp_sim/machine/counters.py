@@ -55,12 +55,11 @@ from __future__ import annotations
 import ctypes
 import errno
 import enum
+import functools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from capstone import CS_ARCH_X86, CS_MODE_64, Cs
-from capstone import x86_const as CX
 from unicorn import UC_HOOK_BLOCK, UC_HOOK_CODE, Uc
 from unicorn import x86_const as X
 
@@ -69,6 +68,8 @@ from .clock import native_rdtsc
 from .errors import MachineError
 
 if TYPE_CHECKING:
+    from capstone import Cs, CsInsn
+
     from .image import KernelImage
 
 # ---- Linux's perf ABI: attr.type and attr.config (include/uapi/linux/perf_event.h) --------------------------
@@ -304,8 +305,31 @@ USER_END = 0x0000_7FFF_FFFF_FFFF  #: the last address of the lower (user) half
 _NOWHERE = (1 << 64) - 1
 
 
-_BRANCH_IDS = frozenset({CX.X86_INS_SYSCALL, CX.X86_INS_SYSRET, CX.X86_INS_SYSENTER, CX.X86_INS_SYSEXIT})
-_BRANCH_GROUPS = (CX.X86_GRP_JUMP, CX.X86_GRP_CALL, CX.X86_GRP_RET, CX.X86_GRP_IRET, CX.X86_GRP_INT)
+
+
+def _decoder(skipdata: bool = False) -> Cs:
+    """A capstone x86_64 decoder with details; capstone is imported here, on first use: a machine whose counters
+    are never opened never loads it."""
+    from capstone import CS_ARCH_X86, CS_MODE_64, Cs
+
+    cs = Cs(CS_ARCH_X86, CS_MODE_64)
+    cs.detail = True
+    cs.skipdata = skipdata
+    return cs
+
+
+@functools.cache
+def _branch_kinds() -> tuple[frozenset[int], tuple[int, ...], int]:
+    """The instruction ids that are branches besides the groups, the groups that are, and int3's id."""
+    from capstone import x86_const as CX
+
+    return (frozenset({CX.X86_INS_SYSCALL, CX.X86_INS_SYSRET, CX.X86_INS_SYSENTER, CX.X86_INS_SYSEXIT}),
+            (CX.X86_GRP_JUMP, CX.X86_GRP_CALL, CX.X86_GRP_RET, CX.X86_GRP_IRET, CX.X86_GRP_INT), CX.X86_INS_INT3)
+
+
+def _is_branch(insn: CsInsn) -> bool:
+    ids, groups, _ = _branch_kinds()
+    return insn.id in ids or any(insn.group(g) for g in groups)
 #: the kernel's functions through which a process's code can change under a block decoded before (fixtures/kernel/
 #: mm.c): unmapping (munmap, brk, a fixed mmap over a mapping), mprotect, and an address space's release
 USER_CODE_CHANGES = ("do_munmap", "sys_mprotect", "mm_release")
@@ -334,9 +358,7 @@ class CodeMap:
         starts = bytearray(self.size)
         self.branch_at: dict[int, bool] = {}
         self.length_at: dict[int, int] = {}
-        cs = Cs(CS_ARCH_X86, CS_MODE_64)
-        cs.detail = True
-        cs.skipdata = True
+        cs = _decoder(skipdata=True)
         functions = sorted({(s.address, s.end) for s in image.symbols.values()
                             if s.type == "FUNC" and s.size and lo <= s.address < hi})
         pieces, at = [], lo
@@ -355,7 +377,7 @@ class CodeMap:
                     continue
                 starts[insn.address - lo] = 1
                 self.length_at[insn.address] = insn.size
-                self.branch_at[insn.address] = insn.id in _BRANCH_IDS or any(insn.group(g) for g in _BRANCH_GROUPS)
+                self.branch_at[insn.address] = _is_branch(insn)
         self.prefix = (ctypes.c_uint32 * (self.size + 1))()
         total = 0
         for offset in range(self.size):
@@ -424,8 +446,7 @@ class Counters:
         self._user_branch_hooks: list[int] = []
         self._user_blocks: dict[tuple[int, int, int], int] = {}  # (cr3, address, size) -> branches at its end
         self._last_user_block = (0, 0, 0)  # (start, end, branches) of the last user block counted
-        self._user_decoder = Cs(CS_ARCH_X86, CS_MODE_64)
-        self._user_decoder.detail = True
+        self._user_decoder: Cs | None = None  #: made by the first user block decoded
         self._native_armed = False
         self._switches_armed = False
         self._flush_due = False
@@ -565,12 +586,14 @@ class Counters:
             code = bytes(space.read(address, size))
             entries = [space.walk(page) for page in range(address & ~0xFFF, address + size, 0x1000)]
             writable = any(entry is None or entry & 2 for entry in entries)
+        if self._user_decoder is None:
+            self._user_decoder = _decoder()
         last = None
         for last in self._user_decoder.disasm(code, address):
             pass
         branches = 0
-        if last is not None and last.address + last.size == address + size and last.id != CX.X86_INS_INT3:
-            branches = int(last.id in _BRANCH_IDS or any(last.group(g) for g in _BRANCH_GROUPS))
+        if last is not None and last.address + last.size == address + size and last.id != _branch_kinds()[2]:
+            branches = int(_is_branch(last))
         if not writable:
             self._user_blocks[(cr3, address, size)] = branches
         return branches

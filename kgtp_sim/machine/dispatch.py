@@ -14,6 +14,7 @@ on it inside emulation.
 from __future__ import annotations
 
 import ctypes
+import struct
 from typing import Callable
 
 from unicorn import UC_HOOK_INTR, Uc
@@ -132,6 +133,13 @@ class InterruptDispatch:
     python:
         jmp *(%rdx)
     """
+    #: SOURCE assembled (`hook_source(SOURCE, ("RIP",))`; tests/machine/test_interrupt_dispatch.py checks them)
+    CODE = bytes.fromhex(
+        "83fe030f859100000053415441554883ec104889fb4989d4be290000004889e241ff542408488b042448ffc84889c149234c"
+        "24204989cd49c1e5044f8d6c2c28498b55004885d2743d4839c2740a48ffc149234c2420ebdc498b45084889042449ff4424"
+        "184889dfbe290000004889e241ff542410c683ffffff7f004883c410415d415c5bc34889dfbe030000004c89e24883c41041"
+        "5d415c5bff22"
+    )
 
     def __init__(self, uc: Uc, handler: Callable[[Uc, int, object], None]) -> None:
         self.table: dict[int, int] = {}
@@ -151,10 +159,9 @@ class InterruptDispatch:
         self._cell.reg_read = ctypes.cast(lib.uc_reg_read, ctypes.c_void_p).value
         self._cell.reg_write = ctypes.cast(lib.uc_reg_write, ctypes.c_void_p).value
         self._cell.mask = self.SLOTS - 1
-        offset = pc_sync_flag_offset()
-        clear = "" if offset is None else f"movb $0x0, {offset:#x}(%rbx)"  # after its RIP write, as `python` does
-        code = assemble(self.SOURCE.replace("$RIP", f"${X.UC_X86_REG_RIP:#x}").replace("CLEAR_PC_SYNC_FLAG", clear))
-        self.native = add_native_hook(uc, UC_HOOK_INTR, code, ctypes.addressof(memory)) is not None
+        # the flag cleared after its RIP write, as `python` does
+        self.native = add_native_hook(uc, UC_HOOK_INTR, fill_pc_sync_slot(self.CODE),
+                                      ctypes.addressof(memory)) is not None
         if not self.native:
             uc.hook_add(UC_HOOK_INTR, python)
 
@@ -199,8 +206,35 @@ class InterruptDispatch:
         return index
 
 
+#: A native hook's source says CLEAR_PC_SYNC_FLAG where it stores 0 in unicorn's PC-sync flag after writing RIP
+#: (uc_native.pc_sync_flag_offset, an offset in the engine, which the hook holds in %rbx): its committed bytes hold
+#: this slot there, the store with a 32-bit displacement whatever the offset, filled when the hook is installed.
+PC_SYNC_SLOT_SOURCE = "movb $0x0, 0x7fffffff(%rbx)"
+PC_SYNC_SLOT = bytes.fromhex("c683ffffff7f00")
+_NOP7 = bytes.fromhex("0f1f8000000000")  # nopl 0x0(%rax): the slot where the flag was not found
+
+
+def hook_source(source: str, registers: tuple[str, ...]) -> str:
+    """A native hook's AT&T source as its committed bytes are assembled from it: each `$NAME,` of `registers` as
+    unicorn's number for register NAME, CLEAR_PC_SYNC_FLAG as the slot."""
+    for name in registers:
+        source = source.replace(f"${name},", f"${getattr(X, f'UC_X86_REG_{name}'):#x},")
+    return source.replace("CLEAR_PC_SYNC_FLAG", PC_SYNC_SLOT_SOURCE)
+
+
+def fill_pc_sync_slot(code: bytes) -> bytes:
+    """A native hook's committed bytes with the slot filled: the store at the flag's offset, or a 7-byte nop where
+    the flag was not found. The bytes are committed, not assembled at each start: keystone's import and library
+    took more of `kgtp-sim run` than the rest of building the CPU."""
+    if code.count(PC_SYNC_SLOT) != 1:
+        raise MachineError("native hook code without exactly one PC-sync slot")
+    offset = pc_sync_flag_offset()
+    return code.replace(PC_SYNC_SLOT, _NOP7 if offset is None else PC_SYNC_SLOT[:2] + struct.pack("<i", offset) + b"\0")
+
+
 def assemble(source: str) -> bytes:
-    """AT&T text to x86_64 code at address 0, for the machine's own native hooks (dispatch, syscall entry)."""
+    """AT&T text to x86_64 code at address 0: the native hooks' sources, which tests check their committed bytes
+    against, and the tests' own snippets."""
     from keystone import KS_ARCH_X86, KS_MODE_64, KS_OPT_SYNTAX_ATT, Ks
 
     ks = Ks(KS_ARCH_X86, KS_MODE_64)

@@ -17,10 +17,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.constants import P_FLAGS, SH_FLAGS
-from elftools.elf.elffile import ELFFile
-
+from . import elf as E
 from .errors import KernelImageError
 from .markers import Marker, parse_markers
 
@@ -96,57 +93,46 @@ class KernelImage:
         except OSError as error:
             raise KernelImageError(f"cannot read kernel image {path}: {error.strerror or error}") from None
         try:
-            elf = ELFFile(io.BytesIO(raw))
-            return cls._from_elf(path, elf)
-        except ELFError as error:
+            elf = E.ElfFile(io.BytesIO(raw))
+        except E.ElfError as error:
             raise KernelImageError(f"{path}: not a usable ELF file ({error})") from None
-        except (KeyError, ValueError, IndexError) as error:  # malformed tables inside an ELF
+        try:
+            return cls._from_elf(path, elf)
+        except (KeyError, ValueError, IndexError, struct.error) as error:  # malformed tables inside an ELF
             raise KernelImageError(f"{path}: malformed ELF ({error})") from None
 
     @classmethod
-    def _from_elf(cls, path: Path, elf: ELFFile) -> KernelImage:
-        if elf.elfclass != 64 or elf["e_machine"] != "EM_X86_64":
-            raise KernelImageError(f"{path}: not an x86_64 ELF ({elf['e_machine']}, {elf.elfclass}-bit)")
-        if elf["e_type"] != "ET_EXEC":
-            raise KernelImageError(f"{path}: not a linked executable (ELF type {elf['e_type']})")
-        segments = []
-        for seg in elf.iter_segments():
-            if seg["p_type"] != "PT_LOAD" or seg["p_memsz"] == 0:
-                continue
-            flags = seg["p_flags"]
-            segments.append(
-                Segment(
-                    vaddr=seg["p_vaddr"],
-                    memsz=seg["p_memsz"],
-                    data=seg.data()[: seg["p_filesz"]],
-                    readable=bool(flags & P_FLAGS.PF_R),
-                    writable=bool(flags & P_FLAGS.PF_W),
-                    executable=bool(flags & P_FLAGS.PF_X),
-                )
-            )
+    def _from_elf(cls, path: Path, elf: E.ElfFile) -> KernelImage:
+        if elf.bits != 64 or elf.machine != E.EM_X86_64:
+            machine = E.header_name("ENUM_E_MACHINE", elf.machine)
+            raise KernelImageError(f"{path}: not an x86_64 ELF ({machine}, {elf.bits}-bit)")
+        if elf.type != E.ET_EXEC:
+            kind = E.header_name("ENUM_E_TYPE", elf.type)
+            raise KernelImageError(f"{path}: not a linked executable (ELF type {kind})")
+        segments = [Segment(vaddr=seg.vaddr, memsz=seg.memsz, data=elf.read(seg.offset, seg.filesz),
+                            readable=bool(seg.flags & E.PF_R), writable=bool(seg.flags & E.PF_W),
+                            executable=bool(seg.flags & E.PF_X))
+                    for seg in elf.segments if seg.type == E.PT_LOAD and seg.memsz]
         if not segments:
             raise KernelImageError(f"{path}: no loadable segments")
 
         symbols: dict[str, Symbol] = {}
-        symtab = elf.get_section_by_name(".symtab")
-        if symtab is not None:
-            for sym in symtab.iter_symbols():
-                kind = sym["st_info"]["type"]
-                if not sym.name or kind in ("STT_FILE", "STT_SECTION"):
-                    continue
-                # a global wins over a local of the same name (static helpers may repeat across files)
-                if sym.name in symbols and sym["st_info"]["bind"] == "STB_LOCAL":
-                    continue
-                symbols[sym.name] = Symbol(sym.name, sym["st_value"], sym["st_size"], kind.removeprefix("STT_"))
-
+        for sym in elf.symbols():
+            kind = E.SYMBOL_TYPES.get(sym.type, str(sym.type))
+            if not sym.name or kind in ("FILE", "SECTION"):
+                continue
+            # a global wins over a local of the same name (static helpers may repeat across files)
+            if sym.name in symbols and sym.bind == E.STB_LOCAL:
+                continue
+            symbols[sym.name] = Symbol(sym.name, sym.value, sym.size, kind)
         sections = {}
         text_lo, text_hi = None, None
-        for sec in elf.iter_sections():
-            if not sec["sh_flags"] & SH_FLAGS.SHF_ALLOC:
+        for sec in elf.sections:
+            if not sec.flags & E.SHF_ALLOC:
                 continue
-            sections[sec.name] = (sec["sh_addr"], sec["sh_size"])
-            if sec["sh_flags"] & SH_FLAGS.SHF_EXECINSTR and sec["sh_size"]:
-                lo, hi = sec["sh_addr"], sec["sh_addr"] + sec["sh_size"]
+            sections[sec.name] = (sec.addr, sec.size)
+            if sec.flags & E.SHF_EXECINSTR and sec.size:
+                lo, hi = sec.addr, sec.addr + sec.size
                 text_lo = lo if text_lo is None else min(text_lo, lo)
                 text_hi = hi if text_hi is None else max(text_hi, hi)
         if text_lo is None:
@@ -155,7 +141,7 @@ class KernelImage:
                 raise KernelImageError(f"{path}: no executable code")
             text_lo, text_hi = min(s.vaddr for s in executable), max(s.end for s in executable)
 
-        image = cls(path, elf["e_entry"], tuple(segments), symbols, (text_lo, text_hi), sections)
+        image = cls(path, elf.entry, tuple(segments), symbols, (text_lo, text_hi), sections)
         if "__ex_table" in sections:
             address, size = sections["__ex_table"]
             raw_table = image.read(address, size - size % 16)

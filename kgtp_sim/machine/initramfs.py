@@ -24,11 +24,22 @@ import os
 import posixpath
 import re
 import stat
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
+from .elf import (
+    DT_NEEDED,
+    DT_RPATH,
+    DT_RUNPATH,
+    DT_SONAME,
+    EM_X86_64,
+    ET_DYN,
+    ET_EXEC,
+    ElfError,
+    ElfFile,
+    header_name,
+)
 
 NEWC_MAGIC = b"070701"
 TRAILER = "TRAILER!!!"
@@ -62,29 +73,27 @@ class _Dynamic:
 
 
 def _read_dynamic(path: str | Path) -> _Dynamic | None:
-    """The file's PT_INTERP and dynamic tags; None unless it is a 64-bit x86_64 ELF file (ld.so skips others)."""
+    """The file's PT_INTERP and dynamic tags; None unless it is a 64-bit x86_64 ELF file (ld.so skips others). Read
+    as the dynamic linker reads them: the program headers, the dynamic segment, the strings at DT_STRTAB's
+    address."""
     try:
         with open(path, "rb") as f:
-            elf = ELFFile(f)
-            if elf.elfclass != 64 or elf["e_machine"] != "EM_X86_64":
+            elf = ElfFile(f)
+            if elf.bits != 64 or not elf.little_endian or elf.machine != EM_X86_64:
                 return None
-            interp, needed, rpath, runpath, soname = None, [], [], [], None
-            for segment in elf.iter_segments():
-                if segment["p_type"] == "PT_INTERP":
-                    interp = segment.get_interp_name()
-                elif segment["p_type"] == "PT_DYNAMIC":
-                    for tag in segment.iter_tags():
-                        kind = tag.entry.d_tag
-                        if kind == "DT_NEEDED":
-                            needed.append(tag.needed)
-                        elif kind == "DT_RPATH":
-                            rpath += tag.rpath.split(":")
-                        elif kind == "DT_RUNPATH":
-                            runpath += tag.runpath.split(":")
-                        elif kind == "DT_SONAME":
-                            soname = tag.soname
-            return _Dynamic(interp, tuple(needed), tuple(rpath), tuple(runpath), soname)
-    except (OSError, ELFError, ValueError):
+            tags = elf.dynamic_tags()
+            needed, rpath, runpath, soname = [], [], [], None
+            for tag, value in tags:
+                if tag == DT_NEEDED:
+                    needed.append(elf.dynamic_string(tags, value))
+                elif tag == DT_RPATH:
+                    rpath += elf.dynamic_string(tags, value).split(":")
+                elif tag == DT_RUNPATH:
+                    runpath += elf.dynamic_string(tags, value).split(":")
+                elif tag == DT_SONAME:
+                    soname = elf.dynamic_string(tags, value)
+            return _Dynamic(elf.interpreter(), tuple(needed), tuple(rpath), tuple(runpath), soname)
+    except (OSError, ValueError, struct.error):
         return None
 
 
@@ -96,14 +105,13 @@ def check_program(path: str | Path) -> None:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise ValueError("not a regular file")
         try:
-            elf = ELFFile(f)
-            kind, machine, bits = elf["e_type"], elf["e_machine"], elf.elfclass
-        except ELFError:
+            elf = ElfFile(f)
+        except ElfError:
             raise ValueError("not an ELF file") from None
-    if bits != 64 or machine != "EM_X86_64":
-        raise ValueError(f"not an x86_64 program ({bits}-bit {machine})")
-    if kind not in ("ET_EXEC", "ET_DYN"):
-        raise ValueError(f"not an executable ({kind})")
+    if elf.bits != 64 or elf.machine != EM_X86_64:
+        raise ValueError(f"not an x86_64 program ({elf.bits}-bit {header_name('ENUM_E_MACHINE', elf.machine)})")
+    if elf.type not in (ET_EXEC, ET_DYN):
+        raise ValueError(f"not an executable ({header_name('ENUM_E_TYPE', elf.type)})")
 
 
 def _expand(directories: tuple[str, ...], origin: str) -> list[str]:

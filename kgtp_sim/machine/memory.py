@@ -102,8 +102,14 @@ class Memory:
             for page in range(page_floor(seg.vaddr), page_ceil(seg.end), PAGE_SIZE):
                 w, x = rights.get(page, (False, False))
                 rights[page] = (w or seg.writable, x or seg.executable)
-        for page, (w, x) in sorted(rights.items()):
-            self.kernel.map(page, PHYS_KERNEL + page - low, PAGE_SIZE, paging.leaf_flags(True, w, x))
+        runs: list[list] = []  # [start, end, rights]: consecutive pages of the same rights, one map() each
+        for page, page_rights in sorted(rights.items()):
+            if runs and runs[-1][1] == page and runs[-1][2] == page_rights:
+                runs[-1][1] += PAGE_SIZE
+            else:
+                runs.append([page, page + PAGE_SIZE, page_rights])
+        for start, end, (w, x) in runs:
+            self.kernel.map(start, PHYS_KERNEL + start - low, end - start, paging.leaf_flags(True, w, x))
         for seg in image.segments:
             self.uc.phys_write(PHYS_KERNEL + seg.vaddr - low, seg.data)
 

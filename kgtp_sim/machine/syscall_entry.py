@@ -25,6 +25,7 @@ Runs on the CPU thread (the hook inside emulation; `enter_ring0` from the interr
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import functools
 import os
@@ -41,7 +42,6 @@ from ..uc_native import (
     lib,
     native_function,
     pc_sync_flag_address,
-    pc_sync_flag_offset,
     readable_ranges,
 )
 
@@ -71,10 +71,12 @@ def cpu_state_address(uc: Uc) -> int | None:
         for reg, value in zip(_GPRS, pattern):
             uc.reg_write(reg, value)
         wanted = struct.pack(f"<{len(pattern)}Q", *pattern)
-        ranges = readable_ranges()
+        ranges = sorted(readable_ranges())
+        starts = [lo for lo, _ in ranges]
 
         def within(address: int) -> tuple[int, int] | None:
-            return next(((lo, hi) for lo, hi in ranges if lo <= address < hi), None)
+            i = bisect.bisect_right(starts, address) - 1  # the host has hundreds of mappings, the handle 512 words
+            return ranges[i] if i >= 0 and address < ranges[i][1] else None
 
         base = ctypes.cast(handle(uc), ctypes.c_void_p).value
         span = within(base)
@@ -146,9 +148,9 @@ def _cpl_candidates(entry: int, seed: int) -> set[int] | None:
     if uc.reg_read(X.UC_X86_REG_CS) & CPL_MASK != 3:
         return None
     after = ctypes.string_at(state, size)
-    return {i for i in range(0, size, 4)
-            if (old := int.from_bytes(before[i: i + 4], "little")) & CPL_MASK == 0
-            and int.from_bytes(after[i: i + 4], "little") == old | CPL_MASK}
+    return {4 * i for i, (old, new) in enumerate(zip(struct.unpack(f"<{size // 4}I", before),
+                                                     struct.unpack(f"<{size // 4}I", after)))
+            if old & CPL_MASK == 0 and new == old | CPL_MASK}
 
 
 class _Cell(ctypes.Structure):
@@ -240,15 +242,24 @@ msr:
 """
 
 
+#: the registers _SOURCE names by unicorn's numbers
+_REGISTERS = ("RIP", "EFLAGS", "RCX", "R11", "MSR", "CS", "SS")
+#: _SOURCE assembled (`dispatch.hook_source(_SOURCE, _REGISTERS)`; tests/machine/test_syscall_entry.py checks them)
+_CODE = bytes.fromhex(
+    "5341544155415641574889fb4989f449ff442418be29000000e8a40000004c8d6802be19000000e8960000004989c64c89e8"
+    "be26000000e8a00000004c89f0be6d000000e893000000b8840000c0e8a400000048f7d04c21f0be19000000e87900000049"
+    "8b4424108320fcb8810000c0e88200000048c1e82025fcff00004989c7be0b000000e851000000498d4708be31000000e843"
+    "000000b8820000c0e8540000004883e802be29000000e82b000000c683ffffff7f00415f415e415d415c5bc34883ec084889"
+    "df498d54242041ff1424498b4424204883c408c34883ec0849894424204889df498d54242041ff5424084883c408c34883ec"
+    "0849894424284889dfbef8000000498d54242841ff1424498b4424304883c408c3"
+)
+
+
 @functools.cache
 def _hook_code() -> bytes:
-    from .dispatch import assemble
+    from .dispatch import fill_pc_sync_slot
 
-    source = _SOURCE
-    for name in ("RIP", "EFLAGS", "RCX", "R11", "MSR", "CS", "SS"):
-        source = source.replace(f"${name},", f"${getattr(X, f'UC_X86_REG_{name}'):#x},")
-    offset = pc_sync_flag_offset()  # after the RIP write: see uc_native (rbx is the engine)
-    return assemble(source.replace("CLEAR_PC_SYNC_FLAG", "" if offset is None else f"movb $0x0, {offset:#x}(%rbx)"))
+    return fill_pc_sync_slot(_CODE)  # the flag cleared after the RIP write: see uc_native (rbx is the engine)
 
 
 class PrivilegeUnavailable(RuntimeError):

@@ -50,8 +50,8 @@ import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from capstone import CS_ARCH_X86, CS_MODE_64, Cs
 from unicorn import UC_HOOK_CODE, UC_HOOK_MEM_READ, UC_HOOK_MEM_WRITE, UC_MEM_WRITE, Uc, UcError
 from unicorn import x86_const as X
 from unicorn.unicorn_py3.unicorn import HOOK_CODE_CFUNC
@@ -60,6 +60,9 @@ from ..uc_native import add_native_hook
 from ..uc_paging import AddressSpace
 from .cpu import EFLAGS_TF, Cpu
 from .errors import MachineError
+
+if TYPE_CHECKING:
+    from capstone import Cs
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +93,8 @@ HELPER_INSTRUCTIONS = frozenset("""
 
 @functools.cache
 def _disassembler() -> Cs:
+    from capstone import CS_ARCH_X86, CS_MODE_64, Cs  # on first use: a machine that sets no watchpoint never loads it
+
     cs = Cs(CS_ARCH_X86, CS_MODE_64)
     cs.detail = True
     return cs

@@ -63,6 +63,27 @@ def test_segments_symbols_and_text(image):
     assert image.read(tasks.address + task_size + 4, 11) == b"kgtp_bench\0"
 
 
+def test_symbols_are_the_symbol_tables_as_pyelftools_reads_it(image):
+    """The table is unpacked with struct (image._symbols): the same names, addresses, sizes and types, in the same
+    order, as pyelftools' own symbol parsing gives, files and sections left out and a global winning over a local
+    of the same name."""
+    from elftools.elf.elffile import ELFFile
+
+    from kgtp_sim.machine.image import Symbol
+
+    expected: dict[str, Symbol] = {}
+    with open(VMLINUX, "rb") as f:
+        for sym in ELFFile(f).get_section_by_name(".symtab").iter_symbols():
+            kind = sym["st_info"]["type"]
+            if not sym.name or kind in ("STT_FILE", "STT_SECTION"):
+                continue
+            if sym.name in expected and sym["st_info"]["bind"] == "STB_LOCAL":
+                continue
+            expected[sym.name] = Symbol(sym.name, sym["st_value"], sym["st_size"], kind.removeprefix("STT_"))
+    assert list(image.symbols.items()) == list(expected.items())
+    assert {s.type for s in image.symbols.values()} >= {"FUNC", "OBJECT", "NOTYPE"}
+
+
 def test_every_marker_is_listed_with_fields_and_register_locations(image):
     markers = {m.id: m for m in image.markers}
     assert set(markers) == set(EXPECTED)

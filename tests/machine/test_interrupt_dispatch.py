@@ -81,3 +81,22 @@ def test_other_interrupts_still_reach_the_kernel():
     finally:
         machine.shutdown()
     assert delivered.get(32, 0) >= 20 and delivered.get(0x80, 0) > 0 and delivered.get(14, 0) > 0
+
+
+def test_the_committed_code_is_its_source_assembled():
+    """InterruptDispatch.CODE is SOURCE as keystone assembles it (the bytes are committed so that building a CPU
+    loads no assembler); the PC-sync slot is there once, and filled it is the flag's store, or a 7-byte nop."""
+    from capstone import CS_ARCH_X86, CS_MODE_64, Cs
+
+    from kgtp_sim.machine.dispatch import PC_SYNC_SLOT, PC_SYNC_SLOT_SOURCE, assemble, fill_pc_sync_slot, hook_source
+    from kgtp_sim.uc_native import pc_sync_flag_offset
+
+    assert InterruptDispatch.CODE == assemble(hook_source(InterruptDispatch.SOURCE, ("RIP",)))
+    assert assemble(PC_SYNC_SLOT_SOURCE) == PC_SYNC_SLOT and InterruptDispatch.CODE.count(PC_SYNC_SLOT) == 1
+    filled = fill_pc_sync_slot(InterruptDispatch.CODE)
+    at = InterruptDispatch.CODE.index(PC_SYNC_SLOT)
+    assert filled[:at] + filled[at + 7:] == InterruptDispatch.CODE[:at] + InterruptDispatch.CODE[at + 7:]
+    (store,) = Cs(CS_ARCH_X86, CS_MODE_64).disasm(filled[at: at + 7], 0)
+    offset = pc_sync_flag_offset()
+    expected = ("nop", "dword ptr [rax]") if offset is None else ("mov", f"byte ptr [rbx + {offset:#x}], 0")
+    assert (store.size, store.mnemonic, store.op_str) == (7, *expected)

@@ -62,6 +62,54 @@ def test_the_interpreter_and_the_libraries_go_in_and_nothing_else(tmp_path, mode
         assert {Path(path).name for path in libraries} == {LIBRARY, "libc.so.6"}
 
 
+def _dynamic_as_pyelftools_reads_it(path: Path) -> tuple | None:
+    """PT_INTERP and the dynamic tags runtime_files uses, read by pyelftools: (interp, needed, rpath, runpath,
+    soname), None unless an x86_64 ELF file."""
+    with path.open("rb") as f:
+        elf = ELFFile(f)
+        if elf.elfclass != 64 or elf["e_machine"] != "EM_X86_64":
+            return None
+        interp, needed, rpath, runpath, soname = None, [], [], [], None
+        for segment in elf.iter_segments():
+            if segment["p_type"] == "PT_INTERP":
+                interp = segment.get_interp_name()
+            elif segment["p_type"] == "PT_DYNAMIC":
+                for tag in segment.iter_tags():
+                    kind = tag.entry.d_tag
+                    if kind == "DT_NEEDED":
+                        needed.append(tag.needed)
+                    elif kind == "DT_RPATH":
+                        rpath += tag.rpath.split(":")
+                    elif kind == "DT_RUNPATH":
+                        runpath += tag.runpath.split(":")
+                    elif kind == "DT_SONAME":
+                        soname = tag.soname
+        return interp, tuple(needed), tuple(rpath), tuple(runpath), soname
+
+
+@pytest.mark.parametrize("dtags", ["runpath", "rpath"])
+@pytest.mark.parametrize("mode", DYNAMIC_MODES)
+def test_the_dynamic_tags_are_read_as_pyelftools_reads_them(tmp_path, mode, dtags):
+    """initramfs._read_dynamic unpacks the program headers and the dynamic segment itself: for the program, its
+    library (RUNPATH or RPATH with $ORIGIN, a SONAME), its interpreter and what they need, and files that are no
+    x86_64 program, the same as pyelftools gives."""
+    from kgtp_sim.machine.initramfs import _read_dynamic
+
+    program = compile_with_library(mode, tmp_path, dtags)
+    files = [program, *(Path(path) for path in runtime_files(program)), program.parent / "lib" / LIBRARY]
+    for path in files:
+        got = _read_dynamic(path)
+        assert got is not None and (got.interp, got.needed, got.rpath, got.runpath, got.soname) == \
+            _dynamic_as_pyelftools_reads_it(path), path
+    assert _read_dynamic(program).needed and (_read_dynamic(program).runpath or _read_dynamic(program).rpath)
+    text = tmp_path / "not-elf"
+    text.write_bytes(b"#!/bin/sh\n" * 20)
+    truncated = tmp_path / "truncated"
+    truncated.write_bytes(program.read_bytes()[:40])
+    assert _read_dynamic(text) is None and _read_dynamic(truncated) is None
+    assert _read_dynamic(tmp_path / "missing") is None
+
+
 @pytest.mark.parametrize("mode", ["glibc-static", "musl-static", "glibc-static-pie"])
 def test_a_static_program_goes_in_alone(tmp_path, mode):
     program = compile_program("hello", mode, tmp_path)

@@ -85,3 +85,14 @@ def test_round_trips_come_back_to_ring_3(rounds):
     uc.emu_start(START, USER + len(_assemble("top: mov $0x27, %eax\n syscall\n dec %r12\n jnz top")))
     assert uc.reg_read(X.UC_X86_REG_R13) == rounds == entry.count  # the kernel side ran once per call
     assert uc.reg_read(X.UC_X86_REG_CS) == 0x33 and uc.reg_read(X.UC_X86_REG_SS) == 0x2B  # sysretq: ring 3
+
+
+def test_the_committed_hook_is_its_source_assembled():
+    """The syscall hook's committed bytes are its source as keystone assembles it, unicorn's register numbers in
+    (building a CPU loads no assembler)."""
+    from kgtp_sim.machine import syscall_entry
+    from kgtp_sim.machine.dispatch import PC_SYNC_SLOT, fill_pc_sync_slot, hook_source
+
+    assert syscall_entry._CODE == _assemble(hook_source(syscall_entry._SOURCE, syscall_entry._REGISTERS))
+    assert syscall_entry._CODE.count(PC_SYNC_SLOT) == 1
+    assert syscall_entry._hook_code() == fill_pc_sync_slot(syscall_entry._CODE)
