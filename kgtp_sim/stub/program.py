@@ -53,7 +53,7 @@ PHDR_SIZE, DYN_SIZE = 56, 16  #: Elf64_Phdr, Elf64_Dyn
 R_VERSION, R_MAP, R_NEXT = 0, 8, 40
 L_NEXT, LINK_MAP_SIZE = 24, 40  #: a link_map's l_addr, l_name, l_ld, l_next, l_prev
 #: what is read of a library's name at most (gdbserver: PATH_MAX - 1 bytes)
-NAME_MAX = 4095
+NAME_LIMIT = 4095
 #: more program headers than gdbserver's sanity check allows (it asserts), more dynamic entries or objects in one
 #: list than any program has: a process whose memory says so is not followed further
 MAX_PHNUM, MAX_DYNAMIC, MAX_OBJECTS = 100, 4096, 65536
@@ -67,9 +67,9 @@ def _pointer(read: MemoryReader, address: int) -> int | None:
 def _name(read: MemoryReader, address: int) -> bytes:
     """The NUL-terminated string at `address`, read a page at most at a time (what can be read of it)."""
     out = bytearray()
-    while len(out) < NAME_MAX:
+    while len(out) < NAME_LIMIT:
         at = address + len(out)
-        chunk = read(at, min(NAME_MAX - len(out), 0x1000 - (at & 0xFFF)))
+        chunk = read(at, min(NAME_LIMIT - len(out), 0x1000 - (at & 0xFFF)))
         end = chunk.find(b"\0")
         if end >= 0:
             return bytes(out + chunk[:end])
