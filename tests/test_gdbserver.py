@@ -112,6 +112,31 @@ def test_monitor_exit_ends_the_server_without_waiting_for_gdb_to_leave(tmp_path)
                 client.packet()
 
 
+def test_the_library_list_and_host_io_are_the_roles_at_the_packet_level(tmp_path):
+    """qSupported announces the library list with its augmented form (gdbserver's pair; KGTP mode announces
+    neither: tests/e2e/test_security.py); at the first instruction, before ld.so has set r_debug, the list is
+    empty and valid; host I/O answers for the machine's files only."""
+    program = compile_program("hello", "glibc-dynamic", tmp_path)
+    with served(program) as (_server, port):
+        with RspClient.connect(port) as client:
+            features = client.request(b"qSupported:multiprocess+").split(b";")
+            assert {b"qXfer:libraries-svr4:read+", b"augmented-libraries-svr4-read+"} <= set(features)
+            assert client.request(b"qXfer:libraries-svr4:read::0,1000") == (
+                b'l<library-list-svr4 version="1.0"></library-list-svr4>')
+            assert client.request(b"qXfer:libraries-svr4:read::21,1000") == b"l</library-list-svr4>"  # windows
+            assert client.request(b"qXfer:libraries-svr4:read::0,10") == b'm<library-list-sv'
+            assert client.request(b"vFile:open:%s,0,0" % b"/etc/passwd".hex().encode()) == b"F-1,2"
+            assert client.request(b"vFile:open:%s,0,0" % str(program.resolve()).encode().hex().encode()) == b"F3"
+            assert client.request(b"vFile:pread:3,4,0") == b"F4;\x7fELF"
+
+
+def test_a_static_program_has_no_library_list_as_under_gdbserver(tmp_path):
+    """No PT_DYNAMIC, no DT_DEBUG: E01, gdbserver's answer, and GDB reads the memory itself (finding nothing)."""
+    with served(compile_program("hello", "glibc-static", tmp_path)) as (_server, port):
+        with RspClient.connect(port) as client:
+            assert client.request(b"qXfer:libraries-svr4:read::0,1000") == b"E01"
+
+
 def test_multi_needs_no_program_and_attach_takes_a_pid():
     """gdbserver's three forms: PROG, `--multi COMM`, `--attach COMM PID` (and --attach after COMM)."""
     options = parse(["--multi", ":2345"])
