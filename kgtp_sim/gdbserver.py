@@ -251,10 +251,12 @@ class Server:
 
     def start(self) -> None:
         from .arch import amd64
+        from .machine.ramfs import Ramfs
         from .rsp.dispatch import Dispatcher
         from .stub.core import TargetHandlers
         from .stub.monitor import Monitor
         from .stub.extended import ExtendedHandlers, Inferior, OsdataHandlers
+        from .stub.hostio import HostIOHandlers
         from .stub.process import ProcessTarget
         from .stub.program import ProcessHandlers
         from .stub.trace import TraceHandlers, register_trace_commands
@@ -294,8 +296,9 @@ class Server:
         self.trace = TraceHandlers(self.tracer, self.target.overlay, layout=amd64.LINUX)
         process = ProcessHandlers(self.target, self.handlers.threads)
         self.extended = ExtendedHandlers(self.target, self.handlers.threads, extended=False)
+        self.hostio = HostIOHandlers(Ramfs(self.machine))  # vFile: the machine's files, never the host's
         self.dispatcher = Dispatcher((*self.handlers.families, process, self.extended, OsdataHandlers(self.machine),
-                                      self.trace, monitor),
+                                      self.trace, monitor, self.hostio),
                                      extra_features=("swbreak+", "hwbreak+", "multiprocess+", *NO_EVENTS),
                                      on_supported=self.handlers.supported)
 
@@ -341,6 +344,7 @@ class Server:
             print(f"Remote debugging from host {peer[0]}, port {peer[1]}", file=sys.stderr, flush=True)
         self.handlers.forget_session()
         self.trace.forget_session()
+        self.hostio.forget_session()
 
     def on_disconnect(self) -> None:
         """gdbserver's choice when GDB leaves: keep serving while the program lives and is traced (unless --once),

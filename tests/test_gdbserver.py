@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import re
+import struct
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from elftools.elf.elffile import ELFFile
 
 from kgtp_sim.client.rsp import RspClient
 from kgtp_sim.gdbserver import UsageError, fit_environment, parse, parse_comm
@@ -18,6 +20,9 @@ from kgtp_sim.machine.process import SPAWN_ARGS_SIZE
 
 from .conftest import ROOT
 from .programs import compile_program
+
+#: where the kernel loads a PIE (fixtures/kernel/include/process.h: ELF_ET_DYN_BASE, as Linux without ASLR)
+PIE_BASE = 0x5555_5555_4000
 
 
 def request_size(path: str, argv: list[str], envp: list[str]) -> int:
@@ -110,6 +115,56 @@ def test_monitor_exit_ends_the_server_without_waiting_for_gdb_to_leave(tmp_path)
             client.sock.settimeout(5)
             with pytest.raises(ConnectionError):
                 client.packet()
+
+
+def test_the_library_list_and_host_io_are_the_roles_at_the_packet_level(tmp_path):
+    """qSupported announces the library list with its augmented form (gdbserver's pair; KGTP mode announces
+    neither: tests/e2e/test_security.py); at the first instruction, before ld.so has set r_debug, the list is
+    empty and valid; host I/O answers for the machine's files only."""
+    program = compile_program("hello", "glibc-dynamic", tmp_path)
+    with served(program) as (_server, port):
+        with RspClient.connect(port) as client:
+            features = client.request(b"qSupported:multiprocess+").split(b";")
+            assert {b"qXfer:libraries-svr4:read+", b"augmented-libraries-svr4-read+"} <= set(features)
+            assert client.request(b"qXfer:libraries-svr4:read::0,1000") == (
+                b'l<library-list-svr4 version="1.0"></library-list-svr4>')
+            assert client.request(b"qXfer:libraries-svr4:read::21,1000") == b"l</library-list-svr4>"  # windows
+            assert client.request(b"qXfer:libraries-svr4:read::0,10") == b'm<library-list-sv'
+            assert client.request(b"vFile:open:%s,0,0" % b"/etc/passwd".hex().encode()) == b"F-1,2"
+            assert client.request(b"vFile:open:%s,0,0" % str(program.resolve()).encode().hex().encode()) == b"F3"
+            assert client.request(b"vFile:pread:3,4,0") == b"F4;\x7fELF"
+            # at main, once ld.so has loaded libc: the program as main-lm, then libc and ld.so, ld.so's l_addr the
+            # auxiliary vector's AT_BASE; the augmented form from libc's successor gives the rest of the list
+            assert client.request(b"Z0,%x,1" % (PIE_BASE + _symbol(program, "main"))) == b"OK"
+            assert client.request(b"vCont;c").startswith(b"T05")
+            document = client.request(b"qXfer:libraries-svr4:read::0,1000")
+            head = re.fullmatch(rb'l<library-list-svr4 version="1\.0" main-lm="0x[0-9a-f]+">(.*)</library-list-svr4>',
+                                document)
+            assert head, document
+            libraries = re.findall(rb'<library name="([^"]+)" lm="0x([0-9a-f]+)" l_addr="0x([0-9a-f]+)" '
+                                   rb'l_ld="0x[0-9a-f]+" lmid="0x([0-9a-f]+)"/>', head.group(1))
+            names = [name for name, *_ in libraries]
+            assert names == [b"/lib/x86_64-linux-gnu/libc.so.6", b"/lib64/ld-linux-x86-64.so.2"], document
+            auxv = client.request(b"qXfer:auxv:read::0,1000")[1:]
+            at_base = dict(struct.unpack_from("<QQ", auxv, at) for at in range(0, len(auxv), 16))[7]
+            assert int(libraries[1][2], 16) == at_base
+            (_, libc_lm, _, lmid), (_, ldso_lm, _, _) = libraries
+            tail = client.request(b"qXfer:libraries-svr4:read:lmid=%s;start=%s;prev=%s:0,1000" % (lmid, ldso_lm,
+                                                                                                  libc_lm))
+            assert tail == b'l<library-list-svr4 version="1.0">' + head.group(1)[head.group(1).index(
+                b'<library name="/lib64'):] + b"</library-list-svr4>", tail
+
+
+def _symbol(program: Path, name: str) -> int:
+    with program.open("rb") as f:
+        return ELFFile(f).get_section_by_name(".symtab").get_symbol_by_name(name)[0]["st_value"]
+
+
+def test_a_static_program_has_no_library_list_as_under_gdbserver(tmp_path):
+    """No PT_DYNAMIC, no DT_DEBUG: E01, gdbserver's answer, and GDB reads the memory itself (finding nothing)."""
+    with served(compile_program("hello", "glibc-static", tmp_path)) as (_server, port):
+        with RspClient.connect(port) as client:
+            assert client.request(b"qXfer:libraries-svr4:read::0,1000") == b"E01"
 
 
 def test_multi_needs_no_program_and_attach_takes_a_pid():

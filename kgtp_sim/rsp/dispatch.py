@@ -135,7 +135,8 @@ class Dispatcher:
         return None
 
     def dispatch(self, payload: bytes) -> Reply:
-        """Answer one packet. Never raises: unknown -> empty reply, malformed -> E01, failure -> E.."""
+        """Answer one packet. Never raises: unknown -> empty reply, malformed -> E01 (or the packet's own
+        `MALFORMED`), failure -> E.."""
         found = self.lookup(payload)
         if found is None:
             return b""
@@ -146,7 +147,7 @@ class Dispatcher:
         except PacketError as error:
             self.errors += 1
             log.info("malformed %s: %s", packet_class.__name__, error)
-            return b"E%02x" % E_BAD_PACKET
+            return packet_class.MALFORMED or b"E%02x" % E_BAD_PACKET
         except RspError as error:
             log.info("%s refused: %s", packet_class.__name__, error.message)
             if error.text:  # '$' and '#' frame packets and GDB unescapes no `E.` text: they are left out

@@ -1,9 +1,11 @@
 """What the gdbserver role adds around its process target (stub/process.py): the packets only a process has, and
 the program as the tracer's user space.
 
-- `ProcessHandlers`: `qXfer:auxv:read`, `qXfer:exec-file:read`, `qXfer:siginfo:read`, `qXfer:threads:read`
-  (gdbserver's qXfer objects),
-  `vKill`, `QPassSignals`, `QProgramSignals`;
+- `ProcessHandlers`: `qXfer:auxv:read`, `qXfer:exec-file:read`, `qXfer:siginfo:read`, `qXfer:threads:read`,
+  `qXfer:libraries-svr4:read` (gdbserver's qXfer objects), `vKill`, `QPassSignals`, `QProgramSignals`;
+- `libraries_svr4`: the dynamic linker's list of loaded objects read from the process's memory, as gdbserver's
+  linux-low.cc reads it (its DT_DEBUG, r_debug and link_map chain), the document GDB's solib-svr4.c takes instead of
+  walking that memory itself;
 - `ProgramSpace`: the process as tracing/core/run.py's `UserSpace`, so that tracepoints at its addresses go into
   its own memory (tracing/engines/userprobes.py).
 
@@ -12,6 +14,9 @@ Runs on the server thread, as every handler.
 
 from __future__ import annotations
 
+import logging
+import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from xml.sax.saxutils import escape
@@ -24,12 +29,163 @@ from ..rsp.packets import connect as c
 from ..rsp.packets import run as v
 from ..tracing.core.model import TraceError
 from .extended import Inferior
+from .target import ViewError
 from .threads import ThreadHandlers
+
+log = logging.getLogger(__name__)
 
 
 #: a jump pad area's size in pages (room for hundreds of pads) and a rel32 jump's reach either way
 PAD_PAGES = 16
 JUMP_REACH = 1 << 31
+
+
+#: reads a process's memory: the bytes from an address that can be read (a prefix; empty when none can)
+MemoryReader = Callable[[int, int], bytes]
+
+#: auxiliary vector entries, program header types and dynamic tags (elf.h) that lead to r_debug
+AT_PHDR, AT_PHNUM = 3, 5
+PT_DYNAMIC, PT_PHDR = 2, 6
+DT_NULL, DT_DEBUG = 0, 21
+PHDR_SIZE, DYN_SIZE = 56, 16  #: Elf64_Phdr, Elf64_Dyn
+#: fields of glibc's struct r_debug(_extended) and struct link_map for a 64-bit program (link.h; gdbserver's
+#: lmo_64bit_offsets); musl's struct debug and struct dso begin the same way
+R_VERSION, R_MAP, R_NEXT = 0, 8, 40
+L_NEXT, LINK_MAP_SIZE = 24, 40  #: a link_map's l_addr, l_name, l_ld, l_next, l_prev
+#: what is read of a library's name at most (gdbserver: PATH_MAX - 1 bytes)
+NAME_LIMIT = 4095
+#: more program headers than gdbserver's sanity check allows (it asserts), more dynamic entries or objects in one
+#: list than any program has: a process whose memory says so is not followed further
+MAX_PHNUM, MAX_DYNAMIC, MAX_OBJECTS = 100, 4096, 65536
+
+
+def _pointer(read: MemoryReader, address: int) -> int | None:
+    data = read(address, 8)
+    return struct.unpack("<Q", data)[0] if len(data) == 8 else None
+
+
+def _name(read: MemoryReader, address: int) -> bytes:
+    """The NUL-terminated string at `address`, read a page at most at a time (what can be read of it)."""
+    out = bytearray()
+    while len(out) < NAME_LIMIT:
+        at = address + len(out)
+        chunk = read(at, min(NAME_LIMIT - len(out), 0x1000 - (at & 0xFFF)))
+        end = chunk.find(b"\0")
+        if end >= 0:
+            return bytes(out + chunk[:end])
+        if not chunk:
+            break
+        out += chunk
+    return bytes(out)
+
+
+def find_r_debug(auxv: bytes, read: MemoryReader) -> int | None:
+    """The address of the program's r_debug, as gdbserver finds it (linux-low.cc: get_r_debug, get_dynamic): its
+    program headers where the auxiliary vector's AT_PHDR and AT_PHNUM say, the load bias AT_PHDR minus PT_PHDR's
+    address (0 unless it is a PIE), then DT_DEBUG's value in its PT_DYNAMIC, which the dynamic linker sets. 0 while
+    it has not (at the first instruction); None for a program with no PT_PHDR, PT_DYNAMIC or DT_DEBUG (a static
+    one), which has no such list."""
+    entries: dict[int, int] = {}
+    for at in range(0, len(auxv) - 15, 16):
+        kind, value = struct.unpack_from("<QQ", auxv, at)
+        entries.setdefault(kind, value)
+    phdr, phnum = entries.get(AT_PHDR, 0), entries.get(AT_PHNUM, 0)
+    if not phdr or not 0 < phnum < MAX_PHNUM:
+        return None
+    headers = read(phdr, phnum * PHDR_SIZE)
+    if len(headers) < phnum * PHDR_SIZE:
+        return None
+    segments = [struct.unpack_from("<IIQQ", headers, i * PHDR_SIZE) for i in range(phnum)]  # type, flags, offset, vaddr
+    bias = next(((phdr - vaddr) % (1 << 64) for kind, _flags, _offset, vaddr in segments if kind == PT_PHDR), None)
+    dynamic = next((vaddr for kind, _flags, _offset, vaddr in segments if kind == PT_DYNAMIC), None)
+    if bias is None or dynamic is None:
+        return None
+    at = (dynamic + bias) % (1 << 64)
+    for _ in range(MAX_DYNAMIC):
+        entry = read(at, DYN_SIZE)
+        if len(entry) < DYN_SIZE:
+            break
+        tag, value = struct.unpack("<qQ", entry)
+        if tag == DT_DEBUG:
+            return value
+        if tag == DT_NULL:
+            break
+        at += DYN_SIZE
+    return None
+
+
+def _escape(name: bytes) -> bytes:
+    """A name as gdbserver writes it into XML (xml_escape_text_append): its bytes, with ' " & < > as entities."""
+    return escape(name.decode("latin-1"), {'"': "&quot;", "'": "&apos;"}).encode("latin-1")
+
+
+def _link_map(read: MemoryReader, lmid: int, lm: int, prev: int) -> list[bytes]:
+    """`<library .../>` for each object of one namespace's list from `lm` on, `prev` the one before it (gdbserver:
+    read_link_map): the walk stops where the list ends, cannot be read, or where an object's l_prev is not the one
+    it came from (a corrupted list; a cycle among them). An object with no name (the program's own entry, read
+    from a namespace's start) is not listed."""
+    out: list[bytes] = []
+    seen: set[int] = set()
+    while lm and lm not in seen and len(seen) < MAX_OBJECTS:
+        seen.add(lm)
+        fields = read(lm, LINK_MAP_SIZE)
+        if len(fields) < LINK_MAP_SIZE:
+            break
+        l_addr, l_name, l_ld, l_next, l_prev = struct.unpack("<5Q", fields)
+        if l_prev != prev:
+            log.info("corrupted shared library list: %#x != %#x", prev, l_prev)
+            break
+        name = _name(read, l_name) if l_name else b""
+        if name:
+            out.append(b'<library name="%s" lm="0x%x" l_addr="0x%x" l_ld="0x%x" lmid="0x%x"/>'
+                       % (_escape(name), lm, l_addr, l_ld, lmid))
+        prev, lm = lm, l_next
+    return out
+
+
+def libraries_svr4(auxv: bytes, read: MemoryReader, lmid: int = 0, start: int = 0, prev: int = 0) -> bytes | None:
+    """GDB's `<library-list-svr4>` document of the process whose auxiliary vector is `auxv` and whose memory
+    `read` reads (gdbserver: linux_process_target::qxfer_libraries_svr4; GDB's docs, "Library List Format for SVR4
+    Targets"). Without `start`: every namespace from the program's r_debug on (r_next, in r_debug_extended version 2),
+    each object with its namespace's r_debug as lmid; the first namespace's first object is the program, named by
+    `main-lm` and not listed. With `start` (the augmented form GDB sends after a library loads): the objects of
+    namespace `lmid` from the link_map `start` on, `prev` the one before it. An empty list (no `main-lm`) while the
+    dynamic linker has not set r_debug; None for a program that has no r_debug (static: GDB then looks for itself,
+    and finds none), which gdbserver answers E01."""
+    head = b'<library-list-svr4 version="1.0"'
+    body: list[bytes] = []
+    if start:
+        head += b">"
+        body = _link_map(read, lmid, start, prev)
+    else:
+        first = find_r_debug(auxv, read)
+        if first is None:
+            return None
+        r_debug, seen = first, set()
+        while r_debug and r_debug not in seen and len(seen) < MAX_OBJECTS:
+            seen.add(r_debug)
+            version = read(r_debug + R_VERSION, 4)
+            if len(version) < 4 or struct.unpack("<i", version)[0] < 1:
+                log.info("r_debug at %#x: no version to read, or not one GDB knows", r_debug)
+                break
+            lm = _pointer(read, r_debug + R_MAP)
+            if lm is None:
+                break
+            lm_prev = 0
+            if r_debug == first:  # the program's own object first (unless a static program loaded the linker late)
+                if lm:
+                    head += b' main-lm="0x%x"' % lm
+                lm_prev, lm = lm, _pointer(read, lm + L_NEXT)
+                if lm is None:
+                    break
+            body += _link_map(read, r_debug, lm, lm_prev)
+            if struct.unpack("<i", version)[0] < 2:
+                break
+            r_debug = _pointer(read, r_debug + R_NEXT)
+            if r_debug is None:
+                break
+        head += b">"
+    return head + b"".join(body) + b"</library-list-svr4>"
 
 
 class ProgramSpace:
@@ -149,6 +305,23 @@ class ProcessHandlers:
             lines.append(f"<thread{attributes}/>")
         lines.append("</threads>")
         return ("\n".join(lines) + "\n").encode()
+
+    @handles(c.ReadLibrariesSvr4)
+    def read_libraries_svr4(self, packet: c.ReadLibrariesSvr4) -> Reply:
+        """The document built anew for each window, as gdbserver builds it; E01 without a process, or for a program
+        without r_debug (static), as gdbserver's answer (GDB then reads the memory itself)."""
+        process = self.target.current()
+
+        def read(address: int, length: int) -> bytes:
+            try:
+                return process.live_memory(address, length)
+            except ViewError:
+                return b""
+
+        document = libraries_svr4(process.auxv, read, packet.lmid, packet.start, packet.prev)
+        if document is None:
+            raise RspError(E_BAD_PACKET, "the program has no DT_DEBUG (static?): no list of shared libraries")
+        return self._window(document, packet)
 
     @handles(c.ReadExecFile)
     def read_exec_file(self, packet: c.ReadExecFile) -> Reply:

@@ -223,8 +223,8 @@ def debug(servers, kind: str, gdb: GdbClient, program: Path, args: tuple[str, ..
     return out, server
 
 
-#: what GDB prints that tells the two servers apart without being about the program: file transfers (Debian's
-#: gdbserver serves the libraries' files, ours lets GDB read them here) and the inferior's name
+#: what GDB prints that is not about the program: its lines about reading the program's files from the server
+#: (both servers serve them, through vFile) and the inferior's name
 _NOISE = re.compile(r"^(Reading .* from remote target\.\.\.|warning: File transfers from remote targets can be slow.*"
                     r"|warning: remote target does not support file transfer.*|\s*)$")
 

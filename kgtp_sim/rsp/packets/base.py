@@ -23,11 +23,14 @@ class Packet:
     `FEATURES` are the qSupported entries this packet's presence announces: qSupported is derived from the
     dispatch table, so a feature is advertised exactly when its handler is implemented.
     `EXACT` packets match only when nothing follows the prefix.
+    `MALFORMED` is the reply to a packet that does not parse, where its family has its own (host I/O's
+    `F-1,<EINVAL>`); None: `E01`.
     """
 
     PREFIX: ClassVar[bytes] = b""
     EXACT: ClassVar[bool] = False
     FEATURES: ClassVar[tuple[str, ...]] = ()
+    MALFORMED: ClassVar[bytes | None] = None
 
     @classmethod
     def parse(cls, body: bytes) -> Self:

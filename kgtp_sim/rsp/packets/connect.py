@@ -251,6 +251,40 @@ class ReadExecFile(ReadFeatures):
 
 
 @dataclass(frozen=True)
+class ReadLibrariesSvr4(ReadFeatures):
+    """`qXfer:libraries-svr4:read:<annex>:<offset>,<length>`: the dynamic linker's list of loaded objects
+    (gdbserver: linux_process_target::qxfer_libraries_svr4; GDB: solib-svr4.c, svr4_current_sos_via_xfer_libraries).
+    The annex is empty (every namespace from the program's r_debug) or, since GDB may send one when
+    `augmented-libraries-svr4-read+` was announced, `name=hex` pairs separated by `;`: `start` (the link_map to
+    walk from, in one namespace), `prev` (the one before it) and `lmid` (that namespace: its r_debug), read as
+    gdbserver reads them: another name is skipped up to its `;`, and the first part without `=` ends the annex."""
+
+    PREFIX = b"qXfer:libraries-svr4:read:"
+    FEATURES = ("qXfer:libraries-svr4:read+", "augmented-libraries-svr4-read+")
+    lmid: int = 0
+    start: int = 0
+    prev: int = 0
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        window = super().parse(body)
+        values = {"lmid": 0, "start": 0, "prev": 0}
+        rest = window.annex
+        while rest:
+            name, equals, after = rest.partition("=")  # the name runs to the next '=', ';'s and all
+            if not equals:
+                break
+            if name in values:
+                value, _, rest = after.partition(";")
+                values[name] = parse_hex(value.encode("latin-1"), f"{name}=") if value else 0
+            else:
+                _, semicolon, rest = after.partition(";")
+                if not semicolon:
+                    break
+        return cls(window.annex, window.offset, window.length, **values)
+
+
+@dataclass(frozen=True)
 class ReadOsdata(ReadFeatures):
     """`qXfer:osdata:read:<annex>:<offset>,<length>`: a table of the operating system's (GDB's `info os`; the
     annex `processes` is `info os processes`: gdbserver's linux_xfer_osdata_processes), empty annex the tables."""

@@ -1,0 +1,197 @@
+"""The gdbserver role's host I/O (stub/hostio.py) at the packet level, on a machine whose archive holds a dynamically
+linked program with its interpreter and libraries: the machine's files read whole, byte for byte the host files
+the user named, stat as the machine's kernel tells it; every other path refused as ENOENT, the host's own files
+(one this test made, /etc/passwd) and path traversal included; writing, creating and removing refused; descriptors
+GDB did not open refused as gdbserver refuses them (EINVAL); replies that fit in one packet."""
+
+from __future__ import annotations
+
+import stat
+import struct
+from pathlib import Path
+
+import pytest
+
+from kgtp_sim.client import VMLINUX
+from kgtp_sim.machine import KernelImage, Machine
+from kgtp_sim.machine.ramfs import Ramfs
+from kgtp_sim.programs import install_program
+from kgtp_sim.rsp import codec
+from kgtp_sim.rsp.dispatch import PACKET_SIZE, Binary, Dispatcher
+from kgtp_sim.rsp.packets import hostio as h
+from kgtp_sim.stub.hostio import MAX_FDS, HostIOHandlers, _fitting
+
+from ..programs import compile_program
+
+LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
+EINVAL, ENOENT = h.error(h.FILEIO_EINVAL), h.error(h.FILEIO_ENOENT)
+
+
+@pytest.fixture(scope="module")
+def machine(tmp_path_factory):
+    """A running machine, and the program the user named: a glibc PIE, packed with ld.so and libc."""
+    program = compile_program("hello", "glibc-dynamic", tmp_path_factory.mktemp("hostio"))
+    machine = Machine(KernelImage.load(VMLINUX), cpus=1)
+    machine.start()
+    inside = install_program(machine, program)
+    yield machine, program, inside
+    machine.shutdown()
+
+
+@pytest.fixture
+def server(machine):
+    """What GDB speaks to: the handlers of a new connection, through the dispatcher."""
+    handlers = HostIOHandlers(Ramfs(machine[0]))
+    return handlers, Dispatcher((handlers,)).dispatch
+
+
+def _hex(path: str | bytes) -> bytes:
+    return (path.encode() if isinstance(path, str) else path).hex().encode()
+
+
+def open_file(dispatch, path: str | bytes, flags: int = 0, mode: int = 0) -> bytes:
+    return dispatch(b"vFile:open:%s,%x,%x" % (_hex(path), flags, mode))
+
+
+def _result(reply: Binary | bytes) -> tuple[int, bytes]:
+    """(result, attachment) of a reply with data."""
+    assert isinstance(reply, Binary), reply
+    head, _, data = reply.data.partition(b";")
+    assert head.startswith(b"F"), reply
+    return int(head[1:], 16), data
+
+
+def read_whole(dispatch, fd: int, count: int = 0x4000) -> bytes:
+    out = b""
+    while True:
+        length, data = _result(dispatch(b"vFile:pread:%x,%x,%x" % (fd, count, len(out))))
+        assert length == len(data)
+        if not data:
+            return out
+        out += data
+
+
+def test_the_program_and_its_libraries_are_read_whole_as_the_host_files_they_came_from(machine, server):
+    _machine, program, inside = machine
+    _handlers, dispatch = server
+    assert dispatch(b"vFile:setfs:0") == b"F0"
+    for path, host in ((inside, program), (LIBC, Path(LIBC).resolve()),
+                       ("/lib64/ld-linux-x86-64.so.2", Path("/lib64/ld-linux-x86-64.so.2").resolve())):
+        reply = open_file(dispatch, path, 0, 0o700)
+        assert reply == b"F3", (path, reply)  # the first descriptor after a process's standard three
+        assert read_whole(dispatch, 3) == host.read_bytes(), path
+        size, raw = _result(dispatch(b"vFile:fstat:3"))
+        assert size == h.STAT_SIZE == len(raw)
+        dev, _ino, mode, nlink, uid, gid, rdev, st_size, blksize, blocks, *times = struct.unpack(">7I3Q3I", raw)
+        host_stat = host.stat()
+        assert (dev, nlink, uid, gid, rdev, blksize, times) == (1, 1, 0, 0, 0, 4096, [0, 0, 0])
+        assert (mode, st_size) == (stat.S_IFREG | stat.S_IMODE(host_stat.st_mode), host_stat.st_size)
+        assert blocks == (host_stat.st_size + 511) // 512
+        assert dispatch(b"vFile:close:3") == b"F0"
+        assert dispatch(b"vFile:close:3") == EINVAL  # closed: no longer GDB's
+
+
+def test_the_setfs_of_a_process_is_the_same_one_file_system(machine, server):
+    _handlers, dispatch = server
+    assert dispatch(b"vFile:setfs:64") == b"F0"
+    assert open_file(dispatch, LIBC) == b"F3"
+    assert dispatch(b"vFile:setfs:0") == b"F0"
+
+
+def test_a_read_past_the_end_is_empty_and_a_large_one_fits_in_a_packet(machine, server):
+    _handlers, dispatch = server
+    assert open_file(dispatch, LIBC) == b"F3"
+    size = Path(LIBC).stat().st_size
+    assert _result(dispatch(b"vFile:pread:3,100,%x" % size)) == (0, b"")
+    assert _result(dispatch(b"vFile:pread:3,100,%x" % (size + 0x10000))) == (0, b"")
+    length, data = _result(dispatch(b"vFile:pread:3,7fffffff,0"))
+    assert 0 < length == len(data) and len(codec.escape(b"F%x;" % length + data)) <= PACKET_SIZE
+    assert data == Path(LIBC).read_bytes()[:length]
+
+
+def test_only_what_fits_escaped_is_sent():
+    header = b"F%x;" % PACKET_SIZE
+    plain = bytes(range(0x30, 0x40)) * 0x1000
+    assert _fitting(header, plain) == plain[:PACKET_SIZE - len(header)]
+    special = b"}" * PACKET_SIZE  # each byte two on the wire
+    assert _fitting(header, special) == special[:(PACKET_SIZE - len(header)) // 2]
+    assert _fitting(header, b"$#") == b"$#"
+
+
+@pytest.mark.parametrize("path", [
+    "/etc/passwd", "/lib/../../etc/passwd", "/lib/x86_64-linux-gnu/../../../etc/passwd", "just probing",
+    "/proc/self/exe", "/proc/1/maps", "/", "/lib", "/lib/x86_64-linux-gnu/", "/usr/lib/debug/.build-id/00/00.debug",
+])
+def test_a_path_the_machine_has_no_file_at_is_enoent(server, path):
+    _handlers, dispatch = server
+    assert open_file(dispatch, path) == ENOENT
+    assert dispatch(b"vFile:readlink:" + _hex(path)) == ENOENT
+
+
+def test_a_host_file_next_to_the_program_is_not_served(machine, server):
+    """The host has it, under a path the program's own directory shares; the machine has not."""
+    _machine, program, _inside = machine
+    _handlers, dispatch = server
+    secret = program.parent / "secret.txt"
+    secret.write_bytes(b"the host's")
+    assert open_file(dispatch, str(secret)) == ENOENT
+    assert open_file(dispatch, str(program.parent / ".." / program.parent.name / "secret.txt")) == ENOENT
+
+
+def test_a_path_through_dot_dot_to_a_file_of_the_machine_is_that_file(machine, server):
+    _handlers, dispatch = server
+    assert open_file(dispatch, "/lib/x86_64-linux-gnu/../x86_64-linux-gnu/./libc.so.6") == b"F3"
+    assert read_whole(dispatch, 3)[:4] == b"\x7fELF"
+
+
+def test_writing_creating_and_removing_are_refused(machine, server):
+    _machine, program, inside = machine
+    _handlers, dispatch = server
+    for flags in (h.O_WRONLY, h.O_RDWR, h.O_WRONLY | h.O_CREAT | h.O_TRUNC, h.O_APPEND, h.O_CREAT | h.O_EXCL):
+        assert open_file(dispatch, inside, flags, 0o700) == h.error(h.FILEIO_EACCES), flags
+        assert open_file(dispatch, "/tmp/new-file", flags, 0o700) == h.error(h.FILEIO_EACCES), flags
+    assert open_file(dispatch, inside) == b"F3"
+    assert dispatch(b"vFile:pwrite:3,0,XXXX") == h.error(h.FILEIO_EACCES)
+    assert dispatch(b"vFile:pwrite:9,0,XXXX") == EINVAL
+    assert dispatch(b"vFile:unlink:" + _hex(inside)) == h.error(h.FILEIO_EPERM)
+    assert dispatch(b"vFile:unlink:" + _hex(str(program))) == h.error(h.FILEIO_EPERM)
+    assert read_whole(dispatch, 3) == program.read_bytes()  # unchanged, here and on the host
+    assert program.exists()
+
+
+def test_descriptors_gdb_did_not_open_are_einval_as_gdbservers_require_valid_fd(server):
+    _handlers, dispatch = server
+    for packet in (b"vFile:pread:3,10,0", b"vFile:pread:0,10,0", b"vFile:fstat:1", b"vFile:close:2",
+                   b"vFile:close:7fffffff", b"vFile:pwrite:3,0,x"):
+        assert dispatch(packet) == EINVAL, packet
+
+
+def test_malformed_requests_are_einval(server):
+    _handlers, dispatch = server
+    for packet in (b"vFile:open:2f6,0,0", b"vFile:open:" + _hex(LIBC) + b",0", b"vFile:pread:3,zz,0",
+                   b"vFile:open:" + _hex(LIBC) + b",4,0", b"vFile:setfs:-1", b"vFile:readlink:2f00",
+                   b"vFile:open:2f0065,0,0"):
+        assert dispatch(packet) == EINVAL, packet
+
+
+def test_a_path_too_long_for_the_kernel(server):
+    _handlers, dispatch = server
+    assert open_file(dispatch, "/" + "a" * 5000) == h.error(h.FILEIO_ENAMETOOLONG)
+    assert dispatch(b"vFile:readlink:" + _hex("/" + "a" * 5000)) == h.error(h.FILEIO_ENAMETOOLONG)
+
+
+def test_a_file_of_the_machine_is_no_link(server):
+    _handlers, dispatch = server
+    assert dispatch(b"vFile:readlink:" + _hex(LIBC)) == EINVAL
+
+
+def test_descriptors_are_bounded_and_a_new_connection_starts_with_none(server):
+    handlers, dispatch = server
+    fds = [open_file(dispatch, LIBC) for _ in range(MAX_FDS)]
+    assert fds == [b"F%x" % n for n in range(3, 3 + MAX_FDS)]
+    assert open_file(dispatch, LIBC) == h.error(h.FILEIO_EMFILE)
+    assert dispatch(b"vFile:close:5") == b"F0"
+    assert open_file(dispatch, LIBC) == b"F5"  # the lowest free
+    handlers.forget_session()
+    assert dispatch(b"vFile:fstat:3") == EINVAL
+    assert open_file(dispatch, LIBC) == b"F3"
