@@ -334,8 +334,14 @@ class ExtendedHandlers:
 
     @handles(v.VAttach)
     def vattach(self, packet: v.VAttach) -> Reply:
+        """The reply is the process's stop; in non-stop `OK`, each thread's stop following as a notification
+        (gdbserver's handle_v_attach; GDB's extended_remote_attach takes nothing else then)."""
         self.threads.selection.general = None
-        return stop_reply(self.inferior.attach(packet.pid), self.threads)
+        stop = self.inferior.attach(packet.pid)
+        if self.inferior.non_stop():
+            self.inferior.current().announce_stopped()
+            return b"OK"
+        return stop_reply(stop, self.threads)
 
     @handles(c.Restart)
     def restart(self, packet: c.Restart) -> Reply:

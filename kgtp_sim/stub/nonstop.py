@@ -15,6 +15,7 @@ run control; it lends the target interface's `NonStop` extension (stub/target.py
   process makes goes at once (GDB takes a thread it finds as running until a stop says otherwise).
 - `stopped_threads` (`?`): every stopped thread with the stop it last reported (signal 0 for one stopped without
   GDB being told why, as gdbserver's gdb_wants_thread_stopped leaves it).
+- `announce_stopped` (a non-stop `vAttach`, answered `OK`): each attached thread's stop comes as an event.
 - `request_interrupt` (`vCtrlC`, Ctrl-C): SIGINT to a running thread of the process, the leader first (gdbserver
   sends SIGINT to the process's group), without waiting.
 - Switching modes (`QNonStop`): to all-stop, running threads are stopped quietly, their events kept pending for the
@@ -153,6 +154,14 @@ class NonStopControl(NonStop):
                 last = self._last if getattr(self._last, "thread", None) == tid else Signal(0, tid)
             stops.append(last)
         return stops
+
+    def announce_stopped(self) -> None:
+        """Every stopped thread's stop to be told as an event (signal 0, or the one it has pending): what a non-stop
+        attach answers with, after its `OK` (gdbserver's attach reports each thread's SIGSTOP as GDB_SIGNAL_0)."""
+        for tid, thread in self.threads_by_tid.items():
+            if thread.after is None:
+                thread.pending = thread.pending or Signal(0, tid)
+                self._resumed.add(tid)
 
     def request_interrupt(self) -> None:
         running = self._running()

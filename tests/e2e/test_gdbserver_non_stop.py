@@ -99,7 +99,7 @@ def test_extended_remote_runs_the_program_in_non_stop(workers, multi, kind, gdb)
         mi.command("-break-delete")
         mi.command("-exec-continue --all")
         assert _stop_of(mi, reason="exited-normally")
-    assert "counter 18" in server.out["stdout"], server.out
+    server.wait_line(r"^counter 18$", stream="stdout")
 
 
 @pytest.mark.parametrize("gdb", GDB_CLIENTS, ids=lambda g: f"gdb{g.version}")
@@ -137,3 +137,4 @@ def test_a_trace_run_over_threads_that_never_stop(workers, servers, kind, gdb):
         assert _stop_of(mi, reason="exited-normally")
     assert server.wait() == 0, server.text()
     assert server.out["stdout"] == ["started", "counter -1"], server.out
+
