@@ -328,8 +328,7 @@ class Server:
     def make_session(self):
         from .rsp.session import Session
 
-        self.session = Session(self.dispatcher, stop_reply=self.handlers.stop_reply,
-                               async_stop=self.handlers.pending_stop, ends_session=self._ends_session)
+        self.session = Session(self.dispatcher, ends_session=self._ends_session, **self.handlers.session_hooks())
         return self.session
 
     def _ends_session(self, payload: bytes, reply) -> bool:

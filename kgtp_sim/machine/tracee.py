@@ -270,7 +270,8 @@ class Ptrace:
 
 
 class Tracee:
-    """One traced process (single-threaded: its thread is its pid). Reads and writes need it stopped."""
+    """One traced process (single-threaded: its thread is its pid). Registers need it stopped; memory is read and
+    written stopped or running."""
 
     def __init__(self, ptrace: Ptrace, pid: int, task: int) -> None:
         self.ptrace = ptrace
@@ -423,13 +424,15 @@ class Tracee:
     def read_memory(self, address: int, length: int, hide_int3s: bool = False) -> bytes:
         """Bytes of its memory from `address`: as many as its pages give, faulting in a page of its areas it has
         not touched yet (empty: not even the first byte). `hide_int3s`: the bytes under the int3s the debugger and
-        the tracer hold there (int3s.py) in their place, as the program sees its memory."""
-        self._require_stopped()
+        the tracer hold there (int3s.py) in their place, as the program sees its memory. A running one (a non-stop
+        debugger reads while threads run, as gdbserver reads /proc/PID/mem) is read through its page tables as they
+        are: a page it has not touched yet ends the read."""
+        fault = self._may_fault_in()
         out = bytearray()
         while len(out) < length:
             at = address + len(out)
             chunk = min(length - len(out), PAGE_SIZE - (at & (PAGE_SIZE - 1)))
-            data = self._page_bytes(at, chunk, write=None, hide_int3s=hide_int3s)
+            data = self._page_bytes(at, chunk, write=None, hide_int3s=hide_int3s, fault=fault)
             if data is None:
                 break
             out += data
@@ -438,22 +441,22 @@ class Tracee:
     def write_memory(self, address: int, data: bytes) -> None:
         """Write its memory (read-only pages too, as ptrace's POKEDATA); MachineError, after writing the pages
         before it, at the first address outside its areas. An int3 held there (int3s.py) stays: the byte under it
-        is what was written."""
-        self._require_stopped()
+        is what was written. A running one is written as it is read, in the pages it has."""
+        fault = self._may_fault_in()
         done = 0
         while done < len(data):
             at = address + done
             chunk = min(len(data) - done, PAGE_SIZE - (at & (PAGE_SIZE - 1)))
-            if self._page_bytes(at, chunk, write=data[done: done + chunk]) is None:
+            if self._page_bytes(at, chunk, write=data[done: done + chunk], fault=fault) is None:
                 raise MachineError(f"cannot write {at:#x}: outside the process's memory")
             done += chunk
 
     def debugger_int3s(self, coming: Sequence[int], leaving: Sequence[int]) -> list[bool]:
         """The debugger's int3s (int3s.py's DEBUGGER holds): those at `leaving` let go of, those at `coming` held,
         in one trip to the CPU thread when their pages are present (a page not yet faulted in is brought in
-        first). For each of `coming`, whether it is in (False: outside the process's memory). How breakpoints go
-        in and out."""
-        self._require_stopped()
+        first, only while it is stopped). For each of `coming`, whether it is in (False: outside the process's
+        memory, or not brought in yet). How breakpoints go in and out, also while it runs (non-stop)."""
+        fault = self._may_fault_in()
         int3s = self.machine.int3s
 
         def change(uc: Any, leaving: Sequence[int], coming: Sequence[int]) -> list[bool]:
@@ -471,12 +474,20 @@ class Tracee:
 
         done = self.machine.run_on_cpu(lambda uc: change(uc, leaving, coming))
         for index, address in enumerate(coming):
-            if not done[index] and address < TASK_SIZE_MAX and self.fault_in(address):
+            if not done[index] and fault and address < TASK_SIZE_MAX and self.fault_in(address):
                 done[index] = self.machine.run_on_cpu(lambda uc, address=address: change(uc, (), (address,)))[0]
         return done
 
+    def _may_fault_in(self) -> bool:
+        """Stopped: a page not touched yet may be brought in (by the task); running: not. TraceeGone: ended."""
+        if self.stop is not None:
+            return True
+        if self.ended is not None:
+            raise TraceeGone(f"process {self.pid} has ended")
+        return False
+
     def _page_bytes(self, address: int, length: int, write: bytes | None,
-                    hide_int3s: bool = False) -> bytes | None:
+                    hide_int3s: bool = False, fault: bool = True) -> bytes | None:
         """Read (or write) [address, address + length) within one page; None if the page cannot be had."""
 
         def access(uc: Any) -> bytes | None:
@@ -492,7 +503,7 @@ class Tracee:
             return write
 
         data = self.machine.run_on_cpu(access)
-        if data is None and address < TASK_SIZE_MAX and self.fault_in(address):
+        if data is None and fault and address < TASK_SIZE_MAX and self.fault_in(address):
             data = self.machine.run_on_cpu(access)
         return data
 

@@ -81,8 +81,15 @@ def encode_packet(payload: bytes, *, binary: bool = False) -> bytes:
     return b"$" + body + b"#" + b"%02x" % checksum(body)
 
 
+def encode_notification(payload: bytes) -> bytes:
+    """Frame an asynchronous notification as `%payload#cs` (GDB's remote.c: handle_notification; never
+    acknowledged)."""
+    return b"%" + payload + b"#" + b"%02x" % checksum(payload)
+
+
 class EventKind(Enum):
     PACKET = auto()
+    NOTIFICATION = auto()  #: `%...#cs`: only a decoder made with notifications=True (a debugger's side) sees these
     ACK = auto()
     NACK = auto()
     INTERRUPT = auto()
@@ -103,12 +110,14 @@ class Decoder:
     """Incremental parser of the byte stream from GDB.
 
     Feed it whatever the socket returned; it keeps partial packets between calls. Garbage between packets
-    (line noise, stray bytes) is skipped, as GDB itself does.
+    (line noise, stray bytes) is skipped, as GDB itself does. `notifications`: the stream is a stub's, whose
+    `%...#cs` notifications are events too (GDB's side; a stub's decoder skips a `%` as noise).
     """
 
-    def __init__(self, max_packet_size: int = MAX_PACKET_SIZE) -> None:
+    def __init__(self, max_packet_size: int = MAX_PACKET_SIZE, notifications: bool = False) -> None:
         self._buffer = bytearray()
         self._max = max_packet_size
+        self._starts = b"$%" if notifications else b"$"
 
     @property
     def pending(self) -> int:
@@ -120,7 +129,7 @@ class Decoder:
         events: list[Event] = []
         while self._buffer:
             first = self._buffer[0]
-            if first == ord("$"):
+            if first in self._starts:
                 event = self._take_packet()
                 if event is None:
                     break
@@ -139,7 +148,9 @@ class Decoder:
     def _take_packet(self) -> Event | None:
         hash_at = self._buffer.find(b"#")
         # A '$' inside an unfinished packet means the sender restarted: drop the fragment.
-        restart = self._buffer.find(b"$", 1, hash_at if hash_at >= 0 else len(self._buffer))
+        end = hash_at if hash_at >= 0 else len(self._buffer)
+        restart = min((at for at in (self._buffer.find(bytes([start]), 1, end) for start in self._starts) if at > 0),
+                      default=-1)
         if restart > 0:
             del self._buffer[:restart]
             return Event(EventKind.BAD_PACKET, detail="packet restarted before '#'")
@@ -150,6 +161,7 @@ class Decoder:
             return None
         if len(self._buffer) < hash_at + 3:
             return None
+        kind = EventKind.NOTIFICATION if self._buffer[0] == ord("%") else EventKind.PACKET
         raw = bytes(self._buffer[1:hash_at])
         sent_sum = bytes(self._buffer[hash_at + 1 : hash_at + 3])
         del self._buffer[: hash_at + 3]
@@ -160,6 +172,6 @@ class Decoder:
         if expected != checksum(raw):
             return Event(EventKind.BAD_CHECKSUM, raw, f"checksum {sent_sum.decode('latin-1')} != {checksum(raw):02x}")
         try:
-            return Event(EventKind.PACKET, decode_body(raw))
+            return Event(kind, decode_body(raw))
         except FramingError as error:
             return Event(EventKind.BAD_PACKET, raw, str(error))

@@ -1,9 +1,11 @@
 """One debugger connection as a sans-IO state machine: bytes from GDB in, bytes for GDB out.
 
 It owns the acknowledgement protocol (acks, `-` retransmission, QStartNoAckMode), console output for
-`monitor`, and the one asynchronous case: a resumption (`c`, `vCont`) answered later, when the user presses Ctrl-C
-or when the target stops by itself. For the latter the transport calls `poll` when it is woken (the target stops on
-its own thread; the reply goes out on the transport's) and after every `receive`.
+`monitor`, and the asynchronous cases: in all-stop, a resumption (`c`, `vCont`) answered later, when the user
+presses Ctrl-C or when the target stops by itself; in non-stop, each stop sent as a `%Stop` notification through
+the queue GDB drains with `vStopped` (rsp/notify.py, shared with the `vStopped` and `?` handlers), and Ctrl-C
+handed to the target with no reply. For the target's own stops the transport calls `poll` when it is woken (the
+target stops on its own thread; the reply goes out on the transport's) and after every `receive`.
 
 Thread: the server thread: `RspServer` makes one session per debugger and feeds it that connection's bytes on the
 connection's own thread (on the calling thread, serving a pipe); the fuzz harness and the handler tests feed one on
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 
 from .codec import Decoder, EventKind, encode_packet
 from .dispatch import Binary, Deferred, Dispatcher, NoReply, Reply, WithOutput
+from .notify import StopNotifications
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,14 @@ class Session:
     async_stop: Callable[[], bytes | None] = lambda: None
     #: whether a packet and its reply end the session (closing once the reply is out)
     ends_session: Callable[[bytes, Reply], bool] = ends_with_the_process
+    #: non-stop: the stop replies of the stops since the last call, each queued as a `%Stop` notification (empty in
+    #: all-stop, where `async_stop` answers the resumption)
+    stop_events: Callable[[], list[bytes]] = lambda: []
+    #: the queue behind `%Stop` (the vStopped and `?` handlers take from it)
+    notifications: StopNotifications = field(default_factory=StopNotifications)
+    #: Ctrl-C while no resumption waits for its reply: non-stop's interrupt (gdbserver's request_interrupt, the
+    #: stop coming as a notification), or None: ignored, as in all-stop
+    interrupt: Callable[[], None] | None = None
     decoder: Decoder = field(default_factory=Decoder)
     ack_mode: bool = True
     #: a resumption waits for its stop reply (Ctrl-C or the target's own stop)
@@ -75,6 +86,8 @@ class Session:
                     self.waiting_for_interrupt = False
                     stop = self.stop_reply
                     out += self._frame(stop if isinstance(stop, bytes) else stop())
+                elif self.interrupt is not None:
+                    self.interrupt()
                 else:
                     log.info("Ctrl-C while no continue is pending: ignored")
             elif event.kind is EventKind.BAD_CHECKSUM:
@@ -92,15 +105,17 @@ class Session:
         return bytes(out)
 
     def poll(self) -> bytes:
-        """The bytes to send when the target may have stopped by itself: its stop reply, once, if a resumption
-        waits for it; nothing otherwise."""
+        """The bytes to send when the target may have stopped by itself: in non-stop, a `%Stop` notification when
+        the first of its new stops opens the queue; in all-stop its stop reply, once, if a resumption waits for
+        it; nothing otherwise."""
+        out = b"".join(self.notifications.push(reply) for reply in self.stop_events())
         if not self.waiting_for_interrupt:
-            return b""
+            return out
         stop = self.async_stop()
         if stop is None:
-            return b""
+            return out
         self.waiting_for_interrupt = False
-        return self._frame(stop)
+        return out + self._frame(stop)
 
     def _answer(self, payload: bytes) -> bytes:
         reply = self.dispatcher.dispatch(payload)

@@ -14,7 +14,7 @@ from ..arch import amd64
 from ..rsp.dispatch import E_BAD_PACKET, E_MEMORY, E_PERMISSION, Binary, Reply, RspError, handles
 from ..rsp.packets import connect as c
 from ..rsp.packets import data as d
-from .run import ReverseHandlers, RunHandlers
+from .run import NonStopHandlers, ReverseHandlers, RunHandlers
 from .target import Target, ViewError
 from .threads import Selection, ThreadHandlers
 
@@ -153,7 +153,8 @@ class TargetHandlers:
     role assemble the same families, each with its target.
 
     The reverse family is assembled only when the target has the reverse extension, so qSupported (derived from
-    the dispatch table) announces ReverseStep+ and ReverseContinue+ only then. `families` lists them in the order
+    the dispatch table) announces ReverseStep+ and ReverseContinue+ only then; the non-stop family likewise
+    (QNonStop+). `families` lists them in the order
     their qSupported features come out (the recorded transcripts hold GDB's sessions byte for byte)."""
 
     target: Target
@@ -166,10 +167,13 @@ class TargetHandlers:
                         if self.target.support_reverse() is not None else None)
         self.connect = ConnectHandlers(self.target)
         self.run = RunHandlers(self.target, self.threads)
+        self.non_stop = (NonStopHandlers(self.target, self.run)
+                         if self.target.support_non_stop() is not None else None)
 
     @property
     def families(self) -> tuple[object, ...]:
-        return tuple(f for f in (self.data, self.reverse, self.connect, self.run, self.threads) if f is not None)
+        return tuple(f for f in (self.data, self.reverse, self.connect, self.run, self.threads, self.non_stop)
+                     if f is not None)
 
     def stop_reply(self) -> bytes:
         """The session's reply to Ctrl-C after a deferred `c`."""
@@ -179,8 +183,23 @@ class TargetHandlers:
         """The session's reply when the target stopped by itself after a deferred `c` (None: it runs on)."""
         return self.run.pending_stop()
 
+    def stop_events(self) -> list[bytes]:
+        """The session's non-stop stops, as stop replies for `%Stop` notifications ([] in all-stop)."""
+        return self.run.stop_events()
+
+    def interrupt_running(self) -> None:
+        """The session's Ctrl-C with no resumption waiting (non-stop's interrupt)."""
+        self.run.interrupt_running()
+
+    def session_hooks(self) -> dict[str, object]:
+        """What a `Session` of these handlers is given: its replies to Ctrl-C, the target's stops and the queue
+        behind `%Stop`."""
+        return dict(stop_reply=self.stop_reply, async_stop=self.pending_stop, stop_events=self.stop_events,
+                    notifications=self.run.notifications, interrupt=self.interrupt_running)
+
     def forget_session(self) -> None:
         self.threads.forget_session()
+        self.run.notifications.clear()
 
     def supported(self, gdb_features: tuple[str, ...]) -> None:
         """The dispatcher's `on_supported`: what GDB offered in qSupported."""

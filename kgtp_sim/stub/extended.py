@@ -7,8 +7,8 @@ server, as gdbserver's extended_protocol lets it (gdbserver/server.cc: handle_v_
   detached. Every method of a process is the current process's; with none, the thread list is empty, `?` answers
   `W00` and what needs a process is refused with E01, as gdbserver's require_running. One process at a time: a vRun
   or vAttach while one lives is refused (gdbserver's answer outside multiprocess mode; GDB kills the old process
-  before it runs a new one). Signals GDB passes (QPassSignals, QProgramSignals) and trace-frame selection outlive
-  the processes, as GDB sends them once.
+  before it runs a new one). Signals GDB passes (QPassSignals, QProgramSignals), non-stop mode (QNonStop) and
+  trace-frame selection outlive the processes, as GDB sends them once.
 - `ExtendedHandlers`: `!`, `vRun`, `vAttach` and `R`.
 - `OsdataHandlers`: `qXfer:osdata:read` (`info os processes`: the machine's processes in gdbserver's table,
   linux-osdata.cc: linux_xfer_osdata_processes), for KGTP mode too.
@@ -37,8 +37,8 @@ from ..rsp.packets import run as v
 from .overlay import FrameOverlay
 from .process import ProcessTarget, ProcessView
 from .run import stop_reply
-from .target import (Breakpoints, BreakpointType, Exited, MemoryWrites, RegisterWrites, Resume, ResumeAction,
-                     Running, Stop, Target, Terminated)
+from .target import (Breakpoints, BreakpointType, Exited, MemoryWrites, NonStop, RegisterWrites, Resume,
+                     ResumeAction, Running, Stop, Target, Terminated)
 from .threads import ThreadHandlers
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 Starter = Callable[[str, Sequence[str]], tuple[Tracee, str]]
 
 
-class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
+class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints, NonStop):
     """The process GDB debugs now, or none; what the handlers of a gdbserver role speak to."""
 
     def __init__(self, machine: object, start: Starter | None = None, say: Callable[[str], None] = lambda line: None):
@@ -63,6 +63,7 @@ class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         self.detached = False  #: the last process was detached (it goes on untraced)
         self.pass_signals: frozenset[int] = frozenset()
         self.program_signals: frozenset[int] | None = None
+        self._non_stop = False
         self._notify: Callable[[], None] | None = None
         #: told of each new process (or None when the last one went): the server points tracing at it
         self.listeners: list[Callable[[ProcessTarget | None], None]] = []
@@ -76,6 +77,7 @@ class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         self.detached = False
         process.pass_signals = self.pass_signals
         process.program_signals = self.program_signals
+        process.set_non_stop(self._non_stop)
         if self._notify is not None:
             process.notify_stops(self._notify)
         for listener in self.listeners:
@@ -215,6 +217,9 @@ class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
     def support_breakpoints(self) -> Breakpoints:
         return self
 
+    def support_non_stop(self) -> NonStop:
+        return self
+
     def write_registers(self, thread: int, values: dict[str, int]) -> None:
         self.current().write_registers(thread, values)
 
@@ -249,6 +254,34 @@ class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         if self.process is None:
             return Exited(0)
         return self._reported(self.process.interrupt())  # type: ignore[return-value]
+
+    # ---- non-stop: the current process's, the mode kept for the next -----------------------------------------
+
+    def non_stop(self) -> bool:
+        return self._non_stop
+
+    def set_non_stop(self, on: bool) -> None:
+        if self.process is not None:
+            self.process.set_non_stop(on)
+        self._non_stop = on
+
+    def resume_threads(self, actions: Sequence[ResumeAction]) -> None:
+        self.current().resume_threads(actions)
+
+    def stop_events(self) -> list[Stop]:
+        if self.process is None:
+            return []
+        events = self.process.stop_events()
+        for stop in events:
+            self._reported(stop)
+        return events
+
+    def stopped_threads(self) -> list[Stop]:
+        return self.process.stopped_threads() if self.process is not None else []
+
+    def request_interrupt(self) -> None:
+        if self.process is not None:
+            self.process.request_interrupt()
 
     def set_signals(self, passed: frozenset[int] | None = None, program: frozenset[int] | None = None) -> None:
         """QPassSignals, QProgramSignals: kept for every process to come, and given to the current one."""
@@ -301,8 +334,14 @@ class ExtendedHandlers:
 
     @handles(v.VAttach)
     def vattach(self, packet: v.VAttach) -> Reply:
+        """The reply is the process's stop; in non-stop `OK`, each thread's stop following as a notification
+        (gdbserver's handle_v_attach; GDB's extended_remote_attach takes nothing else then)."""
         self.threads.selection.general = None
-        return stop_reply(self.inferior.attach(packet.pid), self.threads)
+        stop = self.inferior.attach(packet.pid)
+        if self.inferior.non_stop():
+            self.inferior.current().announce_stopped()
+            return b"OK"
+        return stop_reply(stop, self.threads)
 
     @handles(c.Restart)
     def restart(self, packet: c.Restart) -> Reply:

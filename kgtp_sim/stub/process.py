@@ -9,7 +9,7 @@ stopped the kernel and every other process run on. All-stop, as gdbserver's linu
 an event is the stop reply, every other running thread is then stopped quietly (no signal), and an event one of
 them met meanwhile stays pending, reported at the next resumption that resumes that thread (before anything
 runs); each thread takes the first `vCont` action naming it, and one named by none stays stopped (GDB steps one
-thread over a breakpoint that way). Registers are the process's (x86-64 Linux's description:
+thread over a breakpoint that way). Non-stop, GDB's other mode, is stub/nonstop.py's, over the same threads. Registers are the process's (x86-64 Linux's description:
 the core, SSE, `orig_rax`, `fs_base`, `gs_base`), memory its own address space, both writable, as a debugger's are
 (the kernel's half is read-only here: KGTP mode's `--allow-writes` is the way to write it).
 
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,18 +45,16 @@ from ..machine.tracee import SIGTRAP, TASK_SIZE_MAX, Tracee, TraceeGone
 from ..machine.watchpoints import EXECUTE, READ_WRITE, WRITE, WatchpointError, aligned_pieces, busy_message
 from ..rsp.dispatch import E_BAD_PACKET, E_MEMORY, E_PERMISSION, RspError
 from ..rsp.packets import connect as c
+from .auxv import auxv_below_stack_top, initial_auxv
+from .nonstop import NonStopControl
 from .overlay import FrameOverlay
 from .target import (SIGINT, Breakpoints, BreakpointType, DataAccess, Exited, MemoryWrites, RegisterWrites, Resume, ResumeAction,
                      Running, Signal, Stop, Target, Terminated, ViewError)
 
 log = logging.getLogger(__name__)
 
-#: auxv entries are (type, value) pairs of 64-bit words, ended by AT_NULL
-_AT_NULL, _AT_EXECFN = 0, 31
 #: seconds a thread the process made just before it was detached may take to stop at its start
 _NEW_THREAD_S = 2.0
-#: the top of a process's stack (fixtures/kernel/include/process.h: STACK_TOP, Linux's without randomization)
-_STACK_TOP = TASK_SIZE_MAX
 _LINUX_XML = amd64.LINUX.target_xml().encode()
 
 
@@ -74,7 +71,7 @@ class ProcessView:
         return self.target.live_memory(address, length)
 
 
-class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
+class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
     """A traced process (`tracee`) of the machine; `exec_path` is its program's path inside the machine. A trace
     frame GDB selects (`tfind`) is laid over it (`overlay`), as over KGTP mode's kernel."""
 
@@ -84,6 +81,7 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         the leader `tracee` among them, each stopped by Ptrace.attach), a running process GDB attached to, whose
         program's path (`exec_path` None) is read from its stack (AT_EXECFN's string, at the top). `overlay`: the
         trace-frame overlay to look through (shared by the processes of one server), a new one by default."""
+        NonStopControl.__init__(self)
         self.overlay = overlay or FrameOverlay(ProcessView(self))
         self.leader = tracee
         self.machine = tracee.machine
@@ -105,9 +103,9 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         self.program_signals: frozenset[int] | None = None
         if attached is None:
             self.exec_path = exec_path or ""
-            self.auxv = self._initial_auxv()
+            self.auxv = initial_auxv(self.tracee)
         else:
-            self.exec_path, self.auxv = self._auxv_below_stack_top()
+            self.exec_path, self.auxv = auxv_below_stack_top(self.tracee)
             self._last = Signal(0, self.pid)  # gdbserver's report of the attach stop (linux-low: a resume_stop SIGSTOP)
             for tid, thread in self.threads_by_tid.items():  # a signal one was about to take: its next event
                 stop = self.machine.ptrace.stop_of(tid)
@@ -125,48 +123,6 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
             if thread.after is None and thread.tracee.ended is None:
                 return thread.tracee
         return self.leader
-
-    def _initial_auxv(self) -> bytes:
-        """The auxiliary vector the kernel gave the program, read at its first instruction (the stack is then as
-        exec left it: argc, argv, NULL, envp, NULL, auxv), as Linux keeps a copy for /proc/PID/auxv."""
-        rsp = self.tracee.registers()["rsp"]
-        words = 4096 // 8
-        stack = self.tracee.read_memory(rsp, 8 * words)
-        values = struct.unpack(f"<{len(stack) // 8}Q", stack[: len(stack) // 8 * 8])
-        at = 1 + values[0] + 1  # past argc, argv, argv's NULL
-        while at < len(values) and values[at]:
-            at += 1
-        at += 1  # envp's NULL
-        start = at
-        while at + 1 < len(values) and values[at] != _AT_NULL:
-            at += 2
-        return struct.pack(f"<{at + 2 - start}Q", *values[start: at + 2]) if at + 1 < len(values) else b""
-
-    def _auxv_below_stack_top(self) -> tuple[str, bytes]:
-        """The program's path and auxiliary vector of a process that has run since its exec: the kernel's exec
-        (process.c: do_execve) put the path's string right under the stack's top, and the vector, whose AT_EXECFN
-        entry points at that string, below the other strings; the vector begins after envp's NULL (the first pair
-        whose type is no AT_ number). Linux keeps a copy (mm->saved_auxv); the kernel here keeps none."""
-        top = _STACK_TOP - 8
-        window = 4 * 4096  # the strings (at most the spawn request's 4096 bytes) and the words below them
-        stack = self.tracee.read_memory(top - window, window)
-        if len(stack) < window:
-            return "", b""
-        end = window - 1  # the path's NUL
-        start = stack.rfind(b"\0", 0, end) + 1
-        path = stack[start:end].decode("utf-8", "surrogateescape")
-        execfn = top - window + start
-        entry = struct.pack("<QQ", _AT_EXECFN, execfn)
-        at = next((i for i in range((start - 16) // 8 * 8, -1, -8) if stack[i: i + 16] == entry), None)
-        if at is None:
-            return path, b""
-        first = at
-        while first >= 16 and 0 < int.from_bytes(stack[first - 16: first - 8], "little") < 64:
-            first -= 16
-        last = at
-        while last + 16 <= len(stack) and int.from_bytes(stack[last: last + 8], "little") != _AT_NULL:
-            last += 16
-        return path, stack[first: last + 16]
 
     def ended(self) -> Stop | None:
         status = self.machine.processes.exited().get(self.pid)  # the process's end (its pid), whichever thread
@@ -219,7 +175,10 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         return view.registers() if view is not None else self.live_registers(thread)
 
     def live_registers(self, thread: int | None = None) -> dict[str, int | None]:
+        """A running thread's (non-stop) are unavailable, as gdbserver answers `g` for one: all `x`."""
         tracee = self.tracee if thread is None else self._thread(thread).tracee
+        if thread is not None and self.threads_by_tid[thread].after is not None:
+            return {}
         try:
             return dict(tracee.registers())
         except MachineError as error:
@@ -305,6 +264,9 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
     def support_breakpoints(self) -> Breakpoints:
         return self
 
+    def support_non_stop(self) -> NonStopControl:
+        return self
+
     # ---- writes ---------------------------------------------------------------------------------------------
 
     def _refuse_in_frame(self) -> None:
@@ -348,6 +310,7 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
             if not present:
                 raise RspError(E_BAD_PACKET, f"cannot access memory at {address:#x}")
         self._wanted.add(address)
+        self._breakpoints_now()
 
     def remove_breakpoint(self, type: BreakpointType, address: int, kind: int) -> None:
         if type != BreakpointType.SOFTWARE:
@@ -356,6 +319,15 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
                 self.machine.run_on_cpu(lambda uc: self.machine.debug_registers.release(slots))
             return
         self._wanted.discard(address)
+        self._breakpoints_now()
+
+    def _breakpoints_now(self) -> None:
+        """While threads run (non-stop: GDB's breakpoints are always inserted), memory follows GDB's set at once."""
+        if self._running():
+            try:
+                self._put_in_breakpoints()
+            except MachineError as error:
+                raise RspError(E_BAD_PACKET, str(error)) from None
 
     def _insert_hardware(self, type: BreakpointType, address: int, length: int) -> None:
         """A hardware breakpoint or watchpoint in the machine's debug registers (four, shared with KGTP's watch
@@ -461,7 +433,21 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
     def _go(thread: _Thread, step: bool = False, signal: int = 0) -> None:
         """Resume one thread (its Linux `signal` taken), as running from now."""
         thread.after = thread.tracee.resume(step=step, signal=signal)
-        thread.asked_stop = False
+        thread.asked_stop = thread.report_stop = False
+
+    def _chosen(self, actions: Sequence[ResumeAction]) -> dict[int, ResumeAction | None]:
+        """Each thread's action: the first naming it (or every thread), None when none does."""
+        return {tid: next((a for a in actions if a.thread in (tid, c.ANY_THREAD, c.ALL_THREADS)), None)
+                for tid in self.threads_by_tid}
+
+    def _start(self, thread: _Thread, action: ResumeAction) -> None:
+        """Resume a stopped thread as `action` says, past any event it had (its signal dropped when GDB may not give
+        it to the program: gdbserver's program_signals)."""
+        thread.pending = None
+        thread.range = action.range if action.step else None
+        thread.stepping = action.step
+        signal = action.signal if self.program_signals is None or action.signal in self.program_signals else 0
+        self._go(thread, action.step, signals.to_linux(signal) or 0)
 
     def resume(self, actions: Sequence[ResumeAction]) -> Stop | Running:
         """Each thread takes the first action naming it (or all threads); one named by none stays stopped. A
@@ -470,8 +456,7 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         ended = self.ended()
         if ended is not None:
             return ended
-        chosen = {tid: next((a for a in actions if a.thread in (tid, c.ANY_THREAD, c.ALL_THREADS)), None)
-                  for tid in self.threads_by_tid}
+        chosen = self._chosen(actions)
         if not any(chosen.values()):
             raise RspError(E_BAD_PACKET, f"no action for any thread of process {self.pid}")
         for tid, thread in self.threads_by_tid.items():
@@ -482,15 +467,8 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
             self._put_in_breakpoints()
             for tid, action in chosen.items():
                 thread = self.threads_by_tid[tid]
-                if action is None or thread.after is not None:
-                    continue
-                thread.pending = None
-                thread.range = action.range if action.step else None
-                thread.stepping = action.step
-                signal = action.signal
-                if self.program_signals is not None and signal not in self.program_signals:
-                    signal = 0  # gdbserver drops a signal GDB may not give the program
-                self._go(thread, action.step, signals.to_linux(signal) or 0)
+                if action is not None and thread.after is None:
+                    self._start(thread, action)
         except TraceeGone:
             return self.ended() or Exited(0)
         except MachineError as error:
@@ -531,7 +509,8 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
                 if self._adopt(tid, stop.task) is None:
                     continue
                 thread = self.threads_by_tid[tid]
-                if self._running() and not self._stopping:  # the process runs: so does its new thread
+                # the process runs (non-stop: GDB takes a thread it finds to be running): so does its new thread
+                if (self._running() or self._non_stop) and not self._stopping:
                     self._go(thread)
                     self._resumed.add(tid)
                 continue
@@ -560,6 +539,8 @@ class ProcessTarget(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
         """A thread stopped with `linux_signal`: the stop GDB hears of (the signal as GDB numbers it), or None when
         there is nothing to tell (a quiet stop; range stepping or a passed signal: the thread goes on)."""
         if linux_signal == 0:  # a quiet stop: asked by _stop_all (it stays stopped), else stale: it goes on
+            if thread.report_stop and not self._stopping:  # non-stop's vCont;t: a stop with signal 0
+                return Signal(0, thread.tracee.pid)
             if not self._stopping:
                 self._go(thread, thread.stepping)
             return None
@@ -667,3 +648,4 @@ class _Thread:
     stepping: bool = False
     hit: tuple[BreakpointType, int] | None = None  #: the debug register that stopped it
     asked_stop: bool = False  #: _stop_all asked it to stop since it was last resumed
+    report_stop: bool = False  #: non-stop: GDB asked it to stop (vCont;t): its quiet stop is an event

@@ -8,18 +8,26 @@ makes it the selected one, as gdbserver makes the event thread its general threa
 not (KGTP's never-stopped kernel) names the thread GDB selected. An extension the target lacks is answered as
 gdbserver answers what it does not support: the empty reply. `c` and `s` become the actions `vCont` would give
 (gdbserver's myresume): the thread `Hc` selected, or, for "any thread", `s` steps the selected thread while the
-others continue. Runs on the server thread.
+others continue.
+
+Non-stop mode (a target lending `NonStop`, switched by `QNonStop`; gdbserver's server.cc): `vCont` (and `c`, `s`) is
+answered `OK` at once, `t` stops threads, every stop is queued as a `%Stop` notification (rsp/notify.py; the session
+sends it) without changing GDB's selected thread, `vStopped` drains the queue, `?` queues every stopped thread's
+stop, `vCtrlC` and Ctrl-C interrupt the program. The family of those packets (`NonStopHandlers`) is assembled only
+for a target that has the extension, so qSupported announces `QNonStop+` only then. Runs on the server thread.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..rsp.dispatch import E_BAD_PACKET, Deferred, Reply, RspError, handles
+from ..rsp.notify import StopNotifications
 from ..rsp.packets import connect as c
 from ..rsp.packets import replay as r
 from ..rsp.packets import run as v
-from .target import BreakpointType, Exited, ReplayLog, ResumeAction, Running, Signal, Stop, Target, Terminated
+from .target import (BreakpointType, Exited, NonStop, ReplayLog, ResumeAction, Running, Signal, Stop, Target,
+                     Terminated)
 from .threads import ThreadHandlers
 
 #: the stop reply's name of a watchpoint's kind (remote.c: remote_parse_stop_reply)
@@ -27,15 +35,22 @@ WATCH_REASONS = {BreakpointType.WRITE_WATCHPOINT: b"watch", BreakpointType.READ_
                  BreakpointType.ACCESS_WATCHPOINT: b"awatch"}
 
 
-def stop_reply(stop: Stop, threads: ThreadHandlers) -> bytes:
+def stop_reply(stop: Stop, threads: ThreadHandlers, select: bool = True) -> bytes:
     """The stop reply packet for `stop`: `T<sig>[replaylog:<end>;|watch:<addr>;|swbreak:;]thread:<id>;`, `W<code>`
-    or `X<signal>`."""
+    or `X<signal>`. `select`: the thread it names becomes the selected one (not for a non-stop notification: GDB's
+    selection is not changed behind its back, gdbserver's handle_target_event)."""
     if isinstance(stop, Exited):
         return b"W%02x" % stop.code + threads.process_suffix()
     if isinstance(stop, Terminated):
         return b"X%02x" % stop.signal + threads.process_suffix()
-    if stop.thread is not None:
+    if stop.thread is not None and select:
         threads.selection.general = stop.thread
+    thread = stop.thread if stop.thread is not None else threads.general_thread
+    return b"T%02x%sthread:%s;" % (stop.signal, _reason(stop), threads.thread_id(thread))
+
+
+def _reason(stop: Stop) -> bytes:
+    """What stopped it, as the stop reply says it (`replaylog:`, `watch:`, `swbreak:`, `hwbreak:`), or nothing."""
     reason = b""
     if isinstance(stop, ReplayLog):
         reason = b"replaylog:%s;" % (b"begin" if stop.begin else b"end")
@@ -45,13 +60,34 @@ def stop_reply(stop: Stop, threads: ThreadHandlers) -> bytes:
         reason = b"swbreak:;"
     elif isinstance(stop, Signal) and stop.hwbreak:
         reason = b"hwbreak:;"
-    return b"T%02x%sthread:%s;" % (stop.signal, reason, threads.thread_id(threads.general_thread))
+    return reason
 
 
 @dataclass
 class RunHandlers:
     target: Target
     threads: ThreadHandlers
+    #: non-stop: the stop replies queued for GDB (the session sends the `%Stop` notification)
+    notifications: StopNotifications = field(default_factory=StopNotifications)
+
+    def non_stop(self) -> NonStop | None:
+        """The target's non-stop run control, when non-stop mode is on."""
+        extension = self.target.support_non_stop()
+        return extension if extension is not None and extension.non_stop() else None
+
+    def stop_events(self) -> list[bytes]:
+        """Non-stop: the stop replies of the stops since the last call (the session queues them); [] in all-stop."""
+        extension = self.non_stop()
+        if extension is None:
+            return []
+        return [stop_reply(stop, self.threads, select=False) for stop in extension.stop_events()]
+
+    def interrupt_running(self) -> None:
+        """Ctrl-C with no resumption waiting for its reply: in non-stop, gdbserver's request_interrupt (the stop
+        comes as a notification); in all-stop there is nothing running to interrupt."""
+        extension = self.non_stop()
+        if extension is not None:
+            extension.request_interrupt()
 
     def report(self, outcome: Stop | Running) -> Reply:
         return Deferred() if isinstance(outcome, Running) else stop_reply(outcome, self.threads)
@@ -71,6 +107,12 @@ class RunHandlers:
 
     @handles(c.HaltReason)
     def halt_reason(self, packet: c.HaltReason) -> Reply:
+        """All-stop: why the target is stopped. Non-stop: every stopped thread's stop queued, the first the answer
+        (OK: none is stopped), the rest for vStopped (gdbserver's handle_status)."""
+        extension = self.non_stop()
+        if extension is not None:
+            return self.notifications.status(stop_reply(stop, self.threads, select=False)
+                                             for stop in extension.stopped_threads())
         return stop_reply(self.target.stop_reason(), self.threads)
 
     def _resume(self, *, step: bool) -> Reply:
@@ -84,7 +126,17 @@ class RunHandlers:
             actions = [ResumeAction(self.threads.general_thread, True), ResumeAction(c.ALL_THREADS)]
         else:
             actions = [ResumeAction(c.ALL_THREADS)]
-        return self.report(resume.resume(actions))
+        return self._resume_with(resume, actions)
+
+    def _resume_with(self, resume: object, actions: list[ResumeAction]) -> Reply:
+        """All-stop: the stop reply, now or when the target stops. Non-stop: OK at once (gdbserver's resume)."""
+        extension = self.non_stop()
+        if extension is not None:
+            extension.resume_threads(actions)
+            return b"OK"
+        if any(action.stop for action in actions):
+            raise RspError(E_BAD_PACKET, "vCont;t stops a thread in non-stop mode; this is all-stop")
+        return self.report(resume.resume(actions))  # type: ignore[attr-defined]
 
     @handles(v.VContQuery)
     def vcont_query(self, packet: v.VContQuery) -> Reply:
@@ -93,7 +145,8 @@ class RunHandlers:
         resume = self.target.support_resume()
         if resume is None:
             return b""
-        return b"vCont;c;C;s;S" + (b";r" if resume.range_stepping() else b"")
+        stop = b";t" if self.target.support_non_stop() is not None else b""
+        return b"vCont;c;C" + stop + b";s;S" + (b";r" if resume.range_stepping() else b"")
 
     @handles(v.VCont)
     def vcont(self, packet: v.VCont) -> Reply:
@@ -102,15 +155,16 @@ class RunHandlers:
             return b""
         actions = []
         for action in packet.actions:
-            if action.kind == v.STOP:
-                raise RspError(E_BAD_PACKET, "vCont;t stops a thread in non-stop mode, which this stub has not")
+            if action.kind == v.STOP and self.target.support_non_stop() is None:
+                raise RspError(E_BAD_PACKET, "vCont;t stops a thread in non-stop mode, which this target has not")
             if action.kind == v.RANGE and not resume.range_stepping():
                 raise RspError(E_BAD_PACKET, "this target has no range stepping")
             if action.thread > 0:
                 self.threads.require(action.thread)
             span = (action.start, action.end) if action.kind == v.RANGE else None
-            actions.append(ResumeAction(action.thread, action.kind != v.CONTINUE, span, action.signal))
-        return self.report(resume.resume(actions))
+            actions.append(ResumeAction(action.thread, action.kind in (v.STEP, v.RANGE), span, action.signal,
+                                        stop=action.kind == v.STOP))
+        return self._resume_with(resume, actions)
 
     @handles(c.Continue)
     def continue_(self, packet: c.Continue) -> Reply:
@@ -137,6 +191,37 @@ class RunHandlers:
             return b""
         change = breakpoints.insert_breakpoint if insert else breakpoints.remove_breakpoint
         change(type, packet.address, packet.kind)
+        return b"OK"
+
+
+@dataclass
+class NonStopHandlers:
+    """`QNonStop`, `vStopped` and `vCtrlC`: only assembled for a target that lends `NonStop`, so that qSupported
+    announces QNonStop+ only then (core.TargetHandlers). `run` holds the notification queue."""
+
+    target: Target
+    run: RunHandlers
+
+    def _extension(self) -> NonStop:
+        extension = self.target.support_non_stop()
+        if extension is None:
+            raise RspError(E_BAD_PACKET, "this target has no non-stop mode")
+        return extension
+
+    @handles(v.NonStop)
+    def set_mode(self, packet: v.NonStop) -> Reply:
+        """gdbserver's handle_general_set: OK, or an error when the target cannot switch now."""
+        self._extension().set_non_stop(packet.on)
+        return b"OK"
+
+    @handles(v.VStopped)
+    def vstopped(self, packet: v.VStopped) -> Reply:
+        return self.run.notifications.ack()
+
+    @handles(v.VCtrlC)
+    def vctrlc(self, packet: v.VCtrlC) -> Reply:
+        """Answered OK whatever the mode (gdbserver's handle_v_requests); the stop is a notification in non-stop."""
+        self._extension().request_interrupt()
         return b"OK"
 
 

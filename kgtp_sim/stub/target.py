@@ -16,6 +16,8 @@ what detaching or killing does. Optional extensions:
 | `support_resume`           | c, s, vCont, Ctrl-C  | empty reply (the packet is not supported)           |
 | `support_reverse`          | bs, bc               | not in the dispatch table, so not in qSupported     |
 | `support_breakpoints`      | Z, z                 | empty reply, as gdbserver for a type it lacks       |
+| `support_non_stop`         | QNonStop, vStopped,  | not in the dispatch table, so QNonStop+ is not in   |
+|                            | vCtrlC               | qSupported (GDB's `set non-stop on` is refused)     |
 
 An extension is asked for at each packet (a target may lend one only in some states: KGTP's breakpoints exist only
 in a replay, `supports` says which types); what qSupported announces follows the extensions the target has when
@@ -46,7 +48,7 @@ from ..tracing.core.frames import ViewError
 __all__ = [
     "SIGINT", "SIGTRAP", "Signal", "DataAccess", "ReplayLog", "Exited", "Terminated", "Stop", "Running", "ResumeAction",
     "BreakpointType", "ViewError",
-    "Target", "RegisterWrites", "MemoryWrites", "Resume", "Reverse", "Breakpoints",
+    "Target", "RegisterWrites", "MemoryWrites", "Resume", "Reverse", "Breakpoints", "NonStop",
 ]
 
 SIGINT = 2
@@ -121,12 +123,14 @@ class ResumeAction:
     """What one thread does when GDB resumes the target (gdbserver's struct thread_resume; one action of `vCont`).
     `thread` is the thread the action names: 0 (any) or -1 (all) mean every thread; for each thread the first
     action naming it (or every thread) applies, and a thread no action names stays stopped. `step` with `range`:
-    step while the PC stays in [start, end) (vCont's `r`). `signal` is the one GDB passes (`C`, `S`), 0 for none."""
+    step while the PC stays in [start, end) (vCont's `r`). `signal` is the one GDB passes (`C`, `S`), 0 for none.
+    `stop`: non-stop's `t`, the thread is to stop (reported as a stop with signal 0)."""
 
     thread: int
     step: bool = False
     range: tuple[int, int] | None = None
     signal: int = 0
+    stop: bool = False
 
 
 class BreakpointType(IntEnum):
@@ -227,6 +231,9 @@ class Target(ABC):
     def support_breakpoints(self) -> Breakpoints | None:
         return None
 
+    def support_non_stop(self) -> NonStop | None:
+        return None
+
 
 # ---- extensions ---------------------------------------------------------------------------------------------
 
@@ -299,3 +306,35 @@ class Breakpoints(ABC):
     def remove_breakpoint(self, type: BreakpointType, address: int, kind: int) -> None:
         """Remove one; removing one that is not set is no error."""
 
+
+
+class NonStop(ABC):
+    """Non-stop run control (GDB's `set non-stop on`; gdbserver's non_stop): each thread runs and stops on its own,
+    a resumption is answered at once, and every stop reaches GDB later, as a notification. Lent by a target that
+    also lends `Resume` (all-stop, the default mode, stays that extension's)."""
+
+    @abstractmethod
+    def non_stop(self) -> bool:
+        """Is non-stop mode on?"""
+
+    @abstractmethod
+    def set_non_stop(self, on: bool) -> None:
+        """`QNonStop`: switch modes; RspError refuses."""
+
+    @abstractmethod
+    def resume_threads(self, actions: Sequence[ResumeAction]) -> None:
+        """Non-stop `vCont`: each thread an action names continues, steps or (`stop`) is stopped; a thread named by
+        none, and a running thread told to run, go on as they are. Returns at once; the stops come through
+        `stop_events` (after the function given to `Resume.notify_stops` was called)."""
+
+    @abstractmethod
+    def stop_events(self) -> list[Stop]:
+        """The stops GDB has not heard of yet, each once: a thread's (naming it) or the process's end."""
+
+    @abstractmethod
+    def stopped_threads(self) -> list[Stop]:
+        """`?` in non-stop: the stop of every stopped thread, the last it reported (gdbserver's handle_status)."""
+
+    @abstractmethod
+    def request_interrupt(self) -> None:
+        """`vCtrlC`, Ctrl-C in non-stop: interrupt the program (SIGINT) without waiting for the stop."""

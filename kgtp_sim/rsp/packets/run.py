@@ -5,7 +5,12 @@ GDB asks `vCont?` once per connection, before its first resumption; when the rep
 resumes with `vCont;ACTION[:THREAD];...` from then on instead of `Hc` + `c`/`s`, and with `r` listed it steps
 through a source line with one range step (`rSTART,END`: step while the PC stays in [START, END)). For each thread
 the leftmost action naming it, or naming no thread, applies; a thread no action names stays stopped (GDB's
-scheduler-locking). `t` (stop a thread) belongs to non-stop mode, which no target here offers.
+scheduler-locking). `t` (stop a thread) belongs to non-stop mode.
+
+Non-stop mode (GDB's `set non-stop on`; remote.c: remote_target::start_remote_1 sends `QNonStop:1`, or `QNonStop:0`
+to a stub that offers it, remote_target::remote_stop_ns, remote_interrupt_ns; gdbserver's server.cc): `QNonStop`,
+`vStopped` (GDB drains the queue of stop replies that a `%Stop` notification opened) and `vCtrlC` (Ctrl-C as a
+packet, answered at once).
 """
 
 from __future__ import annotations
@@ -70,6 +75,40 @@ def _action(text: bytes, thread: int) -> VContAction:
         start, end = (parse_hex(value, "range") for value in split_exact(rest, b",", 2, "vCont;r"))
         return VContAction(RANGE, thread, start=start, end=end)
     raise PacketError(f"vCont: unknown action {text[:16]!r}")
+
+
+@dataclass(frozen=True)
+class NonStop(Packet):
+    """`QNonStop:1` (non-stop) or `QNonStop:0` (all-stop); anything else is refused, as gdbserver's
+    handle_general_set refuses an unknown mode."""
+
+    PREFIX = b"QNonStop:"
+    FEATURES = ("QNonStop+",)
+    on: bool = False
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        if body not in (b"0", b"1"):
+            raise PacketError(f"QNonStop: unknown mode {body[:16]!r}")
+        return cls(body == b"1")
+
+
+@dataclass(frozen=True)
+class VStopped(Packet):
+    """`vStopped`: GDB has the stop reply queued first; the stub answers the next one, `OK` when none is left
+    (gdbserver's notif.cc: handle_notif_ack)."""
+
+    PREFIX = b"vStopped"
+    EXACT = True
+
+
+@dataclass(frozen=True)
+class VCtrlC(Packet):
+    """`vCtrlC`: interrupt the program, answered `OK` at once; the stop follows as a `%Stop` notification
+    (gdbserver: handle_v_requests, request_interrupt)."""
+
+    PREFIX = b"vCtrlC"
+    EXACT = True
 
 
 def _signal_list(body: bytes) -> frozenset[int]:

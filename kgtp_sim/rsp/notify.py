@@ -1,0 +1,58 @@
+"""The queue of stop replies behind GDB's `%Stop` notification, in non-stop mode (gdbserver's notif.cc; GDB's
+remote-notif.c, docs "Notification Packets").
+
+A stop is queued as its stop reply; when the queue was empty it is also announced at once, as `%Stop:<reply>`, and
+it stays first in the queue. GDB then drains the queue with `vStopped`: each one drops the reply GDB has (the first)
+and is answered with the next, or `OK` once the queue is empty, which lets the next stop be announced again. `?` in
+non-stop queues the reply of every stopped thread and is answered as a `vStopped` is, without dropping anything
+(gdbserver's handle_status). Nothing is resent: a notification is not acknowledged, and GDB asks for whatever it
+has not had with `vStopped`.
+
+Sans-IO and pure: one queue per connection, used on that connection's server thread (`Session.poll` pushes, the
+`vStopped` and `?` handlers take).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .codec import encode_notification
+
+#: the name of the one notification GDB knows (remote-notif.c: notif_client_stop)
+STOP = b"Stop"
+
+
+@dataclass
+class StopNotifications:
+    """The stop replies GDB has not taken yet, first to last."""
+
+    queue: deque[bytes] = field(default_factory=deque)
+
+    def push(self, reply: bytes) -> bytes:
+        """Queue `reply`: the notification to send now (`%Stop:reply#cs`) when the queue was empty (gdbserver:
+        notif_push), nothing otherwise (GDB will ask for it with vStopped)."""
+        first = not self.queue
+        self.queue.append(reply)
+        return encode_notification(STOP + b":" + reply) if first else b""
+
+    def ack(self) -> bytes:
+        """`vStopped`: the first reply is GDB's now, dropped; the answer is the next one, or OK (handle_notif_ack)."""
+        if self.queue:
+            self.queue.popleft()
+        return self.first()
+
+    def first(self) -> bytes:
+        """The first reply queued, or OK when none is (notif_write_event)."""
+        return self.queue[0] if self.queue else b"OK"
+
+    def status(self, replies: Iterable[bytes]) -> bytes:
+        """`?`: every stopped thread's reply queued behind those already there, the answer the first of all (or OK:
+        no thread is stopped)."""
+        self.queue.extend(replies)
+        return self.first()
+
+    def clear(self) -> None:
+        """A new debugger: what the last one left untaken is dropped (gdbserver: discard_queued_stop_replies)."""
+        self.queue.clear()

@@ -1,0 +1,82 @@
+"""The gdbserver role's non-stop run control (stub/nonstop.py, in ProcessTarget) on the machine, without GDB: a
+thread's breakpoint stop leaves the others running, a running thread's registers are unavailable while its memory
+is read and written, `t` stops a running thread with signal 0, `?` lists every stopped thread with its last stop,
+and the process's end is told once (tests/programs/workers.c: three threads calling work() three times each)."""
+
+from __future__ import annotations
+
+import pytest
+from elftools.elf.elffile import ELFFile
+
+from kgtp_sim.client import VMLINUX
+from kgtp_sim.machine import KernelImage, Machine
+from kgtp_sim.programs import install_program
+from kgtp_sim.stub.process import ProcessTarget
+from kgtp_sim.stub.target import BreakpointType, Exited, ResumeAction, Signal
+
+from ..programs import compile_program
+
+WAIT_S = 60
+SIGTRAP = 5
+
+
+@pytest.fixture(scope="module")
+def machine():
+    machine = Machine(KernelImage.load(VMLINUX), cpus=2)
+    machine.written = bytearray()
+    machine.processes.sink = lambda fd, data: machine.written.extend(data) if fd == 1 else None
+    machine.start()
+    yield machine
+    machine.shutdown()
+
+
+def _symbol(program, name: str) -> int:
+    with open(program, "rb") as f:
+        return ELFFile(f).get_section_by_name(".symtab").get_symbol_by_name(name)[0]["st_value"]
+
+
+def _next_events(target: ProcessTarget) -> list:
+    """The target's next stop events, polled as the server does when the machine hears of a stop."""
+    ptrace = target.machine.ptrace
+    while True:
+        serial = ptrace.serial
+        events = target.stop_events()
+        if events:
+            return events
+        ptrace.wait_serial(serial, WAIT_S)
+
+
+def test_each_thread_stops_on_its_own(machine, tmp_path):
+    program = compile_program("workers", "glibc-static", tmp_path)  # not PIE: work() where its symbol says
+    work, counter = _symbol(program, "work"), _symbol(program, "counter")
+    inside = install_program(machine, program)
+    del machine.written[:]
+    target = ProcessTarget(machine.ptrace.spawn(inside, [inside]), exec_path=inside)
+    target.set_non_stop(True)
+    assert target.stopped_threads() == [Signal(SIGTRAP, target.pid)]  # its stop at the first instruction
+    target.insert_breakpoint(BreakpointType.SOFTWARE, work, 1)
+    target.resume_threads([ResumeAction(-1)])
+    hit = next(e for e in _next_events(target))
+    assert isinstance(hit, Signal) and hit.signal == SIGTRAP and hit.swbreak and hit.thread != target.pid, hit
+    assert target.read_registers(hit.thread)["rip"] == work
+    # main waits in pthread_join meanwhile: running, not stopped with the thread that hit (no all-stop)
+    assert target.threads_by_tid[target.pid].after is not None
+    assert machine.ptrace.stop_of(target.pid) is None
+    assert target.read_registers(target.pid) == {}  # a running thread's registers: unavailable, as gdbserver's
+    assert len(target.read_memory(counter, 4, target.pid)) == 4  # memory is read while threads run ...
+    target.write_memory(counter, b"\0\0\0\0", target.pid)  # ... and written (the workers add 18 from here)
+    target.resume_threads([ResumeAction(target.pid, stop=True)])  # vCont;t of main
+    stopped: list = []
+    while not any(e.thread == target.pid for e in stopped):
+        stopped += _next_events(target)
+    assert Signal(0, target.pid) in stopped, stopped  # a stop GDB asked for: signal 0
+    status = target.stopped_threads()
+    assert hit in status and Signal(0, target.pid) in status, status
+    target.remove_breakpoint(BreakpointType.SOFTWARE, work, 1)
+    target.resume_threads([ResumeAction(-1)])  # every stopped thread goes; one that runs goes on
+    events = []
+    while not any(isinstance(e, Exited) for e in events):
+        events += _next_events(target)
+    assert events[-1] == Exited(0) and all(isinstance(e, Signal) and e.swbreak for e in events[:-1]), events
+    assert target.stop_events() == [] and target.stopped_threads() == []  # told once
+    assert bytes(machine.written) == b"counter 18\n"
