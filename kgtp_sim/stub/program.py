@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 #: a jump pad area's size in pages (room for hundreds of pads) and a rel32 jump's reach either way
 PAD_PAGES = 16
 JUMP_REACH = 1 << 31
+#: pages of collected globals made present before a run, at most (a `collect` of a huge array stops there)
+DATA_PAGES = 1024
 
 
 #: reads a process's memory: the bytes from an address that can be read (a prefix; empty when none can)
@@ -204,13 +206,23 @@ class ProgramSpace:
     def space(self) -> Any:
         return self._space
 
-    def prepare(self, addresses: list[int], fast: list[int] = ()) -> None:
+    def prepare(self, addresses: list[int], fast: list[int] = (), data: list[tuple[int, int]] = ()) -> None:
         """Their pages present: the process faults them in itself (it must be stopped, as GDB has it at
         tstart). A fast tracepoint's address gets a jump pad area within its jump's reach, mapped by the process
-        (Tracee.map_jump_pad) the first time one is needed there and kept for the process's life."""
+        (Tracee.map_jump_pad) the first time one is needed there and kept for the process's life. The pages of
+        collected globals (`data`) too, as gdbserver's reads of them through ptrace would fault them in: a
+        global the program has not touched yet (its .bss page never written) is still its memory, zeros."""
         for address in addresses:
             if self._space.translate(address) is None and not self.tracee.fault_in(address):
                 raise TraceError(f"{address:#x}: no memory of the process there")
+        pages = sorted({page for start, length in data
+                        for page in range(start & -PAGE_SIZE, min(start + length, TASK_SIZE_MAX), PAGE_SIZE)})
+        for page in pages[:DATA_PAGES]:
+            if self._space.translate(page) is None:
+                try:
+                    self.tracee.fault_in(page)  # False where nothing maps it: collected as unavailable
+                except MachineError:
+                    break  # the process runs (non-stop) or ended: hits read what is present
         for address in fast:
             if self.pad_area(address) is None:
                 try:

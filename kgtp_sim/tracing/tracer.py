@@ -35,6 +35,7 @@ from .core.percpu import PerCpuVariables
 from .core.perf import PerfEvents
 from .core.predefined import PredefinedVariables, gdbserver_variables, steady_clock_us
 from .core.ring import BLOCKS_AT, MIN_SIZE, RawEntries, Rings
+from .core.run import prepare_program
 from .core.sdata import render
 from .engines.fastregs import RegisterReader
 from .engines.hits import MAX_COLLECT, HitContext, Stepper
@@ -278,11 +279,8 @@ class Tracer:
     # ---- run control --------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        user = self.user_space
-        if user is not None:  # the program's pages of its tracepoints present before the run change
-            mine = [tp for tp in self.definitions.tracepoints.values() if tp.enabled and user.holds(tp.address)]
-            user.prepare([tp.address for tp in mine],
-                         fast=[tp.address for tp in mine if tp.fast_insn_length is not None])
+        if self.user_space is not None:  # the program's pages present before the run changes anything
+            prepare_program(self.user_space, [tp for tp in self.definitions.tracepoints.values() if tp.enabled])
         self._between_hits(self._start_now)
 
     def _start_now(self) -> None:
@@ -456,9 +454,8 @@ class Tracer:
         """Install one location during a run (InstallInTrace, QTEnable): verified, placed, compiled and patched on
         the CPU thread with no hit in flight, as every change to the run's probes (`_between_hits`); hits read the
         probe set and the machine's int3 table there."""
-        user = self.user_space
-        if user is not None and self.running and tp.enabled and user.holds(tp.address):
-            user.prepare([tp.address], fast=[tp.address] if tp.fast_insn_length is not None else [])
+        if self.user_space is not None and self.running and tp.enabled:
+            prepare_program(self.user_space, [tp])
         self._between_hits(lambda: self._arm_now(tp))
 
     def _arm_now(self, tp: Tracepoint) -> None:

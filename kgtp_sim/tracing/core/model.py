@@ -162,6 +162,11 @@ class Tracepoint:
             spec.condition,
         )
 
+    def absolute_ranges(self) -> list[tuple[int, int]]:
+        """(address, length) of every range its actions collect at a fixed address (`M-1,...`: globals)."""
+        return [(a.offset, a.length) for a in (*self.actions, *self.stepping_actions)
+                if isinstance(a, CollectMemory) and a.basereg == -1 and a.length > 0]
+
     def expressions(self) -> list[bytes]:
         """Every bytecode this location runs: condition first, then actions, then while-stepping actions."""
         found = [self.condition] if self.condition is not None else []
