@@ -1,7 +1,7 @@
 """The combination suite in the test run (issue 26): a walk of one seed over every dimension, each combination
 checked against the kernel's own count; every pair KGTP refuses is refused with KGTP's reason and the kernel goes
 on; the runner sees a call the tick preempted where it waits. Longer walks (`scripts/combinations --seconds N`,
-kgtp_sim/tools/combinations.py) are the soak: README, Reliability, records the last hour's."""
+kgtp_sim/tools/combinations/) are the soak: README, Reliability, records the last hour's."""
 
 from __future__ import annotations
 

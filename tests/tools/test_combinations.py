@@ -1,4 +1,4 @@
-"""The combination suite's generator and oracle (kgtp_sim/tools/combinations.py), without a kernel: a seed gives the
+"""The combination suite's generator and oracle (kgtp_sim/tools/combinations/), without a kernel: a seed gives the
 same walk, a spec reads back, every value of every dimension is reached, the pairs KGTP refuses are named with
 KGTP's reason, and the oracle catches a lost hit, a doubled one and a wrong refusal on made-up runs."""
 
