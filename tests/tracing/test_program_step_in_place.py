@@ -1,5 +1,9 @@
-"""A tracepoint in a program (tracing/engines/userprobes.py): its int3 hit and the probed instruction, run in place
-with the int3 lifted, are one step of the program: no interrupt comes between them.
+"""Tracepoints in a program (tracing/engines/userprobes.py), found by the combination suite's process space: an int3
+hit and its probed instruction are one step; a fast tracepoint's hit may end the run; `$kret` and watch tracepoints
+are refused with their reason.
+
+An int3 hit and the probed instruction, run in place with the int3 lifted, are one step of the program: no
+interrupt comes between them.
 
 The step runs with TF set, and the scheduler switches no CPU while it is; but a tick that came due during the hit
 was delivered before the stepped instruction (the program runs with interrupts on): the kernel's handler ran with
@@ -14,6 +18,7 @@ packets; a fast timer (1000 Hz) makes a tick during a hit likely."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -58,7 +63,9 @@ class Gdb:
         return replies[0]
 
     def u32(self, address: int) -> int:
-        return int.from_bytes(bytes.fromhex(self.ask(b"m%x,4" % address).decode()), "little")
+        reply = self.ask(b"m%x,4" % address)
+        assert re.fullmatch(rb"[0-9a-f]{8}", reply), f"m{address:x},4 answered {reply!r}"
+        return int.from_bytes(bytes.fromhex(reply.decode()), "little")
 
     def close(self) -> None:
         self.server.shutdown()
@@ -139,3 +146,32 @@ def test_a_return_probe_or_a_watch_tracepoint_in_the_program_is_refused_with_its
         assert gdb.ask(b"qTStatus").startswith(b"T0")  # no run started
     finally:
         gdb.close()
+
+
+@pytest.mark.parametrize("ending", ["passcount", "fault"])
+def test_a_fast_tracepoint_whose_hit_ends_the_run_takes_its_jump_out_there(program, ending):
+    """A hit in a fast tracepoint's pad that ends the run (its pass count, a condition that faults) takes the jump
+    out of the program's code from inside the hit, the program's space loaded in ring 3: its translated code is
+    dropped there (it once asked the machine to do it between runs, which stopped the machine). The program goes on
+    through its own instruction: the count moves and no signal comes."""
+    binary, symbols = program
+    function, counter = symbols["counted_function"], symbols["counter"]
+    gdb = Gdb(binary, cpus=2)
+    try:
+        assert gdb.run_a_while(0.3).startswith(b"T02")
+        gdb.ok(b"QTinit")
+        condition = b":" + _x("const8 8; ref32; end") if ending == "fault" else b""
+        gdb.ok(b"QTDP:1:%x:E:0:%x:F7%s-" % (function, 3 if ending == "passcount" else 0, condition))
+        gdb.ok(b"QTDP:-1:%x:M-1,%x,4" % (function, counter))
+        gdb.ok(b"QTStart")
+        stop = gdb.run_a_while(0.2)
+        status = gdb.ask(b"qTStatus")
+        before = gdb.u32(counter)
+        again = gdb.run_a_while(0.1)
+        after = gdb.u32(counter)
+        assert gdb.server.machine.stats(count=False).state != "crashed"
+    finally:
+        gdb.close()
+    assert stop.startswith(b"T02") and again.startswith(b"T02"), (stop, again)
+    assert status.startswith(b"T0;" + (b"tpasscount:1" if ending == "passcount" else b"terror:")), status
+    assert after > before

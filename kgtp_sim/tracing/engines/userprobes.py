@@ -205,7 +205,7 @@ class ProgramProbes:
         its translated code dropped."""
         if not self.int3s.write(space, address, data):
             raise TraceError(f"{address:#x}: no memory of the program there")
-        self.machine.cpu.remove_cache(address, len(data), space)
+        self._drop_code(self.machine.cpu.uc, space, address, len(data))
 
     def _debug_trap(self, uc: Uc) -> None:
         """A #DB while fast tracepoints' jumps are in: a debugger's single step that landed in a pad goes on
@@ -278,13 +278,14 @@ class ProgramProbes:
         if changed:
             self._drop_code(uc, space, address)
 
-    def _drop_code(self, uc: Uc, space: Any, address: int) -> None:
-        """The translated code over a site's int3 dropped, from a hit (inside emulation, the program's space
-        loaded in ring 3 or not) or between runs."""
+    def _drop_code(self, uc: Uc, space: Any, address: int, length: int = len(INT3)) -> None:
+        """The translated code over a site's int3 (or a fast tracepoint's jump) dropped, from a hit (inside
+        emulation, the program's space loaded in ring 3 or not: a hit of the program that ends the run takes its
+        jumps out there) or between runs."""
         if uc.reg_read(X.UC_X86_REG_CS) & 3 and uc.reg_read(X.UC_X86_REG_CR3) & ~0xFFF == space.root:
-            uc.ctl_remove_cache(address, address + len(INT3))  # the program's space is loaded: its code is found
+            uc.ctl_remove_cache(address, address + length)  # the program's space is loaded: its code is found
         else:
-            self.machine.cpu.remove_cache(address, len(INT3), space)
+            self.machine.cpu.remove_cache(address, length, space)
 
     def _stepped(self, uc: Uc, space: Any) -> None:
         assert self._stepping is not None
