@@ -1,6 +1,6 @@
 """Tracepoints in a program (tracing/engines/userprobes.py), found by the combination suite's process space: an int3
-hit and its probed instruction are one step; a fast tracepoint's hit may end the run; `$kret` and watch tracepoints
-are refused with their reason.
+hit and its probed instruction are one step; a fast tracepoint's hit may end the run, and so may a hit in one space
+while the other's probes are in; `$kret` and watch tracepoints are refused with their reason.
 
 An int3 hit and the probed instruction, run in place with the int3 lifted, are one step of the program: no
 interrupt comes between them.
@@ -18,6 +18,7 @@ packets; a fast timer (1000 Hz) makes a tick during a hit likely."""
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 
@@ -175,3 +176,47 @@ def test_a_fast_tracepoint_whose_hit_ends_the_run_takes_its_jump_out_there(progr
     assert stop.startswith(b"T02") and again.startswith(b"T02"), (stop, again)
     assert status.startswith(b"T0;" + (b"tpasscount:1" if ending == "passcount" else b"terror:")), status
     assert after > before
+
+
+@pytest.mark.parametrize("ender", ["kernel", "program"])
+def test_a_hit_in_one_space_that_ends_the_run_takes_the_other_spaces_probes_out(program, ender, caplog):
+    """One run with tracepoints in the kernel and in the program: a hit of one ends it (the kernel's watch filling
+    the buffer; the program's pass count), and the probes of the other come out from inside that hit, where the
+    CPU cannot look that code up (the program's with the kernel's context loaded, the kernel's from user mode): its
+    translated code is dropped once the run, which ends at the next block, has ended (it stopped the machine)."""
+    binary, symbols = program
+    function, counter = symbols["counted_function"], symbols["counter"]
+    caplog.set_level(logging.ERROR, logger="kgtp_sim")
+    gdb = Gdb(binary, cpus=2)
+    image = gdb.server.machine.image
+    try:
+        assert gdb.run_a_while(0.3).startswith(b"T02")
+        gdb.ok(b"QTinit")
+        gdb.ok(b"QTBuffer:size:1000")
+        if ender == "kernel":  # the program's tracepoint collects nothing; a watch of the kernel's benchmark
+            # count, written by kernel threads (the kernel's space loaded), fills the buffer
+            gdb.ok(b"QTDP:1:%x:E:0:0:%s-" % (function, _x("const8 0; end")))
+            gdb.ok(b"QTDP:-1:%x:M-1,%x,4" % (function, counter))
+            watched = image.address_of("kgtp_counter")
+            gdb.ok(b"QTDP:2:%x:E:0:0-" % watched)
+            gdb.ok(b"QTDP:-2:%x:%s-" % (watched, _x(f"const8 1; setv {N['watch_static']:#x}; end")))
+            gdb.ok(b"QTDP:-2:%x:%s-" % (watched, _x(f"const8 4; setv {N['watch_size']:#x}; end")))
+            gdb.ok(b"QTDP:-2:%x:R01ffff" % watched)
+        else:  # the kernel's benchmark function on its jump; the program's third hit ends the run
+            kernel = image.address_of("kgtp_test_function")
+            gdb.ok(b"QTDP:1:%x:E:0:3-" % function)
+            gdb.ok(b"QTDP:-1:%x:M-1,%x,4" % (function, counter))
+            gdb.ok(b"QTDP:2:%x:E:0:0:%s" % (kernel, _x("const8 0; end")))
+        gdb.ok(b"QTStart")
+        stop = gdb.run_a_while(0.5)
+        status = gdb.ask(b"qTStatus")
+        before = gdb.u32(counter)
+        again = gdb.run_a_while(0.1)
+        after = gdb.u32(counter)
+        assert gdb.server.machine.stats(count=False).state != "crashed"
+    finally:
+        gdb.close()
+    assert stop.startswith(b"T02") and again.startswith(b"T02"), (stop, again)
+    assert status.startswith(b"T0;" + (b"tfull:" if ender == "kernel" else b"tpasscount:1")), status
+    assert after > before
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
