@@ -1,7 +1,9 @@
-"""The combination suite: seeded random combinations of what the tracer offers, each run against a live kernel and
-checked against what the kernel counted itself (`scripts/combinations [--seconds N] [--seed S] [--only SPEC]`).
+"""The combination suite: seeded random combinations of what the tracer offers, each run against a live kernel, or a
+program on it, and checked against what the kernel or the program counted itself (`scripts/combinations [--seconds
+N] [--seed S] [--only SPEC]`).
 
-A combination picks one value on every dimension (`DIMENSIONS`): the engine, the probe path (a jump, an int3, two
+A combination picks one value on every dimension (`DIMENSIONS`): the space (the kernel's addresses, or a process's
+under the gdbserver role: process.py), the engine, the probe path (a jump, an int3, two
 tracepoints at one address, the static marker, while-stepping, a `$kret` return probe, a watch tracepoint), the
 CPUs, the buffer (large linear, small circular, small linear that fills), the condition (none, true, false,
 faulting), what the tracepoint does (registers, `$regs`, `$args`, a global, a stack range, `$_sdata`, `$bt`, a
@@ -28,9 +30,14 @@ numbers consecutive (the soak's `check_sequence`), `$hits` and `$p_hits` countin
 kernel must then be healthy for the next combination (the harness' health check; no error logged); one machine
 per CPU count is booted once and reused.
 
+In a process the program (fixtures/combinations/callers.c) stands in for the kernel's benchmark: a thread per CPU
+calls counted_function, whose first instruction counts the call in `counter`, and the same packets run through an
+in-process gdbserver role (process.py says what each path means there, and how the program is stopped and let go).
+
 The package: `space` (the dimensions, a combination, `normalize`, `refusal`, the walk, the packets of a combination),
-`runner` (the kernel's runner and what a run saw), `oracle` (`check`), `campaign` (`run_one`, the command); `python
--m kgtp_sim.tools.combinations` is `scripts/combinations`.
+`runner` (what both runners do over RSP, the kernel's runner, what a run saw), `process` (the process space's runner
+and its program), `oracle` (`check`), `campaign` (`run_one`, the command); `python -m kgtp_sim.tools.combinations`
+is `scripts/combinations`.
 
 Runs on the caller's thread (the command's main thread, or a test's), which feeds the session in place of the
 server thread while each machine's CPU and tick threads run its kernel.
@@ -38,13 +45,15 @@ server thread while each machine's CPU and tick threads run its kernel.
 
 from __future__ import annotations
 
-from .campaign import Outcome, campaign, main, run_one
+from .campaign import Outcome, Runners, campaign, main, run_one
 from .oracle import check, expected_fired, in_flight
+from .process import ProcessRunner
 from .runner import CombinationFailure, Frame, Halt, Observed, Runner, Stacks, Window, interrupt_frames, interrupted
 from .space import DIMENSIONS, MAIN, Combination, Sites, generate, normalize, refusal, walk
 
 __all__ = [
-    "DIMENSIONS", "MAIN", "Combination", "CombinationFailure", "Frame", "Halt", "Observed", "Outcome", "Runner",
+    "DIMENSIONS", "MAIN", "Combination", "CombinationFailure", "Frame", "Halt", "Observed", "Outcome",
+    "ProcessRunner", "Runner", "Runners",
     "Sites", "Stacks", "Window", "campaign", "check", "expected_fired", "generate", "in_flight", "interrupt_frames",
     "interrupted", "main", "normalize", "refusal", "run_one", "walk",
 ]

@@ -16,8 +16,33 @@ from dataclasses import dataclass
 
 from ..fuzz_harness import FuzzFailure
 from .oracle import check
-from .runner import CombinationFailure, Runner
+from .process import ProcessRunner
+from .runner import CombinationFailure, Driver, Runner
 from .space import Combination, normalize, walk
+
+
+class Runners:
+    """The runner of each space: the kernel's (made at once, as before) and the process's (made at its first
+    combination: it builds the program)."""
+
+    def __init__(self, cold: bool = False) -> None:
+        self.kernel = Runner(cold)
+        self._process: ProcessRunner | None = None
+
+    @property
+    def process(self) -> ProcessRunner:
+        if self._process is None:
+            self._process = ProcessRunner()
+        return self._process
+
+    def of(self, c: Combination) -> Driver:
+        return self.process if c.space == "process" else self.kernel
+
+    def close(self) -> None:
+        self.kernel.close()
+        if self._process is not None:
+            self._process.close()
+
 
 @dataclass
 class Outcome:
@@ -26,13 +51,14 @@ class Outcome:
     seconds: float
 
 
-def run_one(runner: Runner, c: Combination) -> Outcome:
+def run_one(runners: Runners, c: Combination) -> Outcome:
     """Run and check one combination; any failure (the oracle's, the harness', an exception) is its problems, and
     the machine that saw it is replaced."""
     started = time.monotonic()
+    runner = runners.of(c)
     try:
         seen = runner.run(c)
-        problems = check(c, seen, runner.sites)
+        problems = check(c, seen, seen.sites or runner.sites)
         runner.healthy(c.cpus)
     except (CombinationFailure, FuzzFailure, AssertionError) as failure:
         problems = [f"{type(failure).__name__}: {failure}"]
@@ -44,7 +70,7 @@ def run_one(runner: Runner, c: Combination) -> Outcome:
 def campaign(seconds: float, seed: int, *, limit: int | None = None, report: Callable[[str], None] = print,
              cold: bool = False) -> tuple[int, list[Outcome]]:
     """Combinations of `seed` until `seconds` passed (or `limit` ran); returns how many ran and the failures."""
-    runner = Runner(cold)
+    runners = Runners(cold)
     failures: list[Outcome] = []
     ran = 0
     started = time.monotonic()
@@ -53,7 +79,7 @@ def campaign(seconds: float, seed: int, *, limit: int | None = None, report: Cal
         for c in walk(seed):
             if time.monotonic() - started >= seconds or (limit is not None and ran >= limit):
                 break
-            outcome = run_one(runner, c)
+            outcome = run_one(runners, c)
             ran += 1
             if outcome.problems:
                 failures.append(outcome)
@@ -63,7 +89,7 @@ def campaign(seconds: float, seed: int, *, limit: int | None = None, report: Cal
                 next_report += 30
                 report(f"  {time.monotonic() - started:6.0f}s  {ran} combinations, {len(failures)} failed")
     finally:
-        runner.close()
+        runners.close()
     return ran, failures
 
 
@@ -79,11 +105,11 @@ def main(argv: Iterable[str] | None = None) -> int:
     logging.getLogger().addHandler(logging.NullHandler())
     if args.only is not None:
         c = normalize(Combination.parse(args.only))
-        runner = Runner(cold=args.cold)
+        runners = Runners(cold=args.cold)
         try:
-            outcome = run_one(runner, c)
+            outcome = run_one(runners, c)
         finally:
-            runner.close()
+            runners.close()
         print(f"{c.spec()}: " + ("passed" if not outcome.problems else "FAILED\n  " + "\n  ".join(outcome.problems)))
         return 1 if outcome.problems else 0
     seed = args.seed if args.seed is not None else random.SystemRandom().getrandbits(32)

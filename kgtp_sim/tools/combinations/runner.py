@@ -29,8 +29,8 @@ from ...machine.dwarf import KernelDwarf
 from ...rsp.packets.data import MAX_READ
 from ..fuzz_harness import FuzzFailure, Harness, build_stub
 from .space import (
-    ADDED, FILL_CALLS, HITS, IMAGE_PATH, MAIN, N, P_HITS, SHARED, WAIT_S, WARM_CALLS, WINDOW_CALLS, Combination,
-    Sites, added_address, added_definition, address_of, definitions,
+    ADDED, FILL_CALLS, IMAGE_PATH, MAIN, N, SHARED, WAIT_S, WARM_CALLS, WINDOW_CALLS, Combination, Sites,
+    added_address, added_definition, address_of, definitions, hits_variable, p_hits_variable,
 )
 
 # ---- what a run saw ----------------------------------------------------------------------------------------------
@@ -93,7 +93,8 @@ class Frame:
     stamp: float
     registers: dict[str, int | None]
     counter: int | None = None  # kgtp_counter (or $watch_val) as collected
-    variables: dict[int, int | None] = field(default_factory=dict)
+    #: the variables every frame is asked for: `hits`, `p_hits`, KGTP's `cpu_id` and `current_task`
+    variables: dict[str, int | None] = field(default_factory=dict)
     stack: int | None = None  # the first word at the collected rsp
     sdata: str | None = None
 
@@ -109,11 +110,14 @@ class Observed:
     frames: list[Frame] = field(default_factory=list)
     hits_variable: int | None = None
     p_hits: list[int | None] = field(default_factory=list)
-    tasks: dict[int, int] = field(default_factory=dict)  # what the frames' CPUs were running (per CPU: one task)
+    #: where the run's tracepoints were, when they differ from the runner's (a process's jump pad, `Sites.relocated`)
+    sites: Sites | None = None
+    #: a process's sleeps that ended early (callers.c's interrupted_sleeps): the debugger's stops must not show any
+    interrupted_sleeps: int | None = None
 
 
 class CombinationFailure(AssertionError):
-    pass
+    """The runner could not run a combination as it must be run (no answer, a stalled kernel or program)."""
 
 
 # ---- the benchmark threads' stacks ------------------------------------------------------------------------------
@@ -199,7 +203,7 @@ def interrupt_frames(data: bytes, address: int) -> list[tuple[int, int]]:
 _SAVED_RDI = 64
 
 
-# ---- the runner ----------------------------------------------------------------------------------------------
+# ---- the runners ---------------------------------------------------------------------------------------------
 
 
 _PROBE_ROW = re.compile(r"^\s*(\d+)\s+0x([0-9a-f]+)\s+\S+\s+\S+\s+fired (\d+)\s+hits (\d+)", re.M)
@@ -212,45 +216,52 @@ def _little(hex_text: bytes) -> int | None:
     return None if b"x" in hex_text else int.from_bytes(bytes.fromhex(hex_text.decode()), "little")
 
 
+class Driver:
+    """What a runner of either space does over RSP: one combination's packets from QTinit to the last frame read
+    back (`run`), the harness of each CPU count, and the checks after a run (`healthy`). A space's runner says how
+    its target stops and goes (`halt`, `_run_until`), what GDB sets up before a run (`_prepare`), and what its
+    tracepoints' places are (`sites`)."""
 
+    sites: Sites
+    image: KernelImage
 
-class Runner:
-    """One booted machine per CPU count, reused across combinations; `run` drives one combination over RSP."""
-
-    def __init__(self, cold: bool = False) -> None:
-        #: run the first combination on a machine as soon as it booted, before its benchmark threads made a call
-        #: (see `warm`)
-        self.cold = cold
+    def __init__(self) -> None:
         self.harnesses: dict[int, Harness] = {}
-        self.image = KernelImage.load(IMAGE_PATH)
-        self.sites = Sites.of(self.image)
-        self.stacks = Stacks.of(self.image)
 
-    def close(self) -> None:
-        for harness in self.harnesses.values():
-            harness.close()
-            harness.machine.shutdown()
-        self.harnesses.clear()
+    # -- what a space's runner says --
 
     def harness(self, cpus: int) -> Harness:
-        if cpus not in self.harnesses:
-            harness = Harness(build_stub("opt", cpus))
-            self.harnesses[cpus] = harness
-            if not self.cold:
-                self.warm(harness, cpus)
-        return self.harnesses[cpus]
+        raise NotImplementedError
 
-    def warm(self, h: Harness, cpus: int) -> None:
-        """Let the kernel run until every CPU's benchmark thread has called kgtp_test_function (each makes 100
-        calls a tick: two ticks' worth per CPU), so a combination starts from a kernel in its steady state.
-        `--cold` skips it (the benchmark threads' first calls are the slow ones: with the interpreting engine, a
-        timer tick once came due during nearly every hit and entered the kernel between the hit and its displaced
-        `addl`)."""
-        deadline = time.monotonic() + WAIT_S
-        while (self._u32(h, self.sites.counter) or 0) < 1 + WARM_CALLS * cpus:
-            if time.monotonic() > deadline:
-                raise CombinationFailure("the benchmark threads made no calls after boot")
-            time.sleep(0.01)
+    def halt(self, h: Harness, cpus: int) -> Halt:
+        """The target stopped (it stays so), and what the oracle counts from."""
+        raise NotImplementedError
+
+    def _run_until(self, h: Harness, done: Callable[[], bool], what: str) -> None:
+        """Let the target go until `done` (asked with the target stopped)."""
+        raise NotImplementedError
+
+    def _prepare(self, h: Harness, c: Combination) -> None:
+        self._monitor(h, f"engine {c.engine}")
+
+    def _started(self, h: Harness, c: Combination, seen: Observed) -> None:
+        """The run started (the target stopped)."""
+
+    def _left(self, h: Harness) -> None:
+        """GDB left and another came (the run stopped by the disconnection)."""
+
+    def _ended(self, h: Harness, c: Combination, seen: Observed) -> None:
+        """The run stopped (the target stopped): before the frames are read back."""
+
+    def _count(self, h: Harness) -> int:
+        counter = self._u32(h, self.sites.counter)
+        if counter is None:
+            raise CombinationFailure(f"the count at {self.sites.counter:#x} cannot be read")
+        return counter
+
+    def close(self) -> None:
+        for cpus in list(self.harnesses):
+            self.retire(cpus)
 
     def retire(self, cpus: int) -> None:
         """After a failure: the next combination on these CPUs gets a new machine."""
@@ -301,6 +312,158 @@ class Runner:
         return dict(part.split(":", 1) for part in reply.decode()[2:].split(";") if ":" in part) | {
             "running": reply[1:2].decode()}
 
+    def _variable(self, h: Harness, number: int) -> int | None:
+        reply = self._one(h, b"qTV:%x" % number)
+        return int(reply[1:], 16) if reply.startswith(b"V") else None
+
+    def _window(self, h: Harness, cpus: int, calls: int, start: Halt,
+                ended: Callable[[], bool] = lambda: False) -> Window:
+        self._run_until(h, lambda: ended() or self._count(h) - start.counter >= calls, f"{calls} calls counted")
+        return Window.between(start, self.halt(h, cpus))
+
+    # -- one combination --
+
+    def run(self, c: Combination) -> Observed:
+        h = self.harness(c.cpus)
+        h.request(b"QTFrame:ffffffff")
+        self._prepare(h, c)
+        self._ok(h, b"QTinit")
+        for packet in definitions(c, self.sites):
+            self._ok(h, packet)
+        seen = Observed()
+        start = self.halt(h, c.cpus)
+        seen.reply = self._one(h, b"QTStart")
+        if seen.reply != b"OK":
+            self._ended(h, c, seen)
+            seen.status = self._status(h)
+            return seen
+        self._started(h, c, seen)
+        calls = WINDOW_CALLS * (8 if c.buffer == "circular" else 1)
+        ends_itself = c.buffer == "fill" or c.passcount or c.condition == "fault"
+        stopped = lambda: self._status(h).get("running") == "0"  # noqa: E731
+        address = address_of(c, self.sites)
+        if c.change == "toggle":
+            seen.windows.append(self._window(h, c.cpus, calls, start))
+            self._ok(h, b"QTDisable:%x:%x" % (MAIN, address))
+            gap = self._window(h, c.cpus, calls, seen.windows[-1].end())
+            self._ok(h, b"QTEnable:%x:%x" % (MAIN, address))
+            seen.windows.append(self._window(h, c.cpus, calls, gap.end()))
+        elif c.change == "add":
+            middle = self._window(h, c.cpus, calls, start)
+            for packet in added_definition(c, self.sites):
+                self._ok(h, packet)
+            last = self._window(h, c.cpus, calls, middle.end())
+            seen.windows.append(Window.between(middle.start(), last.end()))
+            seen.added_windows.append(Window.between(middle.end(), last.end()))
+        elif ends_itself:
+            seen.windows.append(self._window(h, c.cpus, FILL_CALLS if c.buffer == "fill" else calls * 4, start,
+                                             ended=stopped))
+        else:
+            seen.windows.append(self._window(h, c.cpus, calls, start))
+        for number, _, fired, _ in _PROBE_ROW.findall(self._monitor(h, "probes")):
+            seen.fired[int(number)] = seen.fired.get(int(number), 0) + int(fired)
+        if c.ending == "disconnect":  # GDB leaves: the stub stops the run
+            h.reconnect()
+            self._left(h)
+        else:
+            self._ok(h, b"QTStop")
+        self._ended(h, c, seen)
+        self._read_back(h, c, seen)
+        return seen
+
+    def _read_back(self, h: Harness, c: Combination, seen: Observed) -> None:
+        """Every frame, as GDB reads it: QTFrame, `g`, the count (`m`), the variables (qTV), the stack's first
+        word; hits (qTP) and the variables after the run."""
+        sites = seen.sites or self.sites
+        seen.status = self._status(h)
+        for number, where in ((MAIN, address_of(c, sites)), (SHARED, sites.function), (ADDED, added_address(c, sites))):
+            reply = self._one(h, b"qTP:%x:%x" % (number, where))
+            found = re.fullmatch(rb"V([0-9a-f]+):([0-9a-f]+)", reply)
+            if found:
+                seen.hits[number] = int(found.group(1), 16)
+        hits, p_hits = hits_variable(c), p_hits_variable(c)
+        seen.hits_variable = self._variable(h, hits)
+        seen.p_hits = [self._variable(h, p_hits + 1 + cpu) for cpu in range(c.cpus)]
+        count = int(seen.status.get("tframes", "0"), 16)
+        rows = []
+        for first in range(0, count, 10000):
+            rows += _FRAME_ROW.findall(self._monitor(h, f"frames {first} 10000"))
+        sdata = {}
+        if c.action == "sdata":
+            for first in range(0, count, 10000):
+                text = self._monitor(h, f"sdata {first} 10000")
+                sdata.update({int(n): v for n, v in re.findall(r"^frame\s+(\d+)\s+tp\s+\d+\s+(.*)$", text, re.M)})
+        variables = {"hits": hits, "p_hits": p_hits, "cpu_id": N["cpu_id"], "current_task": N["current_task"]}
+        for number, tp, stamp, cpu, seq in rows:
+            number = int(number)
+            reply = self._one(h, b"QTFrame:%x" % number)
+            if not reply.startswith(b"F"):
+                raise CombinationFailure(f"QTFrame:{number:x} answered {reply!r}")
+            frame = Frame(number, int(tp), int(cpu), int(seq), float(stamp), self._registers(h))
+            frame.counter = self._variable(h, N["watch_val"]) if c.path == "watch" and int(tp) == MAIN else \
+                self._u32(h, sites.counter)
+            frame.variables = {name: self._variable(h, n) for name, n in variables.items()}
+            sp = frame.registers.get("rsp")
+            if sp is not None and c.action in ("memory", "bt"):
+                low, high = self._u32(h, sp), self._u32(h, sp + 4)
+                frame.stack = None if low is None or high is None else low | high << 32
+            frame.sdata = sdata.get(number)
+            seen.frames.append(frame)
+        self._ok(h, b"QTFrame:ffffffff")
+
+    def healthy(self, cpus: int) -> None:
+        """The stub serves, the kernel runs, nothing was logged as an error (the harness' checks)."""
+        h = self.harness(cpus)
+        try:
+            h.kernel_alive()
+        except FuzzFailure as failure:
+            raise CombinationFailure(f"after the run: {failure}") from None
+        h.first_jiffies = h.read_jiffies()
+
+
+class Runner(Driver):
+    """The kernel's space: one booted machine per CPU count, reused across combinations; its CPUs stopped and let
+    go with `monitor stop` and `monitor go`."""
+
+    def __init__(self, cold: bool = False) -> None:
+        super().__init__()
+        #: run the first combination on a machine as soon as it booted, before its benchmark threads made a call
+        #: (see `warm`)
+        self.cold = cold
+        self.image = KernelImage.load(IMAGE_PATH)
+        self.sites = Sites.of(self.image)
+        self.stacks = Stacks.of(self.image)
+
+    def harness(self, cpus: int) -> Harness:
+        if cpus not in self.harnesses:
+            harness = Harness(build_stub("opt", cpus))
+            self.harnesses[cpus] = harness
+            if not self.cold:
+                self.warm(harness, cpus)
+        return self.harnesses[cpus]
+
+    def warm(self, h: Harness, cpus: int) -> None:
+        """Let the kernel run until every CPU's benchmark thread has called kgtp_test_function (each makes 100
+        calls a tick: two ticks' worth per CPU), so a combination starts from a kernel in its steady state.
+        `--cold` skips it (the benchmark threads' first calls are the slow ones: with the interpreting engine, a
+        timer tick once came due during nearly every hit and entered the kernel between the hit and its displaced
+        `addl`)."""
+        deadline = time.monotonic() + WAIT_S
+        while (self._u32(h, self.sites.counter) or 0) < 1 + WARM_CALLS * cpus:
+            if time.monotonic() > deadline:
+                raise CombinationFailure("the benchmark threads made no calls after boot")
+            time.sleep(0.01)
+
+    def _prepare(self, h: Harness, c: Combination) -> None:
+        super()._prepare(h, c)
+        h.stub.tracer.probe = "int3" if c.path == "int3" else "auto"  # no packet chooses it: `serve --probe`'s
+
+    def _left(self, h: Harness) -> None:
+        self._monitor(h, "stop")  # the departing GDB's release let the CPUs run: counted as at most that
+
+    def _ended(self, h: Harness, c: Combination, seen: Observed) -> None:
+        self._monitor(h, "go")
+
     # -- the kernel between stops --
 
     def halt(self, h: Harness, cpus: int) -> Halt:
@@ -316,8 +479,7 @@ class Runner:
             rdis.append(registers["rdi"])
             calls.append(self.stacks.call(registers["rsp"], registers["rdi"]))
         self._ok(h, b"Hg0")
-        counter = self._u32(h, self.sites.counter)
-        assert counter is not None
+        counter = self._count(h)
         waiting, interrupted_calls = self._waiting(h, sps, rdis)
         return Halt(counter, pcs, waiting, calls + interrupted_calls)
 
@@ -358,110 +520,3 @@ class Runner:
             function = self.image.function_at(rip)
             places.append(f"{rip:#x} ({function.name})" if function else f"{rip:#x}")
         return ", ".join(places)
-
-    def _window(self, h: Harness, cpus: int, calls: int, start: Halt,
-                ended: Callable[[], bool] = lambda: False) -> Window:
-        self._run_until(h, lambda: ended() or (self._u32(h, self.sites.counter) or 0) - start.counter >= calls,
-                        f"{calls} calls of kgtp_test_function")
-        return Window.between(start, self.halt(h, cpus))
-
-    # -- one combination --
-
-    def run(self, c: Combination) -> Observed:
-        h = self.harness(c.cpus)
-        h.request(b"QTFrame:ffffffff")
-        self._monitor(h, f"engine {c.engine}")
-        h.stub.tracer.probe = "int3" if c.path == "int3" else "auto"  # no packet chooses it: `serve --probe`'s
-        self._ok(h, b"QTinit")
-        for packet in definitions(c, self.sites):
-            self._ok(h, packet)
-        seen = Observed()
-        start = self.halt(h, c.cpus)
-        seen.reply = self._one(h, b"QTStart")
-        if seen.reply != b"OK":
-            self._monitor(h, "go")
-            seen.status = self._status(h)
-            return seen
-        calls = WINDOW_CALLS * (8 if c.buffer == "circular" else 1)
-        ends_itself = c.buffer == "fill" or c.passcount or c.condition == "fault"
-        stopped = lambda: self._status(h).get("running") == "0"  # noqa: E731
-        if c.change == "toggle":
-            seen.windows.append(self._window(h, c.cpus, calls, start))
-            self._ok(h, b"QTDisable:%x:%x" % (MAIN, self._address(c)))
-            gap = self._window(h, c.cpus, calls, seen.windows[-1].end())
-            self._ok(h, b"QTEnable:%x:%x" % (MAIN, self._address(c)))
-            seen.windows.append(self._window(h, c.cpus, calls, gap.end()))
-        elif c.change == "add":
-            middle = self._window(h, c.cpus, calls, start)
-            for packet in added_definition(c, self.sites):
-                self._ok(h, packet)
-            last = self._window(h, c.cpus, calls, middle.end())
-            seen.windows.append(Window.between(middle.start(), last.end()))
-            seen.added_windows.append(Window.between(middle.end(), last.end()))
-        elif ends_itself:
-            seen.windows.append(self._window(h, c.cpus, FILL_CALLS if c.buffer == "fill" else calls * 4, start,
-                                             ended=stopped))
-        else:
-            seen.windows.append(self._window(h, c.cpus, calls, start))
-        for number, _, fired, _ in _PROBE_ROW.findall(self._monitor(h, "probes")):
-            seen.fired[int(number)] = seen.fired.get(int(number), 0) + int(fired)
-        if c.ending == "disconnect":  # GDB leaves: the stub stops the run (the CPUs stay stopped until then)
-            h.reconnect()
-            self._monitor(h, "stop")  # the departing GDB's release let them run: counted below as at most that
-        else:
-            self._ok(h, b"QTStop")
-        self._monitor(h, "go")
-        self._read_back(h, c, seen)
-        return seen
-
-    def _address(self, c: Combination) -> int:
-        return address_of(c, self.sites)
-
-    def _read_back(self, h: Harness, c: Combination, seen: Observed) -> None:
-        seen.status = self._status(h)
-        address = self._address(c)
-        for number, where in ((MAIN, address), (SHARED, self.sites.function), (ADDED, added_address(c, self.sites))):
-            reply = self._one(h, b"qTP:%x:%x" % (number, where))
-            found = re.fullmatch(rb"V([0-9a-f]+):([0-9a-f]+)", reply)
-            if found:
-                seen.hits[number] = int(found.group(1), 16)
-        seen.hits_variable = self._variable(h, HITS)
-        seen.p_hits = [self._variable(h, P_HITS + 1 + cpu) for cpu in range(c.cpus)]
-        count = int(seen.status.get("tframes", "0"), 16)
-        rows = []
-        for first in range(0, count, 10000):
-            rows += _FRAME_ROW.findall(self._monitor(h, f"frames {first} 10000"))
-        sdata = {}
-        if c.action == "sdata":
-            for first in range(0, count, 10000):
-                text = self._monitor(h, f"sdata {first} 10000")
-                sdata.update({int(n): v for n, v in re.findall(r"^frame\s+(\d+)\s+tp\s+\d+\s+(.*)$", text, re.M)})
-        for number, tp, stamp, cpu, seq in rows:
-            number = int(number)
-            reply = self._one(h, b"QTFrame:%x" % number)
-            if not reply.startswith(b"F"):
-                raise CombinationFailure(f"QTFrame:{number:x} answered {reply!r}")
-            frame = Frame(number, int(tp), int(cpu), int(seq), float(stamp), self._registers(h))
-            frame.counter = self._variable(h, N["watch_val"]) if c.path == "watch" and int(tp) == MAIN else \
-                self._u32(h, self.sites.counter)
-            frame.variables = {n: self._variable(h, n) for n in (HITS, P_HITS, N["cpu_id"], N["current_task"])}
-            sp = frame.registers.get("rsp")
-            if sp is not None and c.action in ("memory", "bt"):
-                low, high = self._u32(h, sp), self._u32(h, sp + 4)
-                frame.stack = None if low is None or high is None else low | high << 32
-            frame.sdata = sdata.get(number)
-            seen.frames.append(frame)
-        self._ok(h, b"QTFrame:ffffffff")
-
-    def _variable(self, h: Harness, number: int) -> int | None:
-        reply = self._one(h, b"qTV:%x" % number)
-        return int(reply[1:], 16) if reply.startswith(b"V") else None
-
-    def healthy(self, cpus: int) -> None:
-        """The stub serves, the kernel runs, nothing was logged as an error (the harness' checks)."""
-        h = self.harness(cpus)
-        try:
-            h.kernel_alive()
-        except FuzzFailure as failure:
-            raise CombinationFailure(f"after the run: {failure}") from None
-        h.first_jiffies = h.read_jiffies()
