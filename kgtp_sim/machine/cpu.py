@@ -173,6 +173,8 @@ class Cpu:
         self.fixup_hits = 0
 
         self._fault: tuple[int, int] | None = None  # (access, address) of an access to absent physical memory
+        #: code changed inside emulation whose translated blocks go when the run ends (`remove_cache`)
+        self._stale: list[tuple[int, int, AddressSpace | None]] = []
         self._counted = False  # the last run had an instruction budget (unicorn's count hook is in)
         self._in_emulation = False
         self._error: BaseException | None = None  # raised inside a hook; re-raised by run()
@@ -213,8 +215,13 @@ class Cpu:
 
     def remove_cache(self, address: int, length: int, space: AddressSpace | None = None) -> None:
         """Drop translated code over [address, address + length) of `space` (None: the kernel's) after the host
-        changed it (memory.Memory.remove_cache)."""
-        self.memory.remove_cache(address, length, space, self._in_emulation)
+        changed it (memory.Memory.remove_cache). Inside emulation, code the loaded CPU cannot look up there (a
+        process's, with another space loaded; the kernel's, from user mode: a hit in one space that ends the run
+        takes the probes of the other out) is dropped once this run ends, and the run ends at the next block
+        boundary: none of that code runs before (it is not the running block's, which is the hit's)."""
+        if not self.memory.remove_cache(address, length, space, self._in_emulation):
+            self._stale.append((address, length, space))
+            self.stopper.request()
 
     # ---- registers ---------------------------------------------------------------------------------------
 
@@ -437,6 +444,9 @@ class Cpu:
             failure = error
         finally:
             self._in_emulation = False
+            stale, self._stale = self._stale, []
+            for address, length, space in stale:
+                self.memory.remove_cache(address, length, space)
             if until != NO_EXIT:
                 uc.ctl_set_exits([])
             if self.observer is not None:  # (one may have come or gone during the run)

@@ -163,6 +163,11 @@ class Machine:
 
     # ---- access from other threads -----------------------------------------------------------------------
 
+    def thread_ids(self) -> set[int]:
+        """The identities of the machine's own threads (its CPU thread and its timer): what tells its log
+        records from another machine's in one process."""
+        return self._sched.thread_ids()
+
     def run_on_cpu(self, fn: Callable[[Uc], T]) -> T:
         """Run fn(uc) on the CPU thread between two instructions and return its result (or raise its error)."""
         return self._sched.run_on_cpu(fn)

@@ -188,7 +188,7 @@ class Memory:
     # ---- translated code -----------------------------------------------------------------------------------
 
     def remove_cache(self, address: int, length: int, space: AddressSpace | None = None,
-                     in_emulation: bool = False) -> None:
+                     in_emulation: bool = False) -> bool:
         """Drop translated code over [address, address + length) of `space` (None: the kernel's) after the host
         changed it. Only for executable pages: unicorn finds the code through an instruction fetch, which on any
         other page fails and leaves a #PF in flight. That fetch goes through the loaded CPU's CR3: the kernel
@@ -196,30 +196,32 @@ class Memory:
         (between runs). Inside emulation, the user half of a space not loaded would be translated through
         another space's tables, so there every translated block is dropped instead (the emulator keys its
         blocks by physical page, so a process would otherwise run its old code when loaded again): between
-        runs only, as dropping them all under a running block is not safe."""
+        runs only, as dropping them all under a running block is not safe. False: inside emulation, where this
+        code cannot be dropped (a process's half of a space not loaded, or any code while the CPU runs in user
+        mode): the caller drops it once the run ended (Cpu.remove_cache)."""
         space = space or self.kernel
         if length <= 0 or not (space.executable(address) and space.executable(address + length - 1)):
-            return
+            return True
         if not paging.kernel_half(address) and not in_emulation:
             # a process's code: the fetch of a user page succeeds at any privilege, through the space's own tables:
             # the space is loaded for the lookup (and the loaded one put back), so only the blocks of that code go
             cr3 = self.uc.reg_read(X.UC_X86_REG_CR3)
             if cr3 & paging.PTE_ADDRESS == space.root:
                 self.uc.ctl_remove_cache(address, address + length)
-                return
+                return True
             self.uc.reg_write(X.UC_X86_REG_CR3, space.root)
             try:
                 self.uc.ctl_remove_cache(address, address + length)
             finally:
                 self.uc.reg_write(X.UC_X86_REG_CR3, cr3)
-            return
+            return True
         # the fetch also runs at the loaded CPU's privilege: from ring 3 a kernel page is a supervisor page it may
         # not fetch from (no block found, a #PF left in flight), so a CPU in user mode drops every block instead
         user_mode = bool(self.uc.reg_read(X.UC_X86_REG_CS) & 3)
         if not user_mode and (paging.kernel_half(address) or self.loaded_space() is space):
             self.uc.ctl_remove_cache(address, address + length)
-            return
+            return True
         if in_emulation:
-            raise MachineError(f"code at {address:#x} of {space!r}: patch it between runs (the loaded CPU "
-                               f"{'is in user mode' if user_mode else 'has another space loaded'})")
+            return False
         self.uc.ctl_flush_tb()
+        return True

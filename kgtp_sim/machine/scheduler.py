@@ -127,6 +127,10 @@ class Scheduler:
     def started(self) -> bool:
         return self._thread is not None
 
+    def thread_ids(self) -> set[int]:
+        """The identities of this machine's CPU and timer threads, once started."""
+        return {t.ident for t in (self._thread, self._ticker) if t is not None and t.ident is not None}
+
     @property
     def on_cpu_thread(self) -> bool:
         return self._thread is not None and threading.current_thread() is self._thread

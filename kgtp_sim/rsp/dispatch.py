@@ -150,8 +150,10 @@ class Dispatcher:
             return packet_class.MALFORMED or b"E%02x" % E_BAD_PACKET
         except RspError as error:
             log.info("%s refused: %s", packet_class.__name__, error.message)
-            if error.text:  # '$' and '#' frame packets and GDB unescapes no `E.` text: they are left out
-                return b"E." + error.message.encode("utf-8", "replace").replace(b"$", b"").replace(b"#", b"")
+            if error.text:  # '$' and '#' frame packets, '*' repeats the byte before it (GDB's read_frame expands
+                # it in any packet) and GDB unescapes no `E.` text: they are left out
+                text = error.message.encode("utf-8", "replace")
+                return b"E." + text.replace(b"$", b"").replace(b"#", b"").replace(b"*", b"")
             return b"E%02x" % error.code
         except Exception:  # the single guard: a bug in one handler must not take the server or kernel down
             self.errors += 1

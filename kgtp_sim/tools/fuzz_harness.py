@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 import traceback
 from collections import Counter
@@ -31,12 +32,18 @@ class FuzzFailure(AssertionError):
 
 
 class _ErrorLog(logging.Handler):
-    def __init__(self) -> None:
+    """The errors of one harness: logged on the thread feeding its session while it feeds, or on its machine's
+    own threads (a process may hold several harnesses, each with its machine)."""
+
+    def __init__(self, machine) -> None:
         super().__init__(logging.ERROR)
         self.records: list[logging.LogRecord] = []
+        self.machine = machine
+        self.feeding: int | None = None  #: the thread feeding the session now, if any
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
+        if record.thread == self.feeding or record.thread in self.machine.thread_ids():
+            self.records.append(record)
 
 
 def is_error_reply(reply: bytes) -> bool:
@@ -77,7 +84,8 @@ class Harness:
             self.machine.start()
         self.hz, self.pace = self.machine.hz, self.machine.pace
         self.figures = Figures()
-        self.errors = _ErrorLog()
+        self.errors = _ErrorLog(self.machine)
+        self._errors_seen = 0  #: errors reported so far (`check_errors`)
         self._logger = logging.getLogger("kgtp_sim")
         self._level = self._logger.level
         if self._logger.getEffectiveLevel() > logging.ERROR:
@@ -103,12 +111,31 @@ class Harness:
     # -- wire --
 
     def _feed(self, data: bytes) -> list[bytes]:
-        before = len(self.errors.records)
+        self.errors.feeding = threading.get_ident()
         try:
             out = self.session.receive(data)
         except Exception as error:  # noqa: BLE001 - exactly what must never happen
             raise FuzzFailure(f"exception escaped the session: {type(error).__name__}: {error}") from error
-        if len(self.errors.records) > before:
+        finally:
+            self.errors.feeding = None
+        self.check_errors()
+        return [e.payload for e in Decoder().feed(out) if e.kind is EventKind.PACKET]
+
+    def _poll(self) -> list[bytes]:
+        """The session's stop reply, if the target stopped by itself (as the server polls it when woken)."""
+        self.errors.feeding = threading.get_ident()
+        try:
+            out = self.session.poll()
+        finally:
+            self.errors.feeding = None
+        self.check_errors()
+        return [e.payload for e in Decoder().feed(out) if e.kind is EventKind.PACKET]
+
+    def check_errors(self) -> None:
+        """No error logged since the last look: by a handler, or by the machine's threads meanwhile (a crashed
+        CPU thread's error comes between two packets)."""
+        if len(self.errors.records) > self._errors_seen:
+            self._errors_seen = len(self.errors.records)
             record = self.errors.records[-1]
             where = ""
             if record.exc_info and record.exc_info[2] is not None:
@@ -116,18 +143,38 @@ class Harness:
                 where = f" at {Path(frame.filename).name}:{frame.lineno} ({frame.line})"
             raise FuzzFailure(f"the stub logged an error: {record.name}: {record.getMessage()}"
                               + (f" ({record.exc_info[1]!r}{where})" if record.exc_info else ""))
-        return [e.payload for e in Decoder().feed(out) if e.kind is EventKind.PACKET]
 
     def request(self, payload: bytes) -> list[bytes]:
         """Send one well-framed packet; return every packet the stub sent back for it."""
         replies = self._feed(encode_packet(payload, binary=True))
         if self.session.waiting_for_interrupt:  # `c`: the kernel stopped meanwhile, or the user presses Ctrl-C
-            replies += [e.payload for e in Decoder().feed(self.session.poll()) if e.kind is EventKind.PACKET]
+            replies += self._poll()
             if self.session.waiting_for_interrupt:
                 replies += self._feed(b"\x03")
             if not replies or not self.STOP_REPLY.fullmatch(replies[-1]):
                 raise FuzzFailure(f"Ctrl-C after {payload[:40]!r} was answered {replies!r}")
         return replies
+
+    def resume(self, payload: bytes = b"vCont;c") -> bytes | None:
+        """A resumption GDB leaves running (`c`, `vCont;c`), as `request` sends it but without the Ctrl-C after
+        it: None while the target runs (`stop` ends that), or the reply that came at once (a stop the target had
+        pending, an error)."""
+        replies = self._feed(encode_packet(payload, binary=True))
+        if self.session.waiting_for_interrupt:
+            return None
+        if not replies:
+            raise FuzzFailure(f"no answer to {payload[:40]!r}")
+        return replies[-1]
+
+    def stop(self) -> bytes:
+        """The stop reply of the resumption `resume` left running: the target's own stop if it made one (the
+        session's `poll`, as the server calls it when woken), else the answer to Ctrl-C."""
+        replies = self._poll()
+        if self.session.waiting_for_interrupt:
+            replies += self._feed(b"\x03")
+        if len(replies) != 1:
+            raise FuzzFailure(f"a stop after a resumption was answered {replies!r}")
+        return replies[0]
 
     # -- checks --
 
@@ -154,6 +201,7 @@ class Harness:
             return
         self.machine.shutdown()
         self.stub, self.machine = stub, stub.machine
+        self.errors.machine = stub.machine
         if self.started:
             self.machine.start()
         self._connect()
@@ -161,7 +209,7 @@ class Harness:
 
     def _tidy(self) -> None:
         """Keep a long run fast: undo settings that only slow the kernel down, forget piles of tracepoints."""
-        if self.session.closing or len(self.stub.target.inserted) > self.MAX_BREAKPOINTS:
+        if self.session.closing or len(getattr(self.stub.target, "inserted", ())) > self.MAX_BREAKPOINTS:
             self.reconnect()
         if (self.machine.hz, self.machine.pace) != (self.hz, self.pace):
             self.machine.set_hz(self.hz)

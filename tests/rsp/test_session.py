@@ -25,6 +25,8 @@ class Handlers:
     def m(self, p):
         if p.address == 0:
             raise RspError(2, "unmapped")
+        if p.address == 1:
+            raise RspError(2, "$kret needs the first address of a function (trace *FUNCTION, #1)", text=True)
         return bytes(range(p.length)).hex().encode()
 
     @handles(c.Continue)
@@ -150,3 +152,12 @@ def test_a_stop_the_target_makes_itself_is_sent_once_when_polled():
     stop[0] = b"T05thread:2;"
     assert packets(s.poll()) == [b"T05thread:2;"]
     assert s.poll() == b"" and s.receive(b"\x03") == b""  # answered: Ctrl-C finds nothing to stop
+
+
+def test_a_text_error_never_holds_the_bytes_that_frame_a_packet_or_repeat_one():
+    """`$` and `#` frame a packet and `*` says the byte before it repeats (GDB's read_frame expands it in every
+    packet): an `E.` text leaves them out, so GDB prints the text it was given (a `*FUNCTION` in a refusal once read
+    as 41 spaces and "UNCTION")."""
+    reply = packets(send(session(), b"m1,4"))
+    assert reply == [b"E.kret needs the first address of a function (trace FUNCTION, 1)"]
+

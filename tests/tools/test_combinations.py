@@ -1,4 +1,4 @@
-"""The combination suite's generator and oracle (kgtp_sim/tools/combinations.py), without a kernel: a seed gives the
+"""The combination suite's generator and oracle (kgtp_sim/tools/combinations/), without a kernel: a seed gives the
 same walk, a spec reads back, every value of every dimension is reached, the pairs KGTP refuses are named with
 KGTP's reason, and the oracle catches a lost hit, a doubled one and a wrong refusal on made-up runs."""
 
@@ -12,10 +12,13 @@ import struct
 import pytest
 
 from kgtp_sim.machine import KernelImage
+from dataclasses import replace
+
 from kgtp_sim.tools.combinations import (
     DIMENSIONS, MAIN, Combination, Frame, Observed, Sites, Stacks, Window, check, expected_fired, generate,
     interrupted, normalize, refusal, walk,
 )
+from kgtp_sim.tools.combinations.space import definitions, hits_variable
 
 from ..conftest import VMLINUX
 
@@ -193,3 +196,94 @@ def test_a_markers_call_in_flight_at_the_start_may_read_the_counter_as_it_was():
 
 def replace_path(path: str) -> Combination:
     return Combination(path=path)
+
+
+# ---- the process space ----------------------------------------------------------------------------------------
+
+PROGRAM = Sites(function=0x401700, counter=0x4BB320, marker=0x401707, stepper=0x401720, watched=(),
+                bench=(range(0x401730, 0x401800),), relocated=0x7FFF_F000_0001)
+P = Combination(space="process", engine="opt", path="int3", cpus=1, action="global")
+
+
+def _process_run(values: list[int], first: int = 100, last: int | None = None, hits: int | None = None,
+                 cpus: list[int] | None = None, before: list[int] | None = None, after: list[int] | None = None,
+                 sleeps: int = 0) -> Observed:
+    """A made-up run of the program: frames in gdbserver's one buffer (one sequence for every CPU), the threads'
+    pcs at both stops (`before`, `after`: a thread's pc, 0 elsewhere)."""
+    last = first + len(values) if last is None else last
+    cpus = cpus or [0] * len(values)
+    frames = [Frame(n, MAIN, cpu, n, float(n), {"rip": PROGRAM.function}, counter=v)
+              for n, (v, cpu) in enumerate(zip(values, cpus))]
+    return Observed(reply=b"OK", windows=[Window(first, last, before or [0, 0], after or [0, 0])],
+                    status={"tstop": ":0", "tframes": "%x" % len(values), "tcreated": "%x" % len(values),
+                            "running": "0"},
+                    hits={MAIN: len(values) if hits is None else hits},
+                    fired={MAIN: len(values) if hits is None else hits}, frames=frames, interrupted_sleeps=sleeps)
+
+
+def test_the_process_oracle_passes_a_run_that_saw_every_call_once():
+    assert check(P, _process_run(list(range(100, 110))), PROGRAM) == []
+    c = replace(P, path="marker", cpus=2)  # after the count: each value one more, two threads each counting up
+    seen = _process_run([101, 102, 104, 104, 105], last=105, cpus=[0, 1, 0, 1, 0])  # one preempted after its add
+    assert check(c, seen, PROGRAM) == []
+
+
+def test_the_process_oracle_sees_a_lost_hit_a_doubled_one_and_a_sleep_cut_short():
+    lost = check(P, _process_run([100, 101, 103], last=104, hits=3), PROGRAM)
+    assert any("hits (qTP): 3, expected 4" in p for p in lost) and any("calls collected" in p for p in lost)
+    doubled = check(P, _process_run([100, 101, 101, 102], last=103), PROGRAM)
+    assert any("collected twice" in p for p in doubled)
+    jump = replace(P, path="jump", cpus=2)  # two threads may read one value in a pad, one thread never twice
+    assert check(jump, _process_run([100, 100, 101, 102], cpus=[0, 1, 0, 1]), PROGRAM) == []
+    assert any("a call collected twice on CPU 0: [100]" in p for p in
+               check(jump, _process_run([100, 100, 101, 102], cpus=[0, 0, 1, 1]), PROGRAM))
+    cut = check(P, _process_run(list(range(100, 104)), sleeps=2), PROGRAM)
+    assert cut == ["the program's sleeps cut short (the debugger's stops showed): 2, expected 0"]
+
+
+def test_gdbservers_one_buffer_numbers_every_cpus_frames_in_one_sequence():
+    two = replace(P, cpus=2)
+    assert check(two, _process_run(list(range(100, 106)), cpus=[0, 1, 1, 0, 1, 0]), PROGRAM) == []
+    kernel = check(replace(C, cpus=2), _process_run(list(range(100, 106)), cpus=[0, 1, 1, 0, 1, 0]), SITES)
+    assert any("sequence" in p for p in kernel)  # KGTP's rings number each CPU's own
+
+
+def test_a_call_left_in_a_fast_tracepoints_pad_was_probed_and_is_counted_later():
+    """A thread stopped between a pad's int3 and its relocated count holds a call probed and not yet counted:
+    at a window's end one more hit than calls; at its start one fewer; at both ends (it never ran) neither."""
+    inside, jump, trap = PROGRAM.relocated, replace(P, path="jump"), replace(P, path="int3")
+    assert expected_fired(jump, Window(10, 20, [0, 0], [inside, 0]), PROGRAM) == 11
+    assert expected_fired(jump, Window(10, 20, [inside, 0], [0, 0]), PROGRAM) == 9
+    assert expected_fired(trap, Window(10, 20, [0, inside], [0, inside]), PROGRAM) == 10
+    assert expected_fired(jump, Window(10, 20, [PROGRAM.function + 3, 0], [0, 0]), PROGRAM) == 10  # no pad there
+    assert expected_fired(jump, Window(10, 20, [inside, 0], [0, 0]), replace(PROGRAM, relocated=0)) == 10
+    # a probe in flight at the end read the last count: 100..103 and 104 of the thread left in the pad
+    seen = _process_run([100, 101, 102, 103, 104], last=104, after=[0, inside])
+    assert check(jump, seen, PROGRAM) == []
+    seen.hits = seen.fired = {MAIN: 4}
+    assert any("hits (qTP): 4, expected 5" in p for p in check(jump, seen, PROGRAM))
+
+
+@pytest.mark.parametrize("path, reason", [
+    ("kret", "tracepoint 1 at 0x401700: kret is a return probe of a kernel function (KGTP's kretprobe): a "
+             "tracepoint in the program cannot set it"),
+    ("watch", "tracepoint 1: a watch tracepoint is a hardware breakpoint of the kernel's (KGTP's), on the kernel's "
+              "memory: 0x4bb320 is the program's"),
+])
+def test_a_programs_return_probe_and_watch_are_refused_with_their_reason(path, reason):
+    c = replace(P, path=path, beside="stepping")  # refused for what they are, before what stands beside
+    assert re.search(refusal(c), reason)
+    assert check(c, Observed(reply=b"E." + reason.encode(), status={"running": "0"}), PROGRAM) == []
+    assert check(c, Observed(reply=b"E.cannot watch 0x4bb320: not mapped", status={"running": "0"}), PROGRAM)
+
+
+def test_a_programs_tracepoints_are_defined_as_gdb_defines_them_there():
+    packets = definitions(replace(P, path="jump", action="teval"), PROGRAM)
+    main = [p for p in packets if p.startswith(b"QTDP:1:")]
+    assert main == [b"QTDP:1:401700:E:0:0:F7-"]  # a fast tracepoint over the 7-byte count
+    kernel_hits, process_hits = hits_variable(C), hits_variable(replace(P, action="teval"))
+    assert process_hits == kernel_hits + 1  # after gdbserver's $trace_timestamp
+    assert b"QTDV:%x:0:0:%s" % (process_hits, b"hits".hex().encode()) in packets
+    marker = definitions(replace(P, path="marker"), PROGRAM)
+    assert [p for p in marker if p.startswith(b"QTDP:1:")] == [b"QTDP:1:401707:E:0:0-"]  # no static marker
+    assert normalize(replace(P, path="marker", action="sdata")).action == "global"

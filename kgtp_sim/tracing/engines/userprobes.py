@@ -6,9 +6,11 @@ same address has no int3 there), so only the program hits it; the handler still 
 CPU has loaded, and an int3 of another space at that address (that program's own) goes to the kernel as the #BP
 it is. At a hit the location's condition and actions run as any int3 location's (hits.interpreted_hit, reading
 memory through the program's space); then the probed instruction runs where it is: the original byte goes back,
-the CPU steps that one instruction (EFLAGS.TF: the scheduler neither switches CPUs nor takes interrupts while it
-is set, and no other CPU runs meanwhile, as the machine runs one CPU at a time), and the #DB after it puts the int3
-back. The kernel's compiled detours live in supervisor-only module space, which ring 3 cannot run: a program's
+the CPU steps that one instruction with interrupts off (EFLAGS.TF set and IF cleared, as Linux's kprobes single-step:
+the scheduler switches no CPU while TF is set and delivers no interrupt while IF is clear, so no other CPU runs
+meanwhile, as the machine runs one CPU at a time, and no tick enters the kernel, which could switch to another
+thread of the program that would run the lifted int3's place unseen), and the #DB after it puts the int3 back and
+IF as it was. The kernel's compiled detours live in supervisor-only module space, which ring 3 cannot run: a program's
 tracepoints always take this path, whatever the engine.
 
 While-stepping (hits.Stepper) steps the program the same way: its steps run the instruction in place (the step in
@@ -55,7 +57,7 @@ from ..core.run import Run
 from ..patching.placement import Installed
 from ..patching.probes import INT3, JUMP_SIZE, ProbePlacementError, ProbeSite, decode, jump, relocate
 from ..patching.probes import relocated_size_bound
-from .hits import EFLAGS_TF, interpreted_hit
+from .hits import EFLAGS_IF, EFLAGS_TF, interpreted_hit
 
 
 @dataclass
@@ -79,6 +81,7 @@ class ProgramProbes:
         self._reported: dict[int, int] = {}
         self._stepping: tuple[int, Any] | None = None  # (the site being stepped over, the debug trap before ours)
         self._stepped_by_debugger = False  # TF was the debugger's when the int3 trapped
+        self._interrupts_were_on = False  # IF when the int3 trapped (cleared for the step in place)
         #: fast tracepoints' pads: (space root, address, instruction) -> pad; and each area's next free byte
         self._pads: dict[tuple[int, int, bytes], int] = {}
         self._pad_ends: dict[int, int] = {}
@@ -202,7 +205,7 @@ class ProgramProbes:
         its translated code dropped."""
         if not self.int3s.write(space, address, data):
             raise TraceError(f"{address:#x}: no memory of the program there")
-        self.machine.cpu.remove_cache(address, len(data), space)
+        self._drop_code(self.machine.cpu.uc, space, address, len(data))
 
     def _debug_trap(self, uc: Uc) -> None:
         """A #DB while fast tracepoints' jumps are in: a debugger's single step that landed in a pad goes on
@@ -260,10 +263,12 @@ class ProgramProbes:
         self._put(uc, space, address, lifted=True)
         cpu = self.machine.cpu
         # TF already set: a ptrace single step of the program, or while-stepping's steps that reached this int3
-        self._stepped_by_debugger = bool(uc.reg_read(X.UC_X86_REG_EFLAGS) & EFLAGS_TF)
+        eflags = uc.reg_read(X.UC_X86_REG_EFLAGS)
+        self._stepped_by_debugger = bool(eflags & EFLAGS_TF)
+        self._interrupts_were_on = bool(eflags & EFLAGS_IF)
         self._stepping = (address, cpu.debug_trap)
         cpu.debug_trap = lambda uc, space=space: self._stepped(uc, space)
-        uc.reg_write(X.UC_X86_REG_EFLAGS, uc.reg_read(X.UC_X86_REG_EFLAGS) | EFLAGS_TF)
+        uc.reg_write(X.UC_X86_REG_EFLAGS, (eflags | EFLAGS_TF) & ~EFLAGS_IF)
 
     def _put(self, uc: Uc, space: Any, address: int, lifted: bool) -> None:
         """The byte under a site's int3 into the program's memory for a step in place (`lifted`), or the int3
@@ -273,20 +278,22 @@ class ProgramProbes:
         if changed:
             self._drop_code(uc, space, address)
 
-    def _drop_code(self, uc: Uc, space: Any, address: int) -> None:
-        """The translated code over a site's int3 dropped, from a hit (inside emulation, the program's space
-        loaded in ring 3 or not) or between runs."""
+    def _drop_code(self, uc: Uc, space: Any, address: int, length: int = len(INT3)) -> None:
+        """The translated code over a site's int3 (or a fast tracepoint's jump) dropped, from a hit (inside
+        emulation, the program's space loaded in ring 3 or not: a hit of the program that ends the run takes its
+        jumps out there) or between runs."""
         if uc.reg_read(X.UC_X86_REG_CS) & 3 and uc.reg_read(X.UC_X86_REG_CR3) & ~0xFFF == space.root:
-            uc.ctl_remove_cache(address, address + len(INT3))  # the program's space is loaded: its code is found
+            uc.ctl_remove_cache(address, address + length)  # the program's space is loaded: its code is found
         else:
-            self.machine.cpu.remove_cache(address, len(INT3), space)
+            self.machine.cpu.remove_cache(address, length, space)
 
     def _stepped(self, uc: Uc, space: Any) -> None:
         assert self._stepping is not None
         address, previous = self._stepping
         self._stepping = None
         self.machine.cpu.debug_trap = previous
-        uc.reg_write(X.UC_X86_REG_EFLAGS, uc.reg_read(X.UC_X86_REG_EFLAGS) & ~EFLAGS_TF)
+        eflags = uc.reg_read(X.UC_X86_REG_EFLAGS) & ~EFLAGS_TF
+        uc.reg_write(X.UC_X86_REG_EFLAGS, eflags | (EFLAGS_IF if self._interrupts_were_on else 0))
         self._put(uc, space, address, lifted=False)
         if self._stepped_by_debugger:  # the step was someone else's too: this #DB ends it as theirs
             uc.reg_write(X.UC_X86_REG_EFLAGS, uc.reg_read(X.UC_X86_REG_EFLAGS) | EFLAGS_TF)

@@ -181,6 +181,9 @@ class KretRun:
             raise TraceError(f"{where}: $kret cannot be used with while-stepping")
         if tp.fast_insn_length is not None:
             raise TraceError(f"{where}: $kret needs a kprobe: use trace, not ftrace")
+        if item.space is not None:
+            raise TraceError(f"{where}: $kret is a return probe of a kernel function (KGTP's kretprobe): a "
+                             "tracepoint in the program cannot set it")
         image = self.machine.image
         function = image.function_at(tp.address)
         if function is None or function.address != tp.address:

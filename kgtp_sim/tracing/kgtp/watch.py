@@ -321,6 +321,10 @@ class Watches:
         if plan is None:
             check_ordinary(tp, tsv_slots)
             return False
+        user = self.tracer.user_space
+        if plan.static and user is not None and user.holds(tp.address):
+            raise TraceError(f"tracepoint {tp.number}: a watch tracepoint is a hardware breakpoint of the kernel's "
+                             f"(KGTP's), on the kernel's memory: {tp.address:#x} is the program's")
         self.plans[tp.key] = plan
         return True
 
