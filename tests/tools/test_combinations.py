@@ -287,3 +287,29 @@ def test_a_programs_tracepoints_are_defined_as_gdb_defines_them_there():
     marker = definitions(replace(P, path="marker"), PROGRAM)
     assert [p for p in marker if p.startswith(b"QTDP:1:")] == [b"QTDP:1:401707:E:0:0-"]  # no static marker
     assert normalize(replace(P, path="marker", action="sdata")).action == "global"
+
+
+class _PanickedRunner:
+    """A runner whose kernel stalled in panic(): what run_one reports of it."""
+
+    retired: list[int] = []
+
+    def run(self, c):
+        from kgtp_sim.tools.combinations.runner import CombinationFailure
+        raise CombinationFailure("waited 60s for 192 calls of kgtp_test_function: the CPUs at 0xffffffff8100092a (panic)")
+
+    def console_tail(self, cpus: int) -> str:
+        return "<0>Kernel panic - not syncing: stray int3 at ffffffff81001ae0\n<0>RIP: ffffffff81001ae0"
+
+    def retire(self, cpus: int) -> None:
+        self.retired.append(cpus)
+
+
+def test_a_failure_on_a_kernel_that_said_something_reports_its_console():
+    from kgtp_sim.tools.combinations.campaign import run_one
+
+    runner = _PanickedRunner()
+    outcome = run_one(type("R", (), {"of": lambda self, c: runner})(), Combination(cpus=1))
+    assert outcome.problems[0].startswith("CombinationFailure: waited 60s"), outcome.problems
+    assert "Kernel panic - not syncing: stray int3" in outcome.problems[-1], outcome.problems
+    assert runner.retired == [1]

@@ -63,6 +63,9 @@ def run_one(runners: Runners, c: Combination) -> Outcome:
     except (CombinationFailure, FuzzFailure, AssertionError) as failure:
         problems = [f"{type(failure).__name__}: {failure}"]
     if problems:
+        console = runner.console_tail(c.cpus)
+        if any(word in console for word in ("panic", "Oops", "BUG", "general protection")):
+            problems.append("the kernel's console ends:\n    " + console.replace("\n", "\n    "))
         runner.retire(c.cpus)
     return Outcome(c, problems, time.monotonic() - started)
 

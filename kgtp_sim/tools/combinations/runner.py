@@ -263,6 +263,14 @@ class Driver:
         for cpus in list(self.harnesses):
             self.retire(cpus)
 
+    def console_tail(self, cpus: int, lines: int = 20) -> str:
+        """The last lines of the kernel's console on the machine of `cpus` CPUs ("" with none): what a failure's
+        report shows when the kernel said something (a panic's message and its registers)."""
+        harness = self.harnesses.get(cpus)
+        if harness is None:
+            return ""
+        return "\n".join(harness.machine.console_text().splitlines()[-lines:])
+
     def retire(self, cpus: int) -> None:
         """After a failure: the next combination on these CPUs gets a new machine."""
         harness = self.harnesses.pop(cpus, None)
