@@ -28,6 +28,7 @@ from ..rsp.dispatch import E_BAD_PACKET, Binary, Reply, RspError, handles
 from ..rsp.packets import connect as c
 from ..rsp.packets import run as v
 from ..tracing.core.model import TraceError
+from ..tracing.patching.probes import enters_kernel
 from .extended import Inferior
 from .target import ViewError
 from .threads import ThreadHandlers
@@ -229,6 +230,12 @@ class ProgramSpace:
                     self._pads.append(self.tracee.map_jump_pad(address, PAD_PAGES))
                 except MachineError as error:
                     raise TraceError(f"fast tracepoint at {address:#x}: {error}") from None
+        for address in addresses:  # an instruction entering the kernel runs out of line, in a pad (userprobes.py)
+            if self.pad_area(address) is None and enters_kernel(self.tracee.read_memory(address, 2, hide_int3s=True)):
+                try:
+                    self._pads.append(self.tracee.map_jump_pad(address, PAD_PAGES))
+                except MachineError:
+                    pass  # no room: it is stepped in place
 
     def pad_area(self, address: int) -> tuple[int, int] | None:
         size = PAD_PAGES * PAGE_SIZE

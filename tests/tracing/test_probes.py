@@ -179,3 +179,12 @@ def test_a_call_whose_return_address_no_imm32_reaches_is_relocated_with_two_stor
     assert uc.reg_read(UC_X86_REG_RSP) == stack + 0x800 - 8
     assert int.from_bytes(uc.mem_read(stack + 0x800 - 8, 8), "little") == base + 5
     assert uc.reg_read(UC_X86_REG_EFLAGS) & 0xFFF == 0x2D7
+
+
+def test_the_instructions_that_enter_the_kernel_are_told_apart():
+    from kgtp_sim.tracing.patching.probes import enters_kernel
+
+    for code in (b"\x0f\x05", b"\x0f\x34", b"\xcd\x80", b"\xcd\x03"):  # syscall, sysenter, int $0x80, int $3
+        assert enters_kernel(code + b"\x90"), code
+    for code in (b"\x0f\x0b", b"\x48\x89\xc7", b"\xcc", b"\x0f", b""):  # ud2, mov, int3, a prefix cut short
+        assert not enters_kernel(code), code

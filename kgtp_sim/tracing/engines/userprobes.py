@@ -55,7 +55,7 @@ from ...machine.int3s import DEBUGGER, TRACER
 from ..core.model import TraceError
 from ..core.run import Run
 from ..patching.placement import Installed
-from ..patching.probes import INT3, JUMP_SIZE, ProbePlacementError, ProbeSite, decode, jump, relocate
+from ..patching.probes import INT3, JUMP_SIZE, ProbePlacementError, ProbeSite, decode, enters_kernel, jump, relocate
 from ..patching.probes import relocated_size_bound
 from .hits import EFLAGS_IF, EFLAGS_TF, interpreted_hit
 
@@ -66,6 +66,9 @@ class _Site:
     items: list[Installed] = field(default_factory=list)
     pad: int = 0  #: a fast tracepoint's: its pad, whose first byte is the int3 the hit takes
     displaced_at: int = 0  #: a fast tracepoint's: its address (the instruction the pad runs)
+    #: an int3 site's over an instruction that enters the kernel: where that instruction runs after a hit, out of
+    #: line in a pad (its relocated copy and a jump back), instead of being stepped in place
+    out_of_line: int = 0
 
 
 class ProgramProbes:
@@ -104,6 +107,7 @@ class ProgramProbes:
             if first:
                 self._drop_code(self.machine.cpu.uc, item.space, address)
             site = self.sites[address] = _Site(bytes([under]))
+            site.out_of_line = self._out_of_line(item, address)
             self.machine.breakpoints[address] = lambda uc, site=site, address=address: self._hit(uc, address, site)
         if site.pad and item.tracepoint.step_count:
             raise TraceError(f"tracepoint {item.tracepoint.number} at {address:#x}: while-stepping needs "
@@ -145,6 +149,23 @@ class ProgramProbes:
         item.site = ProbeSite(address, "(program)", "jump", (insn,), original)
         item.out_of_line = pad + len(INT3)
         site.items.append(item)
+
+    def _out_of_line(self, item: Installed, address: int) -> int:
+        """Where an instruction that enters the kernel (`syscall`...) runs after its int3's hit: its pad's copy
+        (UserSpace.prepare mapped an area within reach for it), as Linux's uprobes run every probed instruction out
+        of line; 0 for any other instruction, or with no pad area (then it is stepped in place)."""
+        try:
+            code = self.int3s.hide(item.space, address, self.machine.read_memory(address, 2, space=item.space))
+        except MemoryFault:
+            return 0
+        if not enters_kernel(code):
+            return 0
+        instructions = decode(code + bytes(13), address)[:1]
+        try:
+            return self._pad_for(item, instructions[0], f"tracepoint {item.tracepoint.number} at {address:#x}") + \
+                len(INT3) if instructions else 0
+        except TraceError:
+            return 0
 
     def _pad_for(self, item: Installed, insn: Any, where: str) -> int:
         """The pad of `insn` (its old one, else a new one in the area within reach): int3, the instruction
@@ -259,6 +280,9 @@ class ProgramProbes:
         uc.reg_write(X.UC_X86_REG_RIP, address)
         if stepper.active and not stepped_before:
             return  # while-stepping: its steps run the instruction in place, and put the int3 back (hits.Stepper)
+        if site.out_of_line and not stepped_before:  # into the kernel from its pad, back after the instruction
+            uc.reg_write(X.UC_X86_REG_RIP, site.out_of_line)
+            return
         # the probed instruction, in place: the original byte for one step, the int3 again at its #DB
         self._put(uc, space, address, lifted=True)
         cpu = self.machine.cpu

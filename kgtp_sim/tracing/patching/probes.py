@@ -80,6 +80,14 @@ class Instruction:
         return f"{self.address:#x}: {self.mnemonic} {self.op_str}".rstrip()
 
 
+def enters_kernel(code: bytes) -> bool:
+    """Is `code` an instruction by which user code enters the kernel (`syscall`, `sysenter`, `int N`)? Such an
+    instruction cannot be single-stepped in place for a probe: the kernel runs in between, with the step's TF
+    taken for a debugger's (a traced task gets SIGTRAP after the call), and may switch to the program's other
+    threads, or deliver a signal, with the probe's int3 lifted."""
+    return code[:2] in (b"\x0f\x05", b"\x0f\x34") or code[:1] == b"\xcd"
+
+
 def decode(code: bytes, address: int) -> list[Instruction]:
     """Linear sweep; stops at the first byte capstone cannot decode."""
     out = []
