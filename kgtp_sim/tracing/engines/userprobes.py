@@ -79,9 +79,10 @@ class ProgramProbes:
         self.machine = tracer.machine
         self.int3s = tracer.machine.int3s  #: the bytes under the int3s, the debugger's and ours (machine/int3s.py)
         self.sites: dict[int, _Site] = {}
-        #: address -> the task whose hit there was delivered to the program as the debugger's breakpoint: its
-        #: resumption from that stop runs the int3 again, and is not a new hit
-        self._reported: dict[int, int] = {}
+        #: address -> the tasks whose hit there was delivered to the program as the debugger's breakpoint: the
+        #: resumption of each from that stop runs the int3 again, and is not a new hit (several threads may stop
+        #: there before any goes on: all-stop reports one and keeps the others' stops pending)
+        self._reported: dict[int, set[int]] = {}
         self._stepping: tuple[int, Any] | None = None  # (the site being stepped over, the debug trap before ours)
         self._stepped_by_debugger = False  # TF was the debugger's when the int3 trapped
         self._interrupts_were_on = False  # IF when the int3 trapped (cleared for the step in place)
@@ -261,7 +262,7 @@ class ProgramProbes:
             return
         task = smp.current_task(uc)
         breakpoint = DEBUGGER in self.int3s.holders(space, address)  # GDB's Z0 at the tracepoint too
-        resumed = self._reported.get(address) == task  # from the stop of that breakpoint: collected already
+        resumed = task in self._reported.get(address, ())  # from the stop of that breakpoint: collected already
         stepper = self.tracer.stepper
         stepped_before = stepper.active or bool(uc.reg_read(X.UC_X86_REG_EFLAGS) & EFLAGS_TF)
         if not resumed:
@@ -272,11 +273,11 @@ class ProgramProbes:
         if breakpoint:
             # the debugger's breakpoint: the program's #BP after the collection (gdbserver reports the stop after
             # running the tracepoint's actions), and the same task going on from that stop is no new hit
-            self._reported[address] = task
+            self._reported.setdefault(address, set()).add(task)
             uc.reg_write(X.UC_X86_REG_RIP, address + len(INT3))
             self.machine.cpu.deliver(3)
             return
-        self._reported.pop(address, None)
+        self._reported.get(address, set()).discard(task)
         uc.reg_write(X.UC_X86_REG_RIP, address)
         if stepper.active and not stepped_before:
             return  # while-stepping: its steps run the instruction in place, and put the int3 back (hits.Stepper)
