@@ -29,7 +29,7 @@ from ..machine.dwarf import KernelDwarf
 from .core.builtins import (BUILTIN_VARIABLES, CLOCK, CPU_ID, EINVAL, IGNORE_ERROR, LAST_ERRNO, BuiltinContext, KgtpState,
                             gdb_value, setting, tsc_to_clock)
 from .core.clock import Tsc
-from .core.frames import CompactRegisters, StaticBlock, TraceFrame, TsvBlock, encode_frame
+from .core.frames import CompactRegisters, StaticBlock, TraceFrame, TsvBlock, encode_frame, whole_register_blocks
 from .core.model import Definitions, ProbeRow, StopReason, TraceError, Tracepoint, TraceStatus, requested_buffer_size
 from .core.percpu import PerCpuVariables
 from .core.perf import PerfEvents
@@ -355,6 +355,8 @@ class Tracer:
                                          marker=None if space is not None else self.marker_at(tp.address),
                                          space=space))
         self.perf.check_access(item.programs(), f"tracepoint {tp.number} at {tp.address:#x}")
+        if self.gdbserver:  # gdbserver's `R`: every register
+            item.actions, item.stepping = whole_register_blocks(item.actions), whole_register_blocks(item.stepping)
         attach(item, self)  # direct output, $enable/$disable, $current
         return item
 
@@ -619,8 +621,8 @@ class Tracer:
         """
         blocks = tuple(b.expanded() if isinstance(b, CompactRegisters) else b
                        for b in frame.blocks if not isinstance(b, StaticBlock))
-        collected = {b.number for b in blocks if isinstance(b, TsvBlock)}
-        stamps = ((CPU_ID, frame.cpu), (CLOCK, tsc_to_clock(self.tsc, frame.timestamp)))
+        collected = {b.number for b in blocks if isinstance(b, TsvBlock)}  # gdbserver's files: what was collected
+        stamps = () if self.gdbserver else ((CPU_ID, frame.cpu), (CLOCK, tsc_to_clock(self.tsc, frame.timestamp)))
         return encode_frame(frame.tracepoint, blocks + tuple(TsvBlock(number, value) for number, value in stamps
                                                              if number not in collected), regblock_size)
 

@@ -76,6 +76,15 @@ def compact_mask(gdb_mask: int) -> int:
     return (gdb_mask & ALL_GENERAL) | 1 << amd64.PC_REGNUM
 
 
+def whole_register_blocks(pairs: list) -> list:
+    """(action, program) pairs with each `R<mask>` made a full register block: gdbserver's `R` collects every
+    register whatever the mask names (tracepoint.cc: do_action_at_tracepoint), and GDB's unwinder of a frame
+    needs registers its collection did not name (%rbp, to walk up from a function without CFI)."""
+    from .model import CollectRegisters
+
+    return [(CollectRegisters(ALL_GENERAL), p) if isinstance(a, CollectRegisters) else (a, p) for a, p in pairs]
+
+
 def register_collection(gdb_mask: int, values: list[int]) -> Block:
     """The block a hit records for `R<mask>`, from the general registers' values in GDB order."""
     mask = compact_mask(gdb_mask)
