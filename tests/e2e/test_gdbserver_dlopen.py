@@ -13,7 +13,8 @@ program's dlopen() fails inside, where it loads under gdbserver.
   trace runs, its three hits collected; the same session as under gdbserver;
 - a tracepoint with locations in the program and libkgtpfirst.so at `tstart`: the library loaded during the run
   adds a third, installed on the target, which goes pending (GDB 13; GDB 18 drops it) once the library is
-  closed, while the other two go on collecting (six frames). gdbserver 13 refuses this one: GDB downloads the
+  closed, while the other two go on collecting (six frames); the same with a fast tracepoint, whose jump in the
+  closed library is gone with it at `tstop`. gdbserver 13 refuses this one: GDB downloads the
   tracepoint again when the library loads (QTDP of a number it has) and gdbserver answers E01, so `continue` fails
   (change-loc.exp's FAILs under it); the stub's run is checked on its own;
 - extended-remote: `run` (vRun) packs the libraries beside each program it starts, as on the command line;
@@ -107,32 +108,49 @@ def test_a_pending_tracepoint_is_resolved_and_installed_when_its_library_loads_d
     assert comparable(ours) == comparable(outs["gdbserver"])
 
 
-CHANGE_LOC = ["break main", "continue", "delete 1", "trace kgtp_step", "actions", "collect $rip", "end",
-              "break marker", "tstart", "continue", "info trace", "continue", "info trace", "continue", "info trace",
-              "tstop", "tstatus", "delete", "continue"]
+def change_loc(command: str) -> list[str]:
+    """change-loc.exp's session: `COMMAND` (a tracepoint) at main, `tstart`, then the stops at marker(1), (2) and
+    (3), `info trace` at each of the last two, `tstop`, the program run to its end."""
+    return ["break main", "continue", "delete 1", command, "actions", "collect $rip", "end", "break marker", "tstart",
+            "continue", "info trace", "continue", "info trace", "continue", "info trace", "tstop", "tstatus",
+            "delete", "continue"]
 
 
 def _locations(out: str, marker: int) -> list[str]:
     """What `info trace` said of tracepoint 2's locations after the stop at marker(`marker`): each `2.N` line's
-    address or <PENDING>, with `installed` when the next line says so."""
+    address or <PENDING> (or the tracepoint's own line's address when it has one location), with `installed` when
+    the line after says so."""
     text = out.split(f"Breakpoint 3, marker (round={marker})")[1].split("Breakpoint 3, marker")[0]
-    return [f"{where}{' installed' if installed else ''}" for where, installed in
-            re.findall(r"^2\.\d+\s+y\s+(<PENDING>|0x[0-9a-f]+) .*\n(\s+installed on target)?", text, re.M)]
+    found = (re.findall(r"^2\.\d+\s+y\s+(<PENDING>|0x[0-9a-f]+) .*\n(\s+installed on target)?", text, re.M)
+             or re.findall(r"^2\s+(?:fast )?tracepoint\s+keep y\s+(0x[0-9a-f]+) .*\n\s+collect \$rip\n"
+                           r"(\s+installed on target)?", text, re.M))  # one location: on the tracepoint's line
+    return [f"{where}{' installed' if installed else ''}" for where, installed in found]
 
 
+#: (the tracepoint, its locations at tstart, the frames it collects after tstart): `trace kgtp_step` has one in the
+#: program and one in libkgtpfirst.so, and collects the program's kgtp_step(0), libkgtpfirst.so's twice and
+#: libkgtpsecond.so's three times; `ftrace kgtp_fast_point` (a jump over the libraries' 5-byte nop) has one in each
+#: library and collects all but the program's
+CHANGE_LOC = {"trace": ("trace kgtp_step", 2, 6), "ftrace": ("ftrace kgtp_fast_point", 1, 5)}
+
+
+@pytest.mark.parametrize("kind", CHANGE_LOC)
 @pytest.mark.parametrize("gdb", GDB_CLIENTS, ids=lambda c: f"gdb{c.version}")
 def test_a_library_loaded_during_the_trace_adds_an_installed_location_pending_once_it_is_closed(plugins, servers,
-                                                                                                gdb):
-    out, server = session(servers, "kgtp-sim", gdb, plugins, CHANGE_LOC)
-    assert re.search(r"^Tracepoint 2 at 0x[0-9a-f]+: kgtp_step\. \(2 locations\)$", out, re.M), out
+                                                                                                gdb, kind):
+    """A fast tracepoint's jump in the closed library went with its pages: `tstop` does not write it back there
+    (it failed with E0f, `tstop` refused, the trace left running)."""
+    command, at_start, frames = CHANGE_LOC[kind]
+    out, server = session(servers, "kgtp-sim", gdb, plugins, change_loc(command))
+    assert re.search(r"^(Fast t|T)racepoint 2 at 0x[0-9a-f]+: ", out, re.M), out
     first, loaded, closed = (_locations(out, marker) for marker in (1, 2, 3))
-    assert len(first) == 2 and all(location.endswith(" installed") for location in first), out
-    assert len(loaded) == 3 and all(location.endswith(" installed") for location in loaded), out
-    assert set(first) < set(loaded), out  # the program's and libkgtpfirst.so's stay where they were
+    assert len(first) == at_start and all(location.endswith(" installed") for location in first), out
+    assert len(loaded) == at_start + 1 and all(location.endswith(" installed") for location in loaded), out
+    assert set(first) < set(loaded), out  # the locations of before stay where they were
     # GDB 13 keeps the closed library's location as pending (change-loc.exp's expectation); GDB 18 drops it
     assert sorted(closed) == sorted([*first, *(["<PENDING>"] if gdb.version == "13" else [])]), out
-    # after tstart: the program's kgtp_step(0), libkgtpfirst.so's twice, libkgtpsecond.so's three times
-    assert re.search(r"^Collected 6 trace frames\.$", out, re.M), out
+    assert "Target returns error code" not in out, out
+    assert re.search(rf"^Collected {frames} trace frames\.$", out, re.M), out
     assert re.search(r"^\[Inferior 1 \(.*\) exited normally\]$", out, re.M), out
     assert "sum 123" in server.text("stdout")
 
