@@ -20,16 +20,19 @@ process, and GDB's `target extended-remote` runs one with vRun: stub/extended.py
 a process already on the machine: only useful with a kernel that starts one itself; vAttach is the usual way),
 `--wrapper WRAPPER... --` (accepted, not run: the machine has no shell and starts the program directly, as
 `--no-startup-with-shell`), `--debug`/`--remote-debug`/`--debug-format=...` (more logging), and ours: `--cpus`,
-`--kernel`, `--hz`. COMM is `[HOST]:PORT` (loopback unless HOST says otherwise) or `stdio`/`-` (GDB's `target
-remote | kgtp-sim gdbserver - PROG`).
+`--kernel`, `--hz`, `--engine`, `--with FILE` (repeatable: a host file packed too, such as a library the program only
+dlopen()s, which gdbserver's program would find on the host: programs.named_files; found inside by its path;
+`$ORIGIN/NAME` is NAME beside the program, NAME maybe a pattern; a file named that is not there is an error before
+boot, one beside a program GDB runs fails that vRun). COMM is `[HOST]:PORT` (loopback unless HOST says otherwise) or
+`stdio`/`-` (GDB's `target remote | kgtp-sim gdbserver - PROG`).
 
 A program named on the command line goes into the initramfs before boot; one GDB runs later (vRun, `run` in
 extended-remote: a host path, as gdbserver takes it) is added to the running machine's initramfs with what its
-dynamic linker opens (programs.install_program), nothing else of the host. Without `--once` the server keeps serving
-new connections while the process lives, as gdbserver reopens its connection; once GDB sent `!` (extended-remote)
-it serves on when the process ended, was killed or detached, as gdbserver's extended_protocol; else it ends when the
-process ended or was detached and GDB left. `monitor exit` ends it (it hangs up once its reply is out, as
-gdbserver's does).
+dynamic linker opens (programs.install_program) and the `--with` files, nothing else of the host. Without `--once`
+the server keeps serving new connections while the process lives, as gdbserver reopens its connection; once GDB sent
+`!` (extended-remote) it serves on when the process ended, was killed or detached, as gdbserver's extended_protocol;
+else it ends when the process ended or was detached and GDB left. `monitor exit` ends it (it hangs up once its reply
+is out, as gdbserver's does).
 
 Threads: the main thread parses, boots, serves (accepts) and waits; each connection is served on its own thread
 (rsp/server.py); the program's output is written from the CPU thread, its input fed by a daemon thread; the main
@@ -73,11 +76,19 @@ Options (the machine's):
   --hz N                the kernel's timer rate (default 100)
   --engine E            how tracepoint conditions and actions run: interp,
                         naive or opt (default)
+  --with FILE           pack FILE into the machine too (repeatable): a library
+                        PROG only dlopen()s, a file it opens; inside at its
+                        path (and, named relative, at that path from /, the
+                        working directory inside). '$ORIGIN/NAME' is NAME beside
+                        PROG (and each program GDB runs), where a RUNPATH of
+                        $ORIGIN finds it; NAME may be a pattern: '$ORIGIN/*.so'.
+                        Nothing else of the host is reachable from inside.
 
 examples:
   gcc -g -o prog prog.c
   kgtp-sim gdbserver :2345 ./prog arg1   # gdb ./prog -ex 'target remote :2345'
   kgtp-sim gdbserver --once --cpus 1 localhost:2345 ./prog
+  kgtp-sim gdbserver --with ./libplugin.so :2345 ./prog  # prog dlopen()s it
   gdb ./prog -ex 'target remote | kgtp-sim gdbserver - ./prog'
   kgtp-sim gdbserver --multi :2345       # then in GDB: target extended-remote
                                          # :2345, set remote exec-file prog, run
@@ -109,6 +120,7 @@ class Options:
     kernel: Path | None = None
     hz: int = 100
     engine: str = "opt"
+    with_files: list[str] = field(default_factory=list)  #: --with FILE, in order
 
 
 def parse(argv: list[str]) -> Options:
@@ -135,12 +147,16 @@ def parse(argv: list[str]) -> Options:
             if not args:
                 raise UsageError("--wrapper needs its arguments ended by --")
             args.pop(0)
-        elif name in ("--cpus", "--kernel", "--hz", "--engine"):
+        elif name in ("--cpus", "--kernel", "--hz", "--engine", "--with"):
             if not eq:
                 if not args:
                     raise UsageError(f"{name} needs a value")
                 value = args.pop(0)
-            if name == "--kernel":
+            if name == "--with":
+                if not value:
+                    raise UsageError("--with needs a file")
+                options.with_files.append(value)
+            elif name == "--kernel":
                 options.kernel = Path(value)
             elif name == "--engine":
                 if value not in ("interp", "naive", "opt"):
@@ -220,7 +236,10 @@ class Server:
         self.inside = ""
         if options.program:
             self.program = Program(Path(options.program[0]), tuple(options.program))
-            self.inside = load_programs(self.machine, [self.program])[self.program.path]
+        if self.program is not None or options.with_files:  # the --with files named plainly are checked here
+            packed = [self.program] if self.program is not None else []
+            inside = load_programs(self.machine, packed, options.with_files)
+            self.inside = inside[self.program.path] if self.program is not None else ""
         relay_output(self.machine)
         if options.comm not in ("stdio", "-"):  # the program reads this server's standard input, as gdbserver's does
             relay_input(self.machine)
@@ -245,7 +264,7 @@ class Server:
         (Inferior's `start`)."""
         from .programs import install_program
 
-        inside = install_program(self.machine, Path(program))
+        inside = install_program(self.machine, Path(program), self.options.with_files)
         argv = [program, *args]
         return self.machine.ptrace.spawn(inside, argv, self._environment(inside, argv)), inside
 
@@ -409,8 +428,10 @@ def main(argv: list[str]) -> int:
     try:
         server = Server(options)
     except (OSError, ValueError) as error:
-        print(f"kgtp-sim gdbserver: {options.program[0] if options.program else ''}: "
-              f"{getattr(error, 'strerror', None) or error}", file=sys.stderr)
+        from .programs import NamedFileError
+
+        what = "" if isinstance(error, NamedFileError) else f"{options.program[0] if options.program else ''}: "
+        print(f"kgtp-sim gdbserver: {what}{getattr(error, 'strerror', None) or error}", file=sys.stderr)
         return 1
     holder.append(server)
     server.port = port

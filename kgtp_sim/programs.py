@@ -10,6 +10,11 @@ exits with the program's status as a shell reports it (128 + the signal when a s
 `install_program` does the same for a machine already running (the gdbserver role's vRun): the files go into its
 initramfs through the kernel (Processes.add_files).
 
+`named_files`: files the user names besides the programs (`kgtp-sim gdbserver --with FILE`: a library a program only
+dlopen()s, which its DT_NEEDED does not name, or a file it opens), each only as named, under the paths a program
+inside would open it by; `$ORIGIN/NAME` is NAME beside each program packed (where a RUNPATH of `$ORIGIN` makes its
+dynamic linker look), NAME possibly a pattern. Both `load_programs` and `install_program` pack them with the programs.
+
 Threads: the main thread starts the machine, the programs, and waits; process output is written from the CPU
 thread (the port handler) straight to the host's file descriptors; a daemon thread relays the host's standard
 input into the kernel's console ring (`relay_input`).
@@ -18,11 +23,14 @@ input into the kernel's console ring (`relay_input`).
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import os
+import posixpath
 import shlex
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,27 +78,88 @@ def add_run_parser(commands, vmlinux: Path, default_cpus: int) -> None:
     run.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
 
 
-def load_programs(machine, programs: list[Program]) -> dict[Path, str]:
-    """Pack the programs and what they need to run into the machine's initramfs (before boot); host path -> path
-    inside. Raises OSError or ValueError (initramfs.MissingFile: a library not found) naming what is wrong."""
+#: `--with $ORIGIN/NAME`: NAME in the directory of the program packed, as the dynamic linker expands `$ORIGIN` in a
+#: RUNPATH (its DT_RUNPATH of `$ORIGIN` is how GDB's testsuite, and many builds, find libraries beside a program)
+ORIGIN = "$ORIGIN/"
+#: what makes a NAME a shell pattern (fnmatch's)
+_PATTERN = frozenset("*?[")
+
+
+class NamedFileError(ValueError):
+    """A file the user named (`--with FILE`) that is not a regular file on this host."""
+
+
+def _inside_paths(named: str) -> list[str]:
+    """The paths inside the machine the host file `named` (as typed) goes under, so that a program finds it by the
+    name it would use on the host: its absolute path (the host's working directory taken), the path its symbolic
+    links resolve to (where the directory of a program packed under its own resolved path leads), and, for a
+    relative name that stays below the working directory, that name from "/", every process's working directory
+    inside (fixtures/kernel/fs.c: get_path), so that `open("lib/x.so")` finds it as it does here."""
+    paths = [os.path.abspath(named), os.path.realpath(named)]
+    relative = posixpath.normpath(named)
+    if not named.startswith("/") and not relative.startswith(".."):
+        paths.append("/" + relative)
+    return list(dict.fromkeys(paths))
+
+
+def named_files(names: Sequence[str], program: Path | None = None) -> dict[str, Path]:
+    """The files the user named to pack (`--with FILE`, repeatable): path inside -> host file (its links resolved),
+    each found inside by its path (`_inside_paths`). A name beginning `$ORIGIN/` is looked for in the directory of
+    `program` (its links resolved, as the program is packed: `Archive.add_host_file`), and only when a program is
+    given; its last part may be a shell pattern (`$ORIGIN/*.so`): the regular files it matches there, none being no
+    error. Nothing else is packed: a named library's own DT_NEEDED are named too, or are not there. Raises
+    NamedFileError for a name (not a pattern) that is no regular file on this host."""
+    files: dict[str, Path] = {}
+    for name in names:
+        found = [(name, name)]  # (the host path as typed, as an error names it)
+        if name.startswith(ORIGIN):
+            if program is None:
+                continue
+            directory, rest = os.path.dirname(os.path.realpath(program)), name[len(ORIGIN):]
+            found = [(os.path.join(directory, rest), f"{name} ({os.path.join(directory, rest)})")]
+            if "/" not in rest and _PATTERN & set(rest):
+                entries = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+                found = [(host, host) for host in (os.path.join(directory, entry) for entry in entries
+                                                   if fnmatch.fnmatchcase(entry, rest)) if os.path.isfile(host)]
+        for host, shown in found:
+            if not os.path.isfile(host):
+                raise NamedFileError(f"--with {shown}: "
+                                     f"{'not a regular file' if os.path.exists(host) else 'no such file on this host'}")
+            files.update(dict.fromkeys(_inside_paths(host), Path(os.path.realpath(host))))
+    return files
+
+
+def _pack_named(archive, names: Sequence[str], program: Path | None) -> None:
+    for inside, host in named_files(names, program).items():
+        archive.add_host_file(host, inside)
+
+
+def load_programs(machine, programs: list[Program], named: Sequence[str] = ()) -> dict[Path, str]:
+    """Pack the programs and what they need to run into the machine's initramfs (before boot), and the files the
+    user `named` (`named_files`: `$ORIGIN/` ones beside each program); host path -> path inside. Raises OSError or
+    ValueError (initramfs.MissingFile: a library not found; NamedFileError) naming what is wrong."""
     from .machine.initramfs import Archive
 
     archive = Archive()
     library_path = os.environ.get("LD_LIBRARY_PATH", "")  # the programs get this environment
     inside = {program.path: archive.add_program(program.path, library_path) for program in programs}
+    for program in programs or [None]:
+        _pack_named(archive, named, program and program.path)
     machine.processes.load_archive(archive.pack())
     return inside
 
 
-def install_program(machine, path: Path) -> str:
-    """A host program and what its dynamic linker will open, added to the running machine's initramfs (files it
-    has already, with the same bytes, are not added again: Processes.add_files); its path inside. Raises OSError
-    or ValueError (not an x86_64 program, a library not found) naming what is wrong, before anything goes in."""
+def install_program(machine, path: Path, named: Sequence[str] = ()) -> str:
+    """A host program and what its dynamic linker will open, with the files the user `named` (`named_files`), added
+    to the running machine's initramfs (files it has already, with the same bytes, are not added again:
+    Processes.add_files); its path inside. Raises OSError or ValueError (not an x86_64 program, a library not found,
+    a named file not there) naming what is wrong, before anything goes in."""
     from .machine.initramfs import Archive, check_program
 
     check_program(path)
     archive = Archive()
     inside = archive.add_program(path, os.environ.get("LD_LIBRARY_PATH", ""))
+    _pack_named(archive, named, path)
     machine.processes.add_files(archive)
     return inside
 

@@ -17,6 +17,7 @@ from elftools.elf.elffile import ELFFile
 from kgtp_sim.client.rsp import RspClient
 from kgtp_sim.gdbserver import UsageError, fit_environment, parse, parse_comm
 from kgtp_sim.machine.process import SPAWN_ARGS_SIZE
+from kgtp_sim.programs import NamedFileError, named_files
 
 from .conftest import ROOT
 from .programs import compile_program
@@ -206,3 +207,74 @@ def test_trace_buffer_size_and_trace_timestamp_are_gdbservers_at_the_packet_leve
             assert len(timestamp) == 1 and timestamp[0].split(b":")[1:3] == [b"0", b"1"], uploaded
             number = timestamp[0].split(b":")[0]
             assert client.request(b"qTV:" + number) == b"U"
+
+
+# ---- --with FILE ---------------------------------------------------------------------------------------------------
+
+
+def test_with_names_files_in_order_and_needs_one():
+    options = parse(["--with", "a.so", "--once", "--with=/x/b.sl", ":2345", "/bin/prog"])
+    assert (options.with_files, options.once, options.program) == (["a.so", "/x/b.sl"], True, ["/bin/prog"])
+    assert parse(["--multi", "--with", "$ORIGIN/*.so", ":2345"]).with_files == ["$ORIGIN/*.so"]
+    for bad in (["--with"], ["--with=", ":2345", "/bin/prog"]):
+        with pytest.raises(UsageError, match="--with needs"):
+            parse(bad)
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    """A program's directory as a build leaves it: the program, two shared objects, a link to one of them, a
+    source file, a subdirectory; and a directory elsewhere reached through a link. The working directory is
+    tmp_path."""
+    build = tmp_path / "build"
+    (build / "sub").mkdir(parents=True)
+    for name in ("prog", "liba.so", "libb.sl", "prog.c", "sub/libc.so"):
+        (build / name).write_bytes(name.encode())
+    (build / "liba.so.1").symlink_to("liba.so")
+    (tmp_path / "elsewhere").symlink_to(build)
+    monkeypatch.chdir(tmp_path)
+    return build
+
+
+def test_a_named_file_is_found_inside_by_its_path_its_target_and_its_name_from_the_root(tree):
+    """Named relative, through a link: under its absolute path, the path its links resolve to, and the relative
+    name from "/" (every process's working directory inside); each with the host file's bytes."""
+    files = named_files(["elsewhere/liba.so.1"])
+    assert files == dict.fromkeys([str(tree.parent / "elsewhere" / "liba.so.1"), str(tree / "liba.so"),
+                                   "/elsewhere/liba.so.1"], tree / "liba.so")
+    assert named_files([str(tree / "libb.sl")]) == {str(tree / "libb.sl"): tree / "libb.sl"}
+    assert "/liba.so" not in named_files(["build/../build/liba.so"])  # normalized: /build/liba.so
+    assert set(named_files(["../" + tree.parent.name + "/build/liba.so"])) == {str(tree / "liba.so")}  # not below
+
+
+def test_origin_names_files_beside_the_program_and_patterns_take_the_regular_files_that_match(tree):
+    program = tree.parent / "elsewhere" / "prog"  # its directory is where the link leads, as the program is packed
+    assert set(named_files(["$ORIGIN/*.so"], program)) == {str(tree / "liba.so")}
+    assert set(named_files(["$ORIGIN/*.so.*", "$ORIGIN/*.sl"], program)) == {
+        str(tree / "liba.so.1"), str(tree / "liba.so"), str(tree / "libb.sl")}
+    assert named_files(["$ORIGIN/sub/libc.so"], program) == {str(tree / "sub" / "libc.so"): tree / "sub" / "libc.so"}
+    assert named_files(["$ORIGIN/*.dll", "$ORIGIN/*"], None) == {}  # no program: nothing beside it yet
+    assert named_files(["$ORIGIN/*.dll"], program) == {}  # a pattern matching nothing is no error
+    assert set(named_files(["$ORIGIN/*"], program)) == {str(tree / n) for n in ("prog", "liba.so", "libb.sl",
+                                                                              "prog.c", "liba.so.1")}
+
+
+def test_a_named_file_that_is_not_there_is_an_error_naming_it(tree):
+    with pytest.raises(NamedFileError, match=r"^--with nothing\.so: no such file on this host$"):
+        named_files(["build/liba.so", "nothing.so"])
+    with pytest.raises(NamedFileError, match=r"^--with build/sub: not a regular file$"):
+        named_files(["build/sub"])
+    with pytest.raises(NamedFileError, match=rf"^--with \$ORIGIN/libz\.so \({tree}/libz\.so\): no such file"):
+        named_files(["$ORIGIN/libz.so"], tree / "prog")
+
+
+def test_a_missing_with_file_ends_the_server_before_boot(tmp_path):
+    """gdbserver's way with a program it cannot start: a line saying why, exit status 1."""
+    program = compile_program("hello", "glibc-static", tmp_path)
+    for options, said in ((["--with", str(tmp_path / "absent.so")], f"--with {tmp_path}/absent.so: no such file"),
+                          (["--with", "$ORIGIN/absent.so"], f"--with $ORIGIN/absent.so ({tmp_path}/absent.so): no")):
+        server = subprocess.run([sys.executable, "-m", "kgtp_sim", "gdbserver", "--once", *options, "127.0.0.1:0",
+                                 str(program)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert server.returncode == 1, server.stderr
+        assert f"kgtp-sim gdbserver: {said}" in server.stderr, server.stderr
+        assert "Process" not in server.stderr

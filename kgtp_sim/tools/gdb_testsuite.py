@@ -39,6 +39,15 @@ No board file of the project's own: the stock boards (lib/gdbserver-support.exp'
 extended board, which then names the program with `set remote exec-file`), wait for its `Listening on` line and
 connect: gdbserver's own command line and output, so a server that speaks them needs no other board.
 
+Where the harness differs for the stub: gdbserver runs the program on this host, so the program finds any file the
+testsuite built for it, and the shared objects a program only dlopen()s (change-loc.exp, pending.exp and others
+dlopen a `.sl` built beside the program, found through its RUNPATH of $ORIGIN) load under gdbserver. The stub's
+machine holds only the files its user names (the program, what its dynamic linker opens at start, and `--with
+FILE`). The harness is the user here: its wrapper names the shared objects in the directory of each program run
+(STUB_OPTIONS: `--with '$ORIGIN/*.so'` and the like, for the program on the command line and for each program the
+extended board runs with vRun), one rule for every test file, none recognised by name. Nothing else of the host is
+reachable from inside.
+
 Runs are serialised by a lock on the cache (one `make check` at a time, at `nice -n 10` by default). The exit
 status is non-zero only when nothing could run: a failing test is a result, not an error. Wall times follow the
 machine's load, and one file more than the others: tspeed.exp sizes its loop by the clock and then traces it
@@ -91,6 +100,11 @@ TESTSUITE = Path("gdb/gdb/testsuite")  # inside CACHE/src
 
 BOARDS = ("native-gdbserver", "native-extended-gdbserver")
 SERVERS = ("gdbserver", "kgtp-sim")
+#: what the stub's wrapper adds to gdbserver's command line: the shared objects beside the program run, by the names
+#: the testsuite gives them (gdb_compile_shlib's outputs: NAME.so, NAME.sl), packed into the machine with it, at start
+#: or at each vRun (`kgtp-sim gdbserver --with`: `$ORIGIN/` is the program's directory; the board note in the module's
+#: docstring says why)
+STUB_OPTIONS = ("--with", "$ORIGIN/*.so", "--with", "$ORIGIN/*.so.*", "--with", "$ORIGIN/*.sl")
 #: the outcomes counted, in the table's order (DejaGnu's, and the ERROR lines of a file that broke)
 OUTCOMES = ("PASS", "FAIL", "XFAIL", "KFAIL", "UNRESOLVED", "UNSUPPORTED", "UNTESTED", "ERROR")
 #: outcomes counted too but shown only when a run has some (unexpected passes)
@@ -473,15 +487,24 @@ class Cache:
         return list(dict.fromkeys(out))
 
     def stub_wrapper(self, python: str | None = None) -> Path:
-        """The executable GDBSERVER points at for the stub: this checkout's `python -m kgtp_sim gdbserver`."""
+        """The executable GDBSERVER points at for the stub: this checkout's `python -m kgtp_sim gdbserver`, naming
+        the shared objects beside each program it runs (STUB_OPTIONS)."""
         if python is None:
             venv = ROOT / ".venv" / "bin" / "python"
             python = str(venv) if venv.exists() else sys.executable
         wrapper = self.root / "bin" / "kgtp-sim-gdbserver"
         wrapper.parent.mkdir(parents=True, exist_ok=True)
-        wrapper.write_text("#!/bin/sh\n# The stub's gdbserver role, for GDB's testsuite (kgtp_sim/tools/gdb_testsuite.py)\n"
-                           f"PYTHONPATH={shlex.quote(str(ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}\nexport PYTHONPATH\n"
-                           f"exec {shlex.quote(python)} -m kgtp_sim gdbserver \"$@\"\n")
+        options = " ".join(shlex.quote(option) for option in STUB_OPTIONS)
+        wrapper.write_text("#!/bin/sh\n"
+                           "# The stub's gdbserver role, for GDB's testsuite (kgtp_sim/tools/gdb_testsuite.py).\n"
+                           "# gdbserver opens the host's files, so a program finds every shared object the testsuite\n"
+                           "# built beside it, those it only dlopen()s too; the stub's machine holds only the files\n"
+                           "# its user names. This harness is that user: it names the shared objects in the directory\n"
+                           "# of each program run ($ORIGIN, where the testsuite's RUNPATH points), for every test\n"
+                           "# alike (STUB_OPTIONS).\n"
+                           f"PYTHONPATH={shlex.quote(str(ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+                           "export PYTHONPATH\n"
+                           f"exec {shlex.quote(python)} -m kgtp_sim gdbserver {options} \"$@\"\n")
         wrapper.chmod(0o755)
         return wrapper
 

@@ -266,6 +266,21 @@ def test_the_stub_wrapper_runs_the_stubs_gdbserver_role_with_the_arguments_given
     assert (gt.server_answers(wrapper) is None) == (direct.returncode == 0)
 
 
+def test_the_stub_wrapper_names_the_shared_objects_beside_each_program_run(cache, tmp_path):
+    """The wrapper passes `--with '$ORIGIN/*.so'` and the like to the role untouched (no shell expands `$ORIGIN` or
+    the patterns, whatever the working directory holds), then the testsuite's arguments: one rule for every test."""
+    echo = tmp_path / "echo-args"
+    echo.write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\n' \"$a\"; done\n")
+    echo.chmod(0o755)
+    (tmp_path / "lib.so").write_text("")  # something a shell's expansion would take
+    wrapper = cache.stub_wrapper(str(echo))
+    through = subprocess.run([str(wrapper), "--once", "localhost:2345", "/b/prog", "x"], capture_output=True,
+                             text=True, cwd=tmp_path, check=True)
+    assert through.stdout.splitlines() == ["-m", "kgtp_sim", "gdbserver", "--with", "$ORIGIN/*.so", "--with",
+                                           "$ORIGIN/*.so.*", "--with", "$ORIGIN/*.sl", "--once", "localhost:2345",
+                                           "/b/prog", "x"]
+
+
 def test_a_server_that_cannot_start_says_why(tmp_path):
     assert gt.server_answers("/bin/true") is None
     assert gt.server_answers(tmp_path / "absent") is not None

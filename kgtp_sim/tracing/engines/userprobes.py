@@ -35,7 +35,8 @@ at the tracepoint itself, and nothing is stepped. A pad is never reused for othe
 it may come back to it): the same instruction at the same address finds its old pad again. A debugger's single
 step of the jump (ptrace's TF) would stop inside the pad: while jumps are in, the #DB of a step that lands in a pad
 runs the hit there and lets the step go on through the pad, so it ends after the relocated instruction, where the
-step of the original instruction would have ended.
+step of the original instruction would have ended. A jump in code the program has unmapped since (a library it
+closed while the trace ran) is not written back over at removal: the pages went with the library.
 
 Owns the program's int3 sites (address -> the byte they replace, the locations sharing them), and which task last
 stopped at its breakpoint over one. Runs on the CPU
@@ -211,7 +212,8 @@ class ProgramProbes:
             cpu = self.machine.cpu
             if not self._live_pads and cpu.debug_trap == self._debug_trap:
                 cpu.debug_trap, self._previous_trap = self._previous_trap, None
-            self._write(item.space, address, site.original)
+            if self._jump_there(item.space, address, site.pad):
+                self._write(item.space, address, site.original)
             return
         self.machine.breakpoints.pop(address, None)  # a breakpoint still there is the program's #BP again
         self._reported.pop(address, None)
@@ -219,6 +221,17 @@ class ProgramProbes:
         if self.int3s.release(item.space, address, TRACER) and (self._stepping is None or
                                                                 self._stepping[0] != address):
             self._drop_code(self.machine.cpu.uc, item.space, address)
+
+    def _jump_there(self, space: Any, address: int, pad: int) -> bool:
+        """Whether the program's memory at `address` still holds the jump to `pad` (a debugger's int3 over part of
+        it seen through). Not when the code is gone: a library the program closed (dlclose) while the trace ran
+        takes its pages, and the jump, with it, and what is mapped there later is not the tracer's to write over
+        (the int3s' record drops such a site likewise: machine/int3s.py)."""
+        try:
+            code = self.machine.read_memory(address, JUMP_SIZE, space=space)
+        except MemoryFault:
+            return False
+        return self.int3s.hide(space, address, code) == jump(address, pad)
 
     # ---- the CPU thread, inside emulation ---------------------------------------------------------------
 
