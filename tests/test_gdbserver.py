@@ -258,6 +258,27 @@ def test_a_fork_is_reported_with_its_child_which_gdb_may_look_at_and_detach(tmp_
     assert "Detaching from process %d" % child in server.stderr.read()
 
 
+def test_a_kept_fork_child_is_selected_by_its_pid_and_killed_alone(tmp_path):
+    """GDB's `kill inferiors 2` of a fork child it kept: `Hgp<pid>.0` selects that process's thread, `vKill;PID`
+    kills it and the server goes on with the parent (a process left: gdbserver's handle_v_kill), whose wait4 sees
+    its child killed; a pid the server has not is E01."""
+    program = compile_program("forks", "glibc-static", tmp_path)
+    with served(program, "work") as (_server, port):
+        with RspClient.connect(port) as client:
+            client.request(EVENTS)
+            pid, _ = _ptid(client)
+            assert client.request(b"QPassSignals:%x;" % GDB_SIGCHLD) == b"OK"
+            stop = client.request(b"vCont;c:p%x.-1" % pid)
+            child = int(re.fullmatch(rb"T05fork:p([0-9a-f]+)\.[0-9a-f]+;thread:.*", stop).group(1), 16)
+            assert client.request(b"Hgp%x.0" % child) == b"OK"
+            assert client.request(b"qC") == b"QCp%x.%x" % (child, child)
+            assert client.request(b"Hgp%x.0" % (child + 1000)) == b"E05"
+            assert client.request(b"vKill;%x" % (child + 1000)) == b"E01"
+            assert client.request(b"vKill;%x" % child) == b"OK"
+            assert client.request(b"qfThreadInfo") == b"mp%x.%x" % (pid, pid)
+            assert client.request(b"vCont;c:p%x.-1" % pid) == b"W01;process:%x" % pid  # "killed by signal 9"
+
+
 def test_without_fork_events_the_fork_child_runs_untraced_as_before(tmp_path):
     """A GDB that does not ask for fork events hears of none: the child is not traced (the machine takes the
     parent's int3s out of its copy) and the program runs to its end."""

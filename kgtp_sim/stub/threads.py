@@ -108,7 +108,7 @@ class ThreadHandlers:
         thread, `Hgp<pid>.0` selects the first thread of that process, an id the target does not have is refused
         with E05 and changes nothing."""
         thread = None if packet.thread in (c.ANY_THREAD, c.ALL_THREADS) else self.require(packet.thread)
-        if thread is None and packet.process is not None and packet.op in ("g", "m"):
+        if thread is None and packet.process and packet.op in ("g", "m"):  # (p0: any process, as GDB's null ptid)
             thread = next((t for t in self.target.threads() if self.target.process_of(t) == packet.process), None)
             if thread is None:
                 raise RspError(E_NO_THREAD, f"no process {packet.process:x}")
