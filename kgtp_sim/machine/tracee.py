@@ -163,7 +163,7 @@ class Ptrace:
         #: traced processes' forks the machine heard of, and the int3s taken out of the children's memory
         self.forks = 0
         self.int3s_taken = 0
-        machine.processes.exit_listeners.append(self._process_ended)
+        machine.processes.exit_reporters.append(self._process_ended)  # after the host's own listeners
 
     @property
     def layout(self) -> TaskLayout:

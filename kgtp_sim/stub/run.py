@@ -2,13 +2,14 @@
 user's Ctrl-C, or when a Running target stopped by itself), breakpoints and watchpoints (`Z`/`z`), and reverse
 execution (`bs`/`bc`).
 
-The target answers in typed outcomes (`Signal`, `ReplayLog`, `Exited`, `Running`); this module writes them as
-GDB's stop replies (remote.c: remote_target::remote_parse_stop_reply reads them). A stop that names a thread
-makes it the selected one, as gdbserver makes the event thread its general thread after a stop; one that does
-not (KGTP's never-stopped kernel) names the thread GDB selected. An extension the target lacks is answered as
-gdbserver answers what it does not support: the empty reply. `c` and `s` become the actions `vCont` would give
-(gdbserver's myresume): the thread `Hc` selected, or, for "any thread", `s` steps the selected thread while the
-others continue.
+The target answers in typed outcomes (`Signal`, `ReplayLog`, `Exited`, a process's fork, vfork and exec events,
+`Running`); this module writes them as GDB's stop replies (remote.c: remote_target::remote_parse_stop_reply reads
+them; gdbserver's remote-utils.cc: prepare_resume_reply writes the events' `fork:`, `vfork:`, `vforkdone:` and
+`exec:`). A stop that names a thread makes it the selected one, as gdbserver makes the event thread its general
+thread after a stop; one that does not (KGTP's never-stopped kernel) names the thread GDB selected. An extension the
+target lacks is answered as gdbserver answers what it does not support: the empty reply. `c` and `s` become the
+actions `vCont` would give (gdbserver's myresume): the thread `Hc` selected, or, for "any thread", `s` steps the
+selected thread while the others continue.
 
 Non-stop mode (a target lending `NonStop`, switched by `QNonStop`; gdbserver's server.cc): `vCont` (and `c`, `s`) is
 answered `OK` at once, `t` stops threads, every stop is queued as a `%Stop` notification (rsp/notify.py; the session
