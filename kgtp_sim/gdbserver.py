@@ -95,12 +95,9 @@ examples:
 """
 
 
-#: Events gdbserver announces on Linux (server.cc: handle_query's qSupported). Announced, they let GDB insert `catch
-#: fork`, `catch vfork` and `catch exec` instead of refusing them. The kernel forks and execs, but the process target
-#: does not report these events (`T05fork:`, `vfork:`, `exec:`): GDB is not told of a fork, whose child runs untraced
-#: (the int3s of GDB's breakpoints taken out of its memory by the machine: machine/tracee.py), and the catchpoints
-#: never trigger.
-NO_EVENTS = ("fork-events+", "vfork-events+", "exec-events+")
+#: Events gdbserver announces on Linux (server.cc: handle_query's qSupported), reported as it reports them when GDB
+#: asks for them too (`T05fork:`, `vfork:`, `vforkdone:`, `exec:`: stub/process.py, stub/extended.py).
+EVENTS = ("fork-events+", "vfork-events+", "exec-events+")
 
 
 class UsageError(Exception):
@@ -318,7 +315,7 @@ class Server:
         self.hostio = HostIOHandlers(Ramfs(self.machine))  # vFile: the machine's files, never the host's
         self.dispatcher = Dispatcher((*self.handlers.families, process, self.extended, OsdataHandlers(self.machine),
                                       self.trace, monitor, self.hostio),
-                                     extra_features=("swbreak+", "hwbreak+", "multiprocess+", *NO_EVENTS),
+                                     extra_features=("swbreak+", "hwbreak+", "multiprocess+", *EVENTS),
                                      on_supported=self.handlers.supported)
 
     def _process_changed(self, process) -> None:

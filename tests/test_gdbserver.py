@@ -76,11 +76,12 @@ def test_gdbservers_command_line():
 
 
 @contextlib.contextmanager
-def served(program: Path) -> Iterator[tuple[subprocess.Popen, int]]:
-    """`kgtp-sim gdbserver --once` on a free port with PROGRAM, as GDB's testsuite starts gdbserver: the server
+def served(program: Path, *args: str) -> Iterator[tuple[subprocess.Popen, int]]:
+    """`kgtp-sim gdbserver --once` on a free port with PROGRAM ARGS, as GDB's testsuite starts gdbserver: the server
     and the port its `Listening on port` line names; killed at the end if still there."""
     server = subprocess.Popen([sys.executable, "-m", "kgtp_sim", "gdbserver", "--once", "127.0.0.1:0",
-                               str(program)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               str(program), *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
     try:
         port = None
         for line in server.stderr:
@@ -97,8 +98,8 @@ def served(program: Path) -> Iterator[tuple[subprocess.Popen, int]]:
 
 
 def test_fork_vfork_and_exec_events_are_announced(tmp_path):
-    """The machine's processes never fork or exec; announcing the events, as gdbserver does, lets GDB insert
-    `catch fork`/`vfork`/`exec` (gdb.base/break.exp: test_no_break_on_catchpoint)."""
+    """Announcing the events, as gdbserver does, lets GDB insert `catch fork`/`vfork`/`exec` (gdb.base/break.exp:
+    test_no_break_on_catchpoint); they are reported (below)."""
     with served(compile_program("hello", "glibc-static", tmp_path)) as (_server, port):
         with RspClient.connect(port) as client:
             features = client.request(b"qSupported:multiprocess+;fork-events+;vfork-events+;exec-events+").split(b";")
@@ -278,3 +279,129 @@ def test_a_missing_with_file_ends_the_server_before_boot(tmp_path):
         assert server.returncode == 1, server.stderr
         assert f"kgtp-sim gdbserver: {said}" in server.stderr, server.stderr
         assert "Process" not in server.stderr
+
+
+# ---- fork, vfork and exec events (stub/process.py, stub/extended.py), as GDB's remote.c reads them -------------------
+
+EVENTS = b"qSupported:multiprocess+;swbreak+;fork-events+;vfork-events+;exec-events+"
+GDB_SIGCHLD = 0x14  #: GDB_SIGNAL_CHLD (GDB numbers signals its own way: gdb/signals.def)
+
+
+def _ptid(client: RspClient) -> tuple[int, int]:
+    pid, tid = re.fullmatch(rb"QCp([0-9a-f]+)\.([0-9a-f]+)", client.request(b"qC")).groups()
+    return int(pid, 16), int(tid, 16)
+
+
+def _register(client: RspClient, thread: bytes, name: str) -> int:
+    """A register of `thread` (`Hg` then `g`): rax and rip, the first and the 17th of x86-64's `g` block."""
+    assert client.request(b"Hg" + thread) == b"OK"
+    block = client.request(b"g")
+    index = {"rax": 0, "rip": 16}[name]
+    return int.from_bytes(bytes.fromhex(block[16 * index: 16 * index + 16].decode()), "little")
+
+
+def test_a_fork_is_reported_with_its_child_which_gdb_may_look_at_and_detach(tmp_path):
+    """gdbserver's fork event: `T05fork:pCHILD.CHILD;` naming the parent's thread; the child, stopped before its
+    first instruction, is a process of the server's (listed, its registers those of the fork's return: rax 0, the
+    parent's rip; its program the parent's); `D;CHILD` lets it go and leaves the parent debugged (the connection
+    stays: gdbserver's handle_detach while a process is left), and the parent ends as the program does."""
+    program = compile_program("forks", "glibc-static", tmp_path)
+    with served(program, "work") as (server, port):
+        with RspClient.connect(port) as client:
+            assert b"fork-events+" in client.request(EVENTS).split(b";")
+            pid, _ = _ptid(client)
+            assert client.request(b"QPassSignals:%x;" % GDB_SIGCHLD) == b"OK"
+            stop = client.request(b"vCont;c:p%x.-1" % pid)
+            found = re.fullmatch(rb"T05fork:p([0-9a-f]+)\.([0-9a-f]+);thread:p%x\.%x;" % (pid, pid), stop)
+            assert found and found.group(1) == found.group(2), stop
+            child = int(found.group(1), 16)
+            assert child != pid
+            threads = client.request(b"qfThreadInfo")
+            assert threads == b"mp%x.%x,p%x.%x" % (pid, pid, child, child), threads
+            parent_rip = _register(client, b"p%x.%x" % (pid, pid), "rip")
+            assert _register(client, b"p%x.%x" % (child, child), "rax") == 0
+            assert _register(client, b"p%x.%x" % (child, child), "rip") == parent_rip
+            assert client.request(b"qXfer:exec-file:read:%x:0,fff" % child) == (
+                client.request(b"qXfer:exec-file:read:%x:0,fff" % pid))
+            assert client.request(b"D;%x" % (child + 1000)) == b"E01"  # no such process
+            assert client.request(b"D;%x" % child) == b"OK"
+            assert client.request(b"qfThreadInfo") == b"mp%x.%x" % (pid, pid)
+            assert client.request(b"vCont;c:p%x.-1" % pid) == b"W00;process:%x" % pid
+    assert "Detaching from process %d" % child in server.stderr.read()
+
+
+def test_a_kept_fork_child_is_selected_by_its_pid_and_killed_alone(tmp_path):
+    """GDB's `kill inferiors 2` of a fork child it kept: `Hgp<pid>.0` selects that process's thread, `vKill;PID`
+    kills it and the server goes on with the parent (a process left: gdbserver's handle_v_kill), whose wait4 sees
+    its child killed; a pid the server has not is E01."""
+    program = compile_program("forks", "glibc-static", tmp_path)
+    with served(program, "work") as (_server, port):
+        with RspClient.connect(port) as client:
+            client.request(EVENTS)
+            pid, _ = _ptid(client)
+            assert client.request(b"QPassSignals:%x;" % GDB_SIGCHLD) == b"OK"
+            stop = client.request(b"vCont;c:p%x.-1" % pid)
+            child = int(re.fullmatch(rb"T05fork:p([0-9a-f]+)\.[0-9a-f]+;thread:.*", stop).group(1), 16)
+            assert client.request(b"Hgp%x.0" % child) == b"OK"
+            assert client.request(b"qC") == b"QCp%x.%x" % (child, child)
+            assert client.request(b"Hgp%x.0" % (child + 1000)) == b"E05"
+            assert client.request(b"vKill;%x" % (child + 1000)) == b"E01"
+            assert client.request(b"vKill;%x" % child) == b"OK"
+            assert client.request(b"qfThreadInfo") == b"mp%x.%x" % (pid, pid)
+            assert client.request(b"vCont;c:p%x.-1" % pid) == b"W01;process:%x" % pid  # "killed by signal 9"
+
+
+def test_without_fork_events_the_fork_child_runs_untraced_as_before(tmp_path):
+    """A GDB that does not ask for fork events hears of none: the child is not traced (the machine takes the
+    parent's int3s out of its copy) and the program runs to its end."""
+    program = compile_program("forks", "glibc-static", tmp_path)
+    with served(program, "work") as (_server, port):
+        with RspClient.connect(port) as client:
+            client.request(b"qSupported:multiprocess+")
+            pid, _ = _ptid(client)
+            assert client.request(b"QPassSignals:%x;" % GDB_SIGCHLD) == b"OK"
+            assert client.request(b"vCont;c") == b"W00;process:%x" % pid
+
+
+def test_a_vfork_is_reported_and_its_end_too(tmp_path):
+    """`T05vfork:` with the child, then, once the detached child exec'd, `T05vforkdone:;` of the parent (GDB puts
+    back the breakpoints it took out of the memory the two shared), then the program's end."""
+    program = compile_program("execs", "glibc-static", tmp_path)
+    with served(program, "vfork") as (_server, port):
+        with RspClient.connect(port) as client:
+            client.request(EVENTS)
+            pid, _ = _ptid(client)
+            assert client.request(b"QPassSignals:%x;" % GDB_SIGCHLD) == b"OK"
+            stop = client.request(b"vCont;c:p%x.-1" % pid)
+            found = re.fullmatch(rb"T05vfork:p([0-9a-f]+)\.[0-9a-f]+;thread:p%x\.%x;" % (pid, pid), stop)
+            assert found, stop
+            assert client.request(b"D;" + found.group(1)) == b"OK"
+            assert client.request(b"vCont;c:p%x.-1" % pid) == b"T05vforkdone:;thread:p%x.%x;" % (pid, pid)
+            assert client.request(b"vCont;c:p%x.-1" % pid) == b"W00;process:%x" % pid
+
+
+def test_an_exec_is_reported_with_the_new_program_whose_image_has_no_old_breakpoint(tmp_path):
+    """`T05exec:HEXPATH;` at the new program's first instruction (the ELF entry of a static program); the old
+    image's breakpoint went with it, the process's breakpoints begin anew as gdbserver's mourned and re-added
+    process's (the new image runs image() without stopping: GDB inserts its breakpoints again when it resumes);
+    the program's path is the exec'd one."""
+    program = compile_program("execs", "glibc-static", tmp_path)
+    image = _symbol(program, "image")
+    with program.open("rb") as f:
+        entry = ELFFile(f).header["e_entry"]
+    with served(program, "1") as (_server, port):
+        with RspClient.connect(port) as client:
+            client.request(EVENTS)
+            pid, _ = _ptid(client)
+            thread = b"p%x.%x" % (pid, pid)
+            path = client.request(b"qXfer:exec-file:read:%x:0,fff" % pid)[1:]
+            assert client.request(b"Z0,%x,1" % image) == b"OK"
+            assert client.request(b"vCont;c:p%x.-1" % pid) == b"T05swbreak:;thread:%s;" % thread
+            assert client.request(b"z0,%x,1" % image) == b"OK"  # over the breakpoint as GDB steps over it
+            assert client.request(b"vCont;s:%s" % thread).startswith(b"T05thread:")
+            assert client.request(b"Z0,%x,1" % image) == b"OK"
+            exec_stop = b"T05exec:%s;thread:%s;" % (path.hex().encode(), thread)
+            assert client.request(b"vCont;c:p%x.-1" % pid) == exec_stop
+            assert _register(client, thread, "rip") == entry
+            assert client.request(b"qXfer:exec-file:read:%x:0,fff" % pid) == b"l" + path
+            assert client.request(b"vCont;c:p%x.-1" % pid) == b"W00;process:%x" % pid

@@ -17,10 +17,13 @@ A record whose int3 is no longer in memory (not lifted: its process ended and th
 stale, and dropped where it is met. Translated code is the writer's to drop (what it may drop depends on where the
 CPU is: cpu.py's `remove_cache`).
 
-A fork copies a process's memory, int3s included, into a new space nobody holds int3s in: the bytes under them go
-back into the copy before the child runs (`forked`, when the kernel tells the machine of the fork: tracee.py), as
-gdbserver's detach_breakpoints does for a fork child it does not follow; the child, untraced, would otherwise die of
-the first one it ran into.
+A fork copies a process's memory, int3s included, into a new space: before the child runs (`forked`, when the kernel
+tells the machine of the fork: tracee.py) the bytes under them go back into the copy, as gdbserver's
+detach_breakpoints does for a fork child it does not follow (the child, untraced, would die of the first one it ran
+into); a traced child (the debugger asked for fork events) keeps the debugger's, held in its own space as
+gdbserver's clone_all_breakpoints copies a parent's breakpoints, for the debugger to take out or keep. The tracer's
+are never the child's. An exec's old space is gone (`gone`): its records with it, never written again. Other layers
+that change a process's memory beyond its int3s (the tracer's fast tracepoint jumps) hear of both (`watchers`).
 
 Runs on the CPU thread (the tracer's hits inside emulation; the debugger's changes through `Machine.run_on_cpu`).
 """
@@ -28,7 +31,7 @@ Runs on the CPU thread (the tracer's hits inside emulation; the debugger's chang
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from unicorn import Uc
 
@@ -47,11 +50,23 @@ class _Held:
     lifted: bool = False  #: the byte under is in memory for now (a step in place)
 
 
+class MemoryWatcher(Protocol):
+    """A layer that writes into processes' memory beyond int3s, told of the copies and ends of spaces (CPU thread)."""
+
+    def forked(self, parent: Any, child: Any) -> None:
+        """A fork copied `parent` into `child` (not run yet): whatever of this layer the copy holds is to go."""
+
+    def gone(self, space: Any) -> None:
+        """`space` is going (an exec replaced it): nothing of it is to be written again."""
+
+
 class Int3s:
     """(space root, address) -> the byte under the int3 there and who holds it."""
 
     def __init__(self) -> None:
         self._held: dict[tuple[int, int], _Held] = {}
+        #: told of each fork that copied a space and of each space gone, after the int3s (`MemoryWatcher`)
+        self.watchers: list[MemoryWatcher] = []
 
     def _valid(self, space: Any, address: int, physical: int) -> _Held | None:
         """The record at `address` (its byte at `physical`), unless stale: then dropped."""
@@ -114,23 +129,40 @@ class Int3s:
         Uc.mem_write(space.uc, physical, bytes([held.under]) if lifted else INT3)
         return True
 
-    def forked(self, parent: Any, child: Any) -> int:
-        """A fork copied `parent`'s memory into `child`, a new space the child has not run in yet: every int3 held in
-        `parent` is replaced in the copy by the byte under it (one being lifted is the byte already), and `child`
-        holds none. How many were taken out. The child's frames were written by the kernel's copy, which dropped any
-        code translated from them before, so none is left to drop here."""
+    def forked(self, parent: Any, child: Any, keep: frozenset[str] = frozenset()) -> int:
+        """A fork copied `parent`'s memory into `child`, a new space the child has not run in yet: an int3 held in
+        `parent` by one of the owners `keep` names stays in the copy, held there by those (a traced child's
+        breakpoints: DEBUGGER); every other one is replaced in the copy by the byte under it (one being lifted is the
+        byte already). How many were taken out. The watchers are told after. The child's frames were written by the
+        kernel's copy, which dropped any code translated from them before, so none is left to drop here."""
         taken = 0
         for (root, address), held in list(self._held.items()):
-            if root != parent.root or held.lifted:
+            if root != parent.root:
                 continue
             physical = parent.translate(address, 1)
             copy = child.translate(address, 1)
-            if physical is None or copy is None or self._valid(parent, address, physical) is None:
+            if physical is None or copy is None or (not held.lifted and self._valid(parent, address, physical) is None):
                 continue
-            if bytes(Uc.mem_read(child.uc, copy, 1)) == INT3:
+            kept = held.owners & keep
+            if kept:
+                Uc.mem_write(child.uc, copy, INT3)
+                self._held[(child.root, address)] = _Held(held.under, set(kept))
+            elif bytes(Uc.mem_read(child.uc, copy, 1)) == INT3:
                 Uc.mem_write(child.uc, copy, bytes([held.under]))
                 taken += 1
+        for watcher in list(self.watchers):
+            watcher.forked(parent, child)
         return taken
+
+    def gone(self, space: Any) -> int:
+        """`space` is going (an exec replaced it; its tables may soon be another space's): its records are dropped
+        without a write, and the watchers told. How many there were."""
+        mine = [key for key in self._held if key[0] == space.root]
+        for key in mine:
+            del self._held[key]
+        for watcher in list(self.watchers):
+            watcher.gone(space)
+        return len(mine)
 
     def hide(self, space: Any, address: int, data: bytes) -> bytes:
         """`data` read at `address` of `space`, with the bytes under its int3s in place of the int3s."""

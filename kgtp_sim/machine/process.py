@@ -148,6 +148,10 @@ class Processes:
         self.sink: OutputSink | None = None
         #: called on the CPU thread with the pid of each process that ended
         self.exit_listeners: list[Callable[[int], None]] = []
+        #: then, once every exit listener has run: the debugger's (tracee.Ptrace), which wakes whoever tells GDB of
+        #: the end, so that what the listeners say of it comes first (gdbserver prints `Child exited with status N`
+        #: before it sends the `W` reply)
+        self.exit_reporters: list[Callable[[int], None]] = []
         self.output: dict[int, bytearray] = {1: bytearray(), 2: bytearray()}
 
     # ---- before boot ---------------------------------------------------------------------------------------
@@ -219,7 +223,7 @@ class Processes:
             with self._lock:
                 self._exits[pid] = rdi & 0xFFFF
                 self._lock.notify_all()
-            for listener in list(self.exit_listeners):
+            for listener in (*self.exit_listeners, *self.exit_reporters):
                 listener(pid)
 
     # ---- any thread ----------------------------------------------------------------------------------------

@@ -12,10 +12,19 @@ from then until it is resumed everything of it is in kernel memory, where this m
   one of its areas that it has not touched yet is faulted in by the task itself (PTRACE_PEEKDATA: it reads a word
   as the process would, and stops again), so demand paging stays the kernel's.
 
-A fork of a traced process (fixtures/kernel/fork.c) gives an untraced child a copy of its memory; the kernel tells
-the machine before the child runs (PORT_PTRACE, %rsi FORKED), and the int3s held in the parent's memory (the
-debugger's breakpoints, the tracer's tracepoints) are taken out of the child's copy there and then (int3s.py:
-`Int3s.forked`), as gdbserver does for a fork child it does not follow. `forks` counts them.
+Events, as Linux's ptrace options give them (`Tracee.set_options`: PTRACE_O_TRACEFORK, _TRACEVFORK, _TRACEVFORKDONE,
+_TRACEEXEC): a fork, a vfork, the end of a vfork's wait and an exec stop the task in its system call, a stop whose
+`event` says which (PTRACE_EVENT_*) and whose message (`Tracee.event_message`: the child's pid, an exec's former
+tid) is PTRACE_GETEVENTMSG's; with fork events the child is traced too, with its parent's options, stopped quietly
+before its first instruction. Without exec events an exec is the SIGTRAP at the new program's first instruction.
+
+A fork of a traced process (fixtures/kernel/fork.c) gives the child a copy of its memory; the kernel tells the
+machine before the child runs (PORT_PTRACE, %rsi FORKED), and the int3s held in the parent's memory are taken out
+of the child's copy there and then (int3s.py: `Int3s.forked`), as gdbserver does for a fork child it does not
+follow: all of them for an untraced child; a traced one keeps the debugger's breakpoints (the debugger takes them
+out or keeps them), never the tracer's tracepoints. `forks` counts them. An exec of a traced process tells the
+machine of its old address space before it goes (%rsi EXECED): the int3s recorded there are forgotten with it
+(`Int3s.gone`).
 
 A running process is attached (`Ptrace.attach`) through the kernel's PTRACE_ATTACH (a machine request, process.py):
 every thread traced and stopped quietly. Requests (PTRACE_CONT, PTRACE_SINGLESTEP with a signal, PTRACE_DETACH,
@@ -25,7 +34,11 @@ The offsets of the task's fields come from the kernel's `ptrace_abi` table.
 
 | port | access | meaning |
 |------|--------|---------|
-| 0xe8 | outl | pid in %eax, %rdi = the task, %rsi = the signal it stopped with (all ones: the thread ended; FORKED: %eax and %rdi are a traced process's fork child, %rdx its parent task) |
+| 0xe8 | outl | pid in %eax, %rdi = the task, %rsi = the signal it stopped with, its event << 8 (all ones: the thread ended; FORKED: %eax and %rdi are a traced process's fork child, %rdx its parent task; EXECED: a traced task's exec, %rdx its old mm) |
+
+Why this module is long: it is the debugger's whole side of one kernel interface, ptrace: the stops and events the
+kernel tells, the requests written into a task, and a stopped task's registers (pt_regs, fxsave) and memory, which
+share the task layout and the stop table kept here.
 
 Threads: `port_out` runs on the CPU thread (inside emulation) and calls the listeners there; every other method
 runs on any thread, reading and writing through `Machine.run_on_cpu`, and waits for stops on a condition.
@@ -57,6 +70,13 @@ TASK_TRACED = 0x8
 THREAD_ENDED = (1 << 64) - 1
 #: PORT_PTRACE's %rsi for a traced process's fork: %eax and %rdi are the child, %rdx the parent task
 FORKED = (1 << 64) - 2
+#: PORT_PTRACE's %rsi for a traced task's exec: %rdi is the task, %rdx its old mm (not released yet)
+EXECED = (1 << 64) - 3
+#: ptrace options (Linux's PTRACE_O_*: the events a traced task stops at) and the events (PTRACE_EVENT_*: a stop's
+#: `event`); in the task, the options sit above PT_PTRACED (Linux's PT_OPT_FLAG_SHIFT)
+PTRACE_O_TRACEFORK, PTRACE_O_TRACEVFORK, PTRACE_O_TRACEEXEC, PTRACE_O_TRACEVFORKDONE = 0x2, 0x4, 0x10, 0x20
+PTRACE_EVENT_FORK, PTRACE_EVENT_VFORK, PTRACE_EVENT_EXEC, PTRACE_EVENT_VFORK_DONE = 1, 2, 4, 5
+PT_PTRACED, PT_OPT_FLAG_SHIFT = 0x1, 3
 #: what `Tracee.interrupt` asks: SIGINT (GDB's Ctrl-C), or a stop with no signal (gdbserver's stop of the other
 #: threads when one reports an event; a new thread's first stop)
 INTERRUPT_SIGINT, INTERRUPT_QUIET = 1, 2
@@ -74,7 +94,7 @@ PT_REGS = ("r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "rcx", "rax", "rdi",
 #: the flags a debugger may change (Linux's FLAG_MASK: CF PF AF ZF SF TF DF OF NT RF AC ID)
 FLAG_MASK = 0x254DD5
 _ABI_FIELDS = ("size", "pid", "state", "cpu", "mm", "fsbase", "gsbase", "fpu", "stop_signal", "stop_regs", "request",
-               "data", "result", "interrupt", "mm_pgd", "comm", "pt_regs_size", "tgid")
+               "data", "result", "interrupt", "mm_pgd", "comm", "pt_regs_size", "tgid", "ptrace")
 
 
 @dataclass(frozen=True)
@@ -99,6 +119,7 @@ class TaskLayout:
     comm: int
     pt_regs_size: int
     tgid: int
+    ptrace: int  #: int task->ptrace: PT_PTRACED and the options' event bits
 
     @classmethod
     def read(cls, machine: Any) -> TaskLayout:
@@ -114,12 +135,14 @@ class TaskLayout:
 
 @dataclass(frozen=True)
 class PtraceStop:
-    """A traced task stopped with `signal`; `serial` counts the stops the machine heard of."""
+    """A traced task stopped with `signal`; `serial` counts the stops the machine heard of. `event`: an event stop's
+    PTRACE_EVENT_* (its signal SIGTRAP), 0 for a signal's."""
 
     pid: int
     task: int
     signal: int
     serial: int
+    event: int = 0
 
 
 class TraceeGone(MachineError):
@@ -140,7 +163,7 @@ class Ptrace:
         #: traced processes' forks the machine heard of, and the int3s taken out of the children's memory
         self.forks = 0
         self.int3s_taken = 0
-        machine.processes.exit_listeners.append(self._process_ended)
+        machine.processes.exit_reporters.append(self._process_ended)  # after the host's own listeners
 
     @property
     def layout(self) -> TaskLayout:
@@ -158,28 +181,39 @@ class Ptrace:
         if rsi == FORKED:
             self._forked(uc, rdi, uc.reg_read(X.UC_X86_REG_RDX))
             return
+        if rsi == EXECED:
+            self._execed(uc, uc.reg_read(X.UC_X86_REG_RDX))
+            return
         with self._cond:
             self._serial += 1
             if rsi == THREAD_ENDED:  # one thread of a traced process ended, the others live on
                 self._stops.pop(pid, None)
             else:
-                self._stops[pid] = PtraceStop(pid, rdi, rsi & 0x7F, self._serial)
+                self._stops[pid] = PtraceStop(pid, rdi, rsi & 0x7F, self._serial, rsi >> 8 & 0xFF)
             self._cond.notify_all()
         for listener in list(self.listeners):
             listener(pid)
 
+    def _space_of_mm(self, uc: Any, mm: int) -> Any:
+        root = struct.unpack("<Q", uc.mem_read(mm + self.layout.mm_pgd, 8))[0]
+        return self._machine.kernel_space.space_at(root)
+
     def _forked(self, uc: Any, child: int, parent: int) -> None:
         """A traced process (task `parent`) forked (task `child`, its memory a copy, not run yet): the int3s of the
-        parent's memory out of the child's."""
+        parent's memory out of the child's, but the debugger's in a child it traces."""
         layout = self.layout
 
         def space(task: int) -> Any:
-            mm = struct.unpack("<Q", uc.mem_read(task + layout.mm, 8))[0]
-            root = struct.unpack("<Q", uc.mem_read(mm + layout.mm_pgd, 8))[0]
-            return self._machine.kernel_space.space_at(root)
+            return self._space_of_mm(uc, struct.unpack("<Q", uc.mem_read(task + layout.mm, 8))[0])
 
+        traced = struct.unpack("<i", uc.mem_read(child + layout.ptrace, 4))[0] != 0
         self.forks += 1
-        self.int3s_taken += self._machine.int3s.forked(space(parent), space(child))
+        self.int3s_taken += self._machine.int3s.forked(space(parent), space(child),
+                                                       keep=frozenset({DEBUGGER}) if traced else frozenset())
+
+    def _execed(self, uc: Any, old_mm: int) -> None:
+        """A traced task exec'd: its old address space (mm `old_mm`, released next) and the int3s recorded there go."""
+        self._machine.int3s.gone(self._space_of_mm(uc, old_mm))
 
     def _process_ended(self, pid: int) -> None:
         with self._cond:
@@ -291,6 +325,25 @@ class Tracee:
     def stop(self) -> PtraceStop | None:
         """Its current stop, None while it runs (or once it ended)."""
         return self.ptrace.stop_of(self.pid)
+
+    def set_options(self, options: int) -> bool:
+        """The events it stops at (PTRACE_O_* bits), as PTRACE_SETOPTIONS sets them: written into the task (its
+        `ptrace` word's option bits, PT_PTRACED kept), stopped or running (the kernel reads them at the event);
+        a thread it makes later and a fork child it traces inherit them. False when it is not traced (any more)."""
+        offset = self.layout.ptrace
+
+        def write(uc: Any) -> bool:
+            if not struct.unpack("<i", uc.mem_read(self.task + offset, 4))[0]:
+                return False
+            uc.mem_write(self.task + offset, struct.pack("<i", PT_PTRACED | (options & 0xFF) << PT_OPT_FLAG_SHIFT))
+            return True
+
+        return bool(self.machine.run_on_cpu(write))
+
+    def event_message(self) -> int:
+        """The message of the event it is stopped at (PTRACE_GETEVENTMSG): a fork's child pid, an exec's former tid."""
+        self._require_stopped()
+        return self.machine.run_on_cpu(lambda uc: struct.unpack("<q", uc.mem_read(self.task + self.layout.result, 8))[0])
 
     def _require_stopped(self) -> PtraceStop:
         stop = self.stop

@@ -46,7 +46,8 @@ class ConnectHandlers:
 
     @handles(c.Detach)
     def detach(self, packet: c.Detach) -> Reply:
-        self.target.detach()
+        """`D`, `D;PID` (multiprocess: that process; E01 for one the target has not, gdbserver's handle_detach)."""
+        self.target.detach(packet.pid)
         return b"OK"
 
     @handles(c.Kill)
@@ -202,5 +203,7 @@ class TargetHandlers:
         self.run.notifications.clear()
 
     def supported(self, gdb_features: tuple[str, ...]) -> None:
-        """The dispatcher's `on_supported`: what GDB offered in qSupported."""
+        """The dispatcher's `on_supported`: what GDB offered in qSupported (the thread ids it reads, the events it
+        wants reported)."""
         self.threads.supported(gdb_features)
+        self.target.gdb_features(gdb_features)

@@ -2,14 +2,22 @@
 server, as gdbserver's extended_protocol lets it (gdbserver/server.cc: handle_v_run, handle_v_attach, handle_v_kill,
 `!`, `R`, handle_detach; gdb/remote.c: extended_remote_run, extended_remote_attach, remote_target::mourn_inferior).
 
-- `Inferior`: the target the handlers speak to (stub/target.py), the process GDB debugs now (a `ProcessTarget`,
-  stub/process.py) or none: before the first vRun of `kgtp-sim gdbserver --multi`, once it ended, was killed or was
-  detached. Every method of a process is the current process's; with none, the thread list is empty, `?` answers
-  `W00` and what needs a process is refused with E01, as gdbserver's require_running. One process at a time: a vRun
-  or vAttach while one lives is refused (gdbserver's answer outside multiprocess mode; GDB kills the old process
-  before it runs a new one). Signals GDB passes (QPassSignals, QProgramSignals), non-stop mode (QNonStop) and
-  trace-frame selection outlive the processes, as GDB sends them once.
-- `ExtendedHandlers`: `!`, `vRun`, `vAttach` and `R`.
+- `Inferior`: the target the handlers speak to (stub/target.py), the processes GDB debugs now (each a
+  `ProcessTarget`, stub/process.py) or none: before the first vRun of `kgtp-sim gdbserver --multi`, once they ended,
+  were killed or were detached. The first is the program GDB started or attached to; a fork child joins when its
+  parent's fork event is taken in (GDB then follows it, keeps it, or detaches it with `D;PID`), as gdbserver adds a
+  process at a fork. Thread ids are the machine's (unique across processes): a thread's packets go to its process,
+  what names no thread (`D`, `?`, the overlay of a trace frame) to the first; a breakpoint to the process of the
+  thread GDB selected (`Hg`). Resumptions name each process's threads (`vCont;c:pPID.-1`: that process only); in
+  all-stop, an event of one process stops every other's threads (gdbserver's stop_all_lwps); a fork child GDB has
+  not heard of yet is resumed by no wildcard (gdbserver's fork_relative). With none, the thread list is empty, `?`
+  answers `W00` and what needs a process is refused with E01, as gdbserver's require_running. A vRun or vAttach
+  while a process lives is refused (gdbserver's answer outside multiprocess mode; GDB kills the old process before
+  it runs a new one). Signals GDB passes (QPassSignals, QProgramSignals), the events it asked for (qSupported's
+  fork-events+, vfork-events+, exec-events+), non-stop mode (QNonStop) and trace-frame selection outlive the
+  processes, as GDB sends them once.
+- `ExtendedHandlers`: `!`, `vRun`, `vAttach` and `R`; whether the server stays up once a process is killed or
+  detached (`extended`).
 - `OsdataHandlers`: `qXfer:osdata:read` (`info os processes`: the machine's processes in gdbserver's table,
   linux-osdata.cc: linux_xfer_osdata_processes), for KGTP mode too.
 
@@ -30,15 +38,16 @@ from xml.sax.saxutils import escape
 
 from ..arch import amd64
 from ..machine import MachineError
-from ..machine.tracee import Tracee
+from ..machine.tracee import (PTRACE_O_TRACEEXEC, PTRACE_O_TRACEFORK, PTRACE_O_TRACEVFORK, PTRACE_O_TRACEVFORKDONE,
+                              Tracee)
 from ..rsp.dispatch import E_BAD_PACKET, Binary, NoReply, Reply, RspError, handles
 from ..rsp.packets import connect as c
 from ..rsp.packets import run as v
 from .overlay import FrameOverlay
 from .process import ProcessTarget, ProcessView
 from .run import stop_reply
-from .target import (Breakpoints, BreakpointType, Exited, MemoryWrites, NonStop, RegisterWrites, Resume,
-                     ResumeAction, Running, Stop, Target, Terminated)
+from .target import (Breakpoints, BreakpointType, Execd, Exited, Forked, MemoryWrites, NonStop, RegisterWrites,
+                     Resume, ResumeAction, Running, Stop, Target, Terminated)
 from .threads import ThreadHandlers
 
 log = logging.getLogger(__name__)
@@ -48,75 +57,134 @@ log = logging.getLogger(__name__)
 Starter = Callable[[str, Sequence[str]], tuple[Tracee, str]]
 
 
+#: the ptrace options of the events GDB asks to hear of in qSupported (gdbserver's linux_low_ptrace_options)
+EVENT_OPTIONS = {"fork-events+": PTRACE_O_TRACEFORK, "vfork-events+": PTRACE_O_TRACEVFORK | PTRACE_O_TRACEVFORKDONE,
+                 "exec-events+": PTRACE_O_TRACEEXEC}
+
+
 class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints, NonStop):
-    """The process GDB debugs now, or none; what the handlers of a gdbserver role speak to."""
+    """The processes GDB debugs now (the first is the program it started or attached to), or none; what the handlers
+    of a gdbserver role speak to."""
 
     def __init__(self, machine: object, start: Starter | None = None, say: Callable[[str], None] = lambda line: None):
         self.machine = machine
         self._start = start
         self.say = say
         self.overlay = FrameOverlay(ProcessView(self))
-        self.process: ProcessTarget | None = None
+        #: GDB's processes by pid, in the order it met them: the program, then the fork children it keeps
+        self.processes: dict[int, ProcessTarget] = {}
+        #: fork children whose parent's `Forked` GDB has not heard of yet -> their parent: no wildcard resumes one
+        #: (gdbserver's fork_relative), and a detach of the parent detaches it too
+        self._unreported: dict[int, int] = {}
         #: the pid GDB last knew (stop replies of an ended process name it); None before any
         self._pid: int | None = None
         self.program: tuple[str, tuple[str, ...]] | None = None  #: the last program run, for `R` and a bare vRun
         self.detached = False  #: the last process was detached (it goes on untraced)
         self.pass_signals: frozenset[int] = frozenset()
         self.program_signals: frozenset[int] | None = None
+        #: the events GDB asked for in qSupported, as ptrace options (EVENT_OPTIONS)
+        self.events = 0
         self._non_stop = False
         self._notify: Callable[[], None] | None = None
-        #: told of each new process (or None when the last one went): the server points tracing at it
+        #: told of each new first process (or None when the last one went), and again when it exec'd (its program
+        #: changed): the server points tracing at it
         self.listeners: list[Callable[[ProcessTarget | None], None]] = []
 
-    # ---- the current process -----------------------------------------------------------------------------
+    # ---- the processes -----------------------------------------------------------------------------------
+
+    @property
+    def process(self) -> ProcessTarget | None:
+        """The first process: the program GDB started or attached to, or once that is gone the one it met next."""
+        return next(iter(self.processes.values()), None)
 
     def adopt(self, process: ProcessTarget) -> None:
         """`process` is the one GDB debugs from now on."""
-        self.process = process
         self._pid = process.pid
         self.detached = False
+        self._add(process)
+
+    def _add(self, process: ProcessTarget) -> None:
+        first = self.process
         process.pass_signals = self.pass_signals
         process.program_signals = self.program_signals
         process.set_non_stop(self._non_stop)
+        if process.events != self.events:
+            process.set_events(self.events)
+        process.on_fork = self._forked
         if self._notify is not None:
             process.notify_stops(self._notify)
+        self.processes[process.pid] = process
+        if self.process is not first:
+            self._tell(self.process)
+
+    def _forked(self, child: ProcessTarget) -> None:
+        """A fork child (stopped at its start), taken in before its parent's event is reported, as gdbserver's
+        handle_extended_wait adds the process then."""
+        self._unreported[child.pid] = child.parent or 0
+        self._add(child)
+
+    def _tell(self, process: ProcessTarget | None) -> None:
         for listener in self.listeners:
             listener(process)
 
-    def _drop(self) -> None:
-        if self.process is not None:
-            self.process.forget()
-            self.process = None
-            for listener in self.listeners:
-                listener(None)
+    def _drop(self, pid: int) -> None:
+        process = self.processes.get(pid)
+        self._unreported.pop(pid, None)
+        if process is None:
+            return
+        first = process is self.process
+        del self.processes[pid]
+        process.forget()
+        if first:
+            self._pid = pid if self.process is None else self.process.pid
+            self._tell(self.process)
+
+    def _drop_all(self) -> None:
+        for pid in list(self.processes):
+            self._drop(pid)
 
     def live(self) -> ProcessTarget | None:
-        """The process, while it has not ended."""
-        return self.process if self.process is not None and self.process.ended() is None else None
+        """The first process that has not ended."""
+        return next((p for p in self.processes.values() if p.ended() is None), None)
 
     def current(self) -> ProcessTarget:
-        """The process, or E01 (gdbserver's require_running) when there is none."""
-        if self.process is None:
+        """The first process, or E01 (gdbserver's require_running) when there is none."""
+        process = self.process
+        if process is None:
             raise RspError(E_BAD_PACKET, "no process: `run` or `attach` first")
-        return self.process
+        return process
+
+    def holding(self, thread: int | None) -> ProcessTarget | None:
+        """The process whose thread `thread` is, if any."""
+        return next((p for p in self.processes.values() if thread in p.threads_by_tid), None)
+
+    def process_for(self, thread: int | None) -> ProcessTarget:
+        """The process of `thread` (GDB's selected thread: gdbserver's current process), else the first; E01 with
+        none."""
+        return self.holding(thread) or self.current()
 
     def _reported(self, outcome: Stop | Running | None) -> Stop | Running | None:
-        """An end GDB is told of: the process is gone for it (remote.c: mourn_inferior)."""
+        """A stop GDB is told of: an end (the process is gone for it: remote.c's mourn_inferior), a fork (its child
+        is GDB's from now on), an exec (the first process's program changed: the listeners hear of it)."""
         if isinstance(outcome, (Exited, Terminated)):
-            self._drop()
+            self._drop(outcome.process if outcome.process is not None else self._pid or 0)
+        elif isinstance(outcome, Forked):
+            self._unreported.pop(outcome.child, None)
+        elif isinstance(outcome, Execd) and self.process is not None and self.process is self.holding(outcome.thread):
+            self._tell(self.process)
         return outcome
 
     def run(self, program: str, args: Sequence[str]) -> Stop:
         """vRun: `program` (a host path; empty: the last one) started traced, stopped at its first instruction."""
-        if self.live() is not None:
-            raise RspError(E_BAD_PACKET, f"already debugging process {self.process.pid}: kill it first")
+        if (live := self.live()) is not None:
+            raise RspError(E_BAD_PACKET, f"already debugging process {live.pid}: kill it first")
         if not program:
             if self.program is None:
                 raise RspError(E_BAD_PACKET, "vRun without a program, and none was run before")
             program = self.program[0]
         if self._start is None:
             raise RspError(E_BAD_PACKET, "this server starts no programs")
-        self._drop()
+        self._drop_all()
         self.program = (program, tuple(args))
         try:
             tracee, inside = self._start(program, list(args))
@@ -126,40 +194,53 @@ class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints, NonSto
             raise RspError(E_BAD_PACKET, f"{program}: {reason}") from None
         self.adopt(ProcessTarget(tracee, inside, overlay=self.overlay))
         self.say(f"Process {program} created; pid = {tracee.pid}")
-        return self.process.stop_reason()
+        return self.current().stop_reason()
 
     def attach(self, pid: int) -> Stop:
         """vAttach: every thread of running process `pid` traced and stopped (gdbserver: attach_inferior)."""
-        if self.live() is not None:
-            raise RspError(E_BAD_PACKET, f"already debugging process {self.process.pid}")
+        if (live := self.live()) is not None:
+            raise RspError(E_BAD_PACKET, f"already debugging process {live.pid}")
         ptrace = self.machine.ptrace  # type: ignore[attr-defined]
         try:
             threads = ptrace.attach(pid)
         except MachineError as error:
             self.say(f"kgtp-sim gdbserver: {error}")
             raise RspError(E_BAD_PACKET, str(error)) from None
-        self._drop()
+        self._drop_all()
         self.adopt(ProcessTarget(threads[pid], overlay=self.overlay, attached=threads))
         self.say(f"Attached; pid = {pid}")
-        return self.process.stop_reason()
+        return self.current().stop_reason()
 
     def kill_process(self, pid: int) -> None:
-        """vKill: gdbserver's handle_v_kill, E01 for a process it does not have."""
-        process = self.live()
-        if process is None or process.pid != pid:
+        """vKill: that process killed (gdbserver's handle_v_kill), E01 for one it does not have."""
+        process = self.processes.get(pid)
+        if process is None or process.ended() is not None:
             raise RspError(E_BAD_PACKET, f"no process {pid:x}")
-        self.kill()
+        process.kill()
+        self._drop(pid)
 
-    # ---- Target: the current process's, or none -------------------------------------------------------------
+    def gdb_features(self, features: tuple[str, ...]) -> None:
+        """The events GDB asked for (gdbserver's report_fork_events and the others, its ptrace options set in every
+        thread anew at each connection: handle_new_gdb_connection), for every process, and every one to come."""
+        self.events = sum(bits for name, bits in EVENT_OPTIONS.items() if name in features)
+        for process in list(self.processes.values()):
+            process.set_events(self.events)
+
+    # ---- Target: each thread's process's; the first process's for what names none --------------------------
 
     def threads(self) -> Sequence[int]:
-        return self.process.threads() if self.process is not None else ()
+        return tuple(t for p in list(self.processes.values()) for t in p.threads())
 
     def thread_alive(self, thread: int) -> bool:
-        return self.process is not None and self.process.thread_alive(thread)
+        process = self.holding(thread)
+        return process is not None and process.thread_alive(thread)
 
     def process_id(self) -> int | None:
         return self.process.pid if self.process is not None else self._pid
+
+    def process_of(self, thread: int) -> int | None:
+        process = self.holding(thread)
+        return process.pid if process is not None else self.process_id()
 
     def is_process(self) -> bool:
         return True
@@ -171,19 +252,19 @@ class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints, NonSto
         return self.current().feature_document(annex)
 
     def read_registers(self, thread: int) -> dict[str, int | None]:
-        return self.current().read_registers(thread)
+        return self.process_for(thread).read_registers(thread)
 
     def live_registers(self, thread: int | None = None) -> dict[str, int | None]:
-        return self.current().live_registers(thread)
+        return self.process_for(thread).live_registers(thread)
 
     def read_memory(self, address: int, length: int, thread: int, space: object | None = None) -> bytes:
-        return self.current().read_memory(address, length, thread, space)
+        return self.process_for(thread).read_memory(address, length, thread, space)
 
     def live_memory(self, address: int, length: int) -> bytes:
         return self.current().live_memory(address, length)
 
     def stop_reason(self) -> Stop:
-        """gdbserver's handle_status: the process's stop, or `W00` with none."""
+        """gdbserver's handle_status: the first process's stop, or `W00` with none."""
         if self.process is None:
             return Exited(0)
         return self._reported(self.process.stop_reason())  # type: ignore[return-value]
@@ -191,19 +272,26 @@ class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints, NonSto
     def attached(self) -> bool:
         return self.process is not None and self.process.attached()
 
-    def detach(self) -> None:
-        """`D`: the process goes on untraced (gdbserver's handle_detach, its line first)."""
-        process = self.current()
-        self.say(f"Detaching from process {process.pid}")
-        process.detach()
-        self._drop()
-        self.detached = True
+    def detach(self, process: int | None = None) -> None:
+        """`D` (the first process), `D;PID` (that one; E01 for one GDB does not debug): it goes on untraced
+        (gdbserver's handle_detach, its line first), and with it its fork children GDB has not heard of yet."""
+        target = self.processes.get(process) if process is not None else self.current()
+        if target is None:
+            raise RspError(E_BAD_PACKET, f"no process {process:x}")
+        for child, parent in list(self._unreported.items()):
+            if parent == target.pid and child in self.processes:
+                self.processes[child].detach()
+                self._drop(child)
+        self.say(f"Detaching from process {target.pid}")
+        target.detach()
+        self._drop(target.pid)
+        self.detached = not self.processes
 
     def kill(self) -> None:
-        """`k`, vKill: every thread killed; the process is gone for GDB."""
-        if self.process is not None:
-            self.process.kill()
-        self._drop()
+        """`k`: every process killed (gdbserver's `Killing all inferiors`); they are gone for GDB."""
+        for process in list(self.processes.values()):
+            process.kill()
+        self._drop_all()
 
     def support_register_writes(self) -> RegisterWrites:
         return self
@@ -221,77 +309,129 @@ class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints, NonSto
         return self
 
     def write_registers(self, thread: int, values: dict[str, int]) -> None:
-        self.current().write_registers(thread, values)
+        self.process_for(thread).write_registers(thread, values)
 
     def write_memory(self, address: int, data: bytes, thread: int, space: object | None = None) -> None:
-        self.current().write_memory(address, data, thread, space)
+        self.process_for(thread).write_memory(address, data, thread, space)
 
     def supports(self, type: BreakpointType) -> bool:
         return type != BreakpointType.READ_WATCHPOINT
 
-    def insert_breakpoint(self, type: BreakpointType, address: int, kind: int) -> None:
-        self.current().insert_breakpoint(type, address, kind)
+    def insert_breakpoint(self, type: BreakpointType, address: int, kind: int, thread: int | None = None) -> None:
+        """In the process of the thread GDB selected (GDB selects a fork child's before it takes its breakpoints
+        out of it: infrun.c's detach_breakpoints)."""
+        self.process_for(thread).insert_breakpoint(type, address, kind)
 
-    def remove_breakpoint(self, type: BreakpointType, address: int, kind: int) -> None:
-        if self.process is not None:
-            self.process.remove_breakpoint(type, address, kind)
+    def remove_breakpoint(self, type: BreakpointType, address: int, kind: int, thread: int | None = None) -> None:
+        process = self.holding(thread) or self.process
+        if process is not None:
+            process.remove_breakpoint(type, address, kind)
 
     def range_stepping(self) -> bool:
         return True
 
+    # ---- run control: all-stop over every process's threads -----------------------------------------------
+
     def notify_stops(self, notify: Callable[[], None]) -> None:
         self._notify = notify
-        if self.process is not None:
-            self.process.notify_stops(notify)
+        for process in list(self.processes.values()):
+            process.notify_stops(notify)
+
+    def _resumed_by(self, actions: Sequence[ResumeAction]) -> list[ProcessTarget]:
+        """The processes some action names a thread of: by its id, or by a wildcard for every process or for that
+        one; a fork child GDB has not heard of yet only by its own id (gdbserver's resume_one_thread)."""
+        def names(process: ProcessTarget, action: ResumeAction) -> bool:
+            if action.thread in process.threads_by_tid:
+                return True
+            return (action.thread in (c.ANY_THREAD, c.ALL_THREADS) and action.process in (None, process.pid)
+                    and process.pid not in self._unreported)
+
+        return [p for p in list(self.processes.values()) if any(names(p, a) for a in actions)]
+
+    def _stop_others(self, process: ProcessTarget) -> None:
+        """All-stop: every other process's running threads stopped too, their events kept (gdbserver's
+        stop_all_lwps stops every process's)."""
+        for other in list(self.processes.values()):
+            if other is not process and other._running():
+                other._stop_all()
 
     def resume(self, actions: Sequence[ResumeAction]) -> Stop | Running:
-        return self._reported(self.current().resume(actions))  # type: ignore[return-value]
+        """Each process some action names resumes as `actions` say (stub/process.py); a process none names stays
+        stopped (GDB's schedule-multiple off resumes one process: `vCont;c:pPID.-1`). An event GDB has not heard of
+        yet, of a thread this would resume, is the reply, nothing resumed."""
+        processes = self._resumed_by(actions)
+        if not processes:
+            raise RspError(E_BAD_PACKET, "no action for a thread of any process")
+        for process in processes:
+            ended = process.ended()
+            tid = process.pending_report(actions) if ended is None else None
+            if ended is not None or tid is not None:
+                return self._reported(ended or process._report(tid))  # type: ignore[arg-type, return-value]
+        for process in processes:
+            outcome = process.resume(actions)
+            if not isinstance(outcome, Running):
+                self._stop_others(process)
+                return self._reported(outcome)  # type: ignore[return-value]
+        return Running()
 
     def poll_stop(self) -> Stop | None:
-        return self._reported(self.process.poll_stop()) if self.process is not None else None  # type: ignore
+        """The first process's stop (or end), every other one stopped then."""
+        for process in list(self.processes.values()):
+            stop = process.poll_stop() if process._running() else process.ended()
+            if stop is not None:
+                self._stop_others(process)
+                return self._reported(stop)  # type: ignore[return-value]
+        return None
 
     def interrupt(self) -> Stop:
-        if self.process is None:
-            return Exited(0)
-        return self._reported(self.process.interrupt())  # type: ignore[return-value]
+        """Ctrl-C: the first running process's (gdbserver signals the program's process group), the others stopped
+        then."""
+        running = [p for p in list(self.processes.values()) if p._running()]
+        if not running:
+            return self.stop_reason()
+        stop = running[0].interrupt()
+        self._stop_others(running[0])
+        return self._reported(stop)  # type: ignore[return-value]
 
-    # ---- non-stop: the current process's, the mode kept for the next -----------------------------------------
+    # ---- non-stop: each process's, the mode kept for the next --------------------------------------------
 
     def non_stop(self) -> bool:
         return self._non_stop
 
     def set_non_stop(self, on: bool) -> None:
-        if self.process is not None:
-            self.process.set_non_stop(on)
+        for process in list(self.processes.values()):
+            process.set_non_stop(on)
         self._non_stop = on
 
     def resume_threads(self, actions: Sequence[ResumeAction]) -> None:
-        self.current().resume_threads(actions)
+        for process in self._resumed_by(actions):
+            process.resume_threads(actions)
 
     def stop_events(self) -> list[Stop]:
-        if self.process is None:
-            return []
-        events = self.process.stop_events()
-        for stop in events:
-            self._reported(stop)
-        return events
+        events = []
+        for process in list(self.processes.values()):
+            for stop in process.stop_events():
+                events.append(self._reported(stop))
+        return events  # type: ignore[return-value]
 
     def stopped_threads(self) -> list[Stop]:
-        return self.process.stopped_threads() if self.process is not None else []
+        return [stop for p in list(self.processes.values()) if p.pid not in self._unreported
+                for stop in p.stopped_threads()]
 
     def request_interrupt(self) -> None:
-        if self.process is not None:
-            self.process.request_interrupt()
+        running = [p for p in list(self.processes.values()) if p._running()]
+        if running:
+            running[0].request_interrupt()
 
     def set_signals(self, passed: frozenset[int] | None = None, program: frozenset[int] | None = None) -> None:
-        """QPassSignals, QProgramSignals: kept for every process to come, and given to the current one."""
+        """QPassSignals, QProgramSignals: kept for every process to come, and given to the current ones."""
         if passed is not None:
             self.pass_signals = passed
         if program is not None:
             self.program_signals = program
-        if self.process is not None:
-            self.process.pass_signals = self.pass_signals
-            self.process.program_signals = self.program_signals
+        for process in list(self.processes.values()):
+            process.pass_signals = self.pass_signals
+            process.program_signals = self.program_signals
 
 
 def processes_document(machine: object) -> bytes:
@@ -312,18 +452,29 @@ _TYPES = ('<osdata type="types">\n<item><column name="Type">processes</column>'
           '<column name="Title">Processes</column></item></osdata>\n').encode()
 
 
-@dataclass
 class ExtendedHandlers:
-    """The packets of extended mode, and `info os`. `extended` is set by `!` (gdbserver's extended_protocol: for
-    the server's life once GDB asked)."""
+    """The packets of extended mode, and `info os`. `extended_protocol` is set by `!` (gdbserver's: for the
+    server's life once GDB asked)."""
 
-    inferior: Inferior
-    threads: ThreadHandlers
-    extended: bool = False
+    def __init__(self, inferior: Inferior, threads: ThreadHandlers, extended: bool = False) -> None:
+        self.inferior = inferior
+        self.threads = threads
+        self.extended_protocol = extended
+
+    @property
+    def extended(self) -> bool:
+        """Does the server stay up once a process is killed or detached (gdbserver's `extended_protocol ||
+        target_running ()` in handle_detach, handle_v_kill)? In extended mode, and while another process GDB debugs
+        lives (a fork child detached, or its parent; GDB's next process)."""
+        return self.extended_protocol or self.inferior.live() is not None
+
+    @extended.setter
+    def extended(self, on: bool) -> None:
+        self.extended_protocol = on
 
     @handles(c.ExtendedMode)
     def extended_mode(self, packet: c.ExtendedMode) -> Reply:
-        self.extended = True
+        self.extended_protocol = True
         return b"OK"
 
     @handles(v.VRun)
@@ -347,7 +498,7 @@ class ExtendedHandlers:
     def restart(self, packet: c.Restart) -> Reply:
         """`R`: in extended mode, the process killed and the last program run again; no reply either way
         (gdbserver's process_serial_event)."""
-        if not self.extended:
+        if not self.extended_protocol:
             return NoReply()
         self.inferior.kill()
         self.inferior.say("GDBserver restarting")

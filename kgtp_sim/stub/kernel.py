@@ -352,7 +352,7 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
                 return Signal()
         return ReplayLog(begin=reverse)
 
-    def detach(self) -> None:
+    def detach(self, process: int | None = None) -> None:
         """With a process attached (KGTP's gtp_gdbrsp_D): that process is forgotten, nothing else (GDB detached its
         inferior; the kernel's stays); else GDB leaves: `release`."""
         if self.attached_pid is not None:
@@ -385,7 +385,8 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
             return type == BreakpointType.SOFTWARE
         return type != BreakpointType.READ_WATCHPOINT
 
-    def insert_breakpoint(self, type: BreakpointType, address: int, kind: int) -> None:
+    def insert_breakpoint(self, type: BreakpointType, address: int, kind: int,
+                          thread: int | None = None) -> None:
         replay = self.overlay.replay
         if replay is not None:
             replay.breakpoints.add(address)
@@ -412,7 +413,8 @@ class KernelTarget(Target, MemoryWrites, Resume, Reverse, Breakpoints):
             raise RspError(E_PERMISSION, message, text=True) from None
         self.inserted[(type, address, kind)] = space
 
-    def remove_breakpoint(self, type: BreakpointType, address: int, kind: int) -> None:
+    def remove_breakpoint(self, type: BreakpointType, address: int, kind: int,
+                          thread: int | None = None) -> None:
         replay = self.overlay.replay
         if replay is not None:
             replay.breakpoints.discard(address)

@@ -23,6 +23,14 @@ stepping (`vCont;r`) steps here until the PC leaves the range.
 A process attached to (`attached`: gdbserver's linux_attach) is the same target, its threads stopped by the
 kernel's PTRACE_ATTACH, its program's path and auxiliary vector read under its stack's top.
 
+Events (gdbserver's handle_extended_wait), when GDB asked for them (`set_events`: the kernel's ptrace options): a
+fork or vfork is its thread's event `Forked`, the child made a `ProcessTarget` of its own before it is reported
+(`forked_from`: stopped before its first instruction, GDB's breakpoints cloned with the int3s the child's copy keeps,
+machine/int3s.py) and handed to `on_fork` (the server's list of processes, stub/extended.py); a vfork's end is
+`VforkDone`; an exec is `Execd`, the process made anew in place (one thread, the new program's path and auxiliary
+vector, no breakpoint: the old image's int3s went with its address space), as gdbserver mourns the process and adds
+it again.
+
 Why this module is long: it is one target, gdbserver's linux-low for one process: threads, registers, memory, the
 breakpoints in the process's memory and debug registers, and the all-stop run control that ties them, which share
 the per-thread state kept here.
@@ -41,15 +49,18 @@ from typing import Any
 from ..arch import amd64, signals
 from ..machine import MachineError
 from ..machine import smp
-from ..machine.tracee import SIGTRAP, TASK_SIZE_MAX, Tracee, TraceeGone
+from ..machine.int3s import DEBUGGER
+from ..machine.tracee import (PTRACE_EVENT_EXEC, PTRACE_EVENT_FORK, PTRACE_EVENT_VFORK, PTRACE_EVENT_VFORK_DONE,
+                              SIGTRAP, TASK_SIZE_MAX, PtraceStop, Tracee, TraceeGone)
 from ..machine.watchpoints import EXECUTE, READ_WRITE, WRITE, WatchpointError, aligned_pieces, busy_message
 from ..rsp.dispatch import E_BAD_PACKET, E_MEMORY, E_PERMISSION, RspError
 from ..rsp.packets import connect as c
 from .auxv import auxv_below_stack_top, initial_auxv
 from .nonstop import NonStopControl
 from .overlay import FrameOverlay
-from .target import (SIGINT, Breakpoints, BreakpointType, DataAccess, Exited, MemoryWrites, RegisterWrites, Resume, ResumeAction,
-                     Running, Signal, Stop, Target, Terminated, ViewError)
+from .target import (SIGINT, Breakpoints, BreakpointType, DataAccess, Execd, Exited, Forked, MemoryWrites,
+                     RegisterWrites, Resume, ResumeAction, Running, Signal, Stop, Target, Terminated, VforkDone,
+                     ViewError)
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +87,13 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
     frame GDB selects (`tfind`) is laid over it (`overlay`), as over KGTP mode's kernel."""
 
     def __init__(self, tracee: Tracee, exec_path: str | None = None, overlay: FrameOverlay | None = None,
-                 attached: dict[int, Tracee] | None = None) -> None:
+                 attached: dict[int, Tracee] | None = None, forked_from: ProcessTarget | None = None) -> None:
         """`tracee`: the process's leader, stopped at its first instruction; or, `attached` (its threads by tid,
         the leader `tracee` among them, each stopped by Ptrace.attach), a running process GDB attached to, whose
-        program's path (`exec_path` None) is read from its stack (AT_EXECFN's string, at the top). `overlay`: the
-        trace-frame overlay to look through (shared by the processes of one server), a new one by default."""
+        program's path (`exec_path` None) is read from its stack (AT_EXECFN's string, at the top); or, `forked_from`,
+        the fork child of that process, stopped before its first instruction (its program and auxiliary vector the
+        parent's, GDB's breakpoints cloned: gdbserver's clone_all_breakpoints). `overlay`: the trace-frame overlay to
+        look through (shared by the processes of one server), a new one by default."""
         NonStopControl.__init__(self)
         self.overlay = overlay or FrameOverlay(ProcessView(self))
         self.leader = tracee
@@ -101,7 +114,23 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
         #: (QProgramSignals; None: any)
         self.pass_signals: frozenset[int] = frozenset()
         self.program_signals: frozenset[int] | None = None
-        if attached is None:
+        #: the events GDB asked for (PTRACE_O_* options of every thread: set_events)
+        self.events = 0
+        #: given each fork child (a new ProcessTarget) before its parent's `Forked` is reported; None: the child is
+        #: detached at once and the parent goes on, nothing reported
+        self.on_fork: Callable[[ProcessTarget], None] | None = None
+        #: the process it is a fork child of (None: GDB's program, started or attached to)
+        self.parent = forked_from.pid if forked_from is not None else None
+        if forked_from is not None:
+            parent = forked_from
+            self.exec_path, self.auxv, self.was_attached = parent.exec_path, parent.auxv, parent.was_attached
+            self.pass_signals, self.program_signals = parent.pass_signals, parent.program_signals
+            self.events = parent.events  # the kernel gave the child its parent's options
+            self._last = Signal(0, self.pid)  # gdbserver's: stopped, GDB_SIGNAL_0
+            space = self.tracee.space()
+            self._wanted = set(parent._wanted)
+            self._inserted = {a for a in parent._inserted if DEBUGGER in self.machine.int3s.holders(space, a)}
+        elif attached is None:
             self.exec_path = exec_path or ""
             self.auxv = initial_auxv(self.tracee)
         else:
@@ -128,7 +157,19 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
         status = self.machine.processes.exited().get(self.pid)  # the process's end (its pid), whichever thread
         if status is None:
             return None
-        return Terminated(signals.to_gdb(status & 0x7F)) if status & 0x7F else Exited(status >> 8 & 0xFF)
+        if status & 0x7F:
+            return Terminated(signals.to_gdb(status & 0x7F), self.pid)
+        return Exited(status >> 8 & 0xFF, self.pid)
+
+    def set_events(self, options: int) -> None:
+        """Report the events the ptrace options `options` name (PTRACE_O_TRACEFORK, ...: gdbserver's
+        linux_low_ptrace_options from what GDB asked), set in every thread (a thread made later inherits them)."""
+        self.events = options
+        for thread in list(self.threads_by_tid.values()):
+            try:
+                thread.tracee.set_options(options)
+            except MachineError as error:
+                log.info("thread %d: options: %s", thread.tracee.pid, error)
 
     def forget(self) -> None:
         """GDB is done with it (ended, killed, detached): its stops are no longer listened to."""
@@ -211,7 +252,7 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
         if slots:
             self.machine.run_on_cpu(lambda uc: self.machine.debug_registers.release(slots))
 
-    def detach(self) -> None:
+    def detach(self, process: int | None = None) -> None:
         """Every thread goes on untraced, the breakpoints out of its memory (gdbserver: linux_detach); a thread the
         process made that GDB has not met yet too, once it has stopped at its start (it would wait there for a
         debugger forever)."""
@@ -295,7 +336,7 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
         """x86's: no read-only watchpoint (gdbserver's x86_supports_z_point_type)."""
         return type != BreakpointType.READ_WATCHPOINT
 
-    def insert_breakpoint(self, type: BreakpointType, address: int, kind: int) -> None:
+    def insert_breakpoint(self, type: BreakpointType, address: int, kind: int, thread: int | None = None) -> None:
         """gdbserver's E01 for an address the process cannot read (no area there)."""
         if type != BreakpointType.SOFTWARE:
             self._insert_hardware(type, address, kind)
@@ -312,7 +353,7 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
         self._wanted.add(address)
         self._breakpoints_now()
 
-    def remove_breakpoint(self, type: BreakpointType, address: int, kind: int) -> None:
+    def remove_breakpoint(self, type: BreakpointType, address: int, kind: int, thread: int | None = None) -> None:
         if type != BreakpointType.SOFTWARE:
             slots = self._hardware.pop((type, address, kind), None)
             if slots:
@@ -436,9 +477,22 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
         thread.asked_stop = thread.report_stop = False
 
     def _chosen(self, actions: Sequence[ResumeAction]) -> dict[int, ResumeAction | None]:
-        """Each thread's action: the first naming it (or every thread), None when none does."""
-        return {tid: next((a for a in actions if a.thread in (tid, c.ANY_THREAD, c.ALL_THREADS)), None)
-                for tid in self.threads_by_tid}
+        """Each thread's action: the first naming it, or every thread (of every process, or of this one), None when
+        none does."""
+        def names(action: ResumeAction, tid: int) -> bool:
+            return action.thread == tid or (action.thread in (c.ANY_THREAD, c.ALL_THREADS)
+                                            and action.process in (None, self.pid))
+
+        return {tid: next((a for a in actions if names(a, tid)), None) for tid in self.threads_by_tid}
+
+    def pending_report(self, actions: Sequence[ResumeAction]) -> int | None:
+        """A thread `actions` resume that has an event GDB has not heard of yet: that event is the reply to the
+        resumption (gdbserver reports a pending status first), nothing resumed."""
+        chosen = self._chosen(actions)
+        for tid, thread in self.threads_by_tid.items():
+            if thread.pending is not None and chosen[tid] is not None and self._still_pending(thread):
+                return tid
+        return None
 
     def _start(self, thread: _Thread, action: ResumeAction) -> None:
         """Resume a stopped thread as `action` says, past any event it had (its signal dropped when GDB may not give
@@ -459,9 +513,9 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
         chosen = self._chosen(actions)
         if not any(chosen.values()):
             raise RspError(E_BAD_PACKET, f"no action for any thread of process {self.pid}")
-        for tid, thread in self.threads_by_tid.items():
-            if thread.pending is not None and chosen[tid] is not None and self._still_pending(thread):
-                return self._report(tid)
+        pending = self.pending_report(actions)
+        if pending is not None:
+            return self._report(pending)
         self._resumed = {tid for tid, action in chosen.items() if action is not None}
         try:
             self._put_in_breakpoints()
@@ -517,7 +571,8 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
             if thread.after is not None and stop.serial > thread.after:
                 thread.after = None
                 try:
-                    thread.pending = self._classify(thread, stop.signal)
+                    event = self._classify(thread, stop)
+                    self.threads_by_tid.get(tid, thread).pending = event  # an exec made the thread anew
                 except MachineError as error:  # gone meanwhile (its group ended): the process's end says the rest
                     log.info("thread %d: %s", tid, error)
                     self.threads_by_tid.pop(tid, None)
@@ -535,9 +590,12 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
         thread = self.threads_by_tid[tid] = _Thread(Tracee(self.machine.ptrace, tid, task))
         return thread
 
-    def _classify(self, thread: _Thread, linux_signal: int) -> Stop | None:
-        """A thread stopped with `linux_signal`: the stop GDB hears of (the signal as GDB numbers it), or None when
-        there is nothing to tell (a quiet stop; range stepping or a passed signal: the thread goes on)."""
+    def _classify(self, thread: _Thread, stop: PtraceStop) -> Stop | None:
+        """A thread stopped (`stop`): the stop GDB hears of (the signal as GDB numbers it, or the event), or None
+        when there is nothing to tell (a quiet stop; range stepping or a passed signal: the thread goes on)."""
+        if stop.event:
+            return self._event(thread, stop)
+        linux_signal = stop.signal
         if linux_signal == 0:  # a quiet stop: asked by _stop_all (it stays stopped), else stale: it goes on
             if thread.report_stop and not self._stopping:  # non-stop's vCont;t: a stop with signal 0
                 return Signal(0, thread.tracee.pid)
@@ -566,6 +624,57 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
                 return None
         thread.range = None
         return Signal(signal, tid, swbreak=swbreak)
+
+    def _event(self, thread: _Thread, stop: PtraceStop) -> Stop | None:
+        """An event stop (gdbserver's handle_extended_wait): a fork's or vfork's child made a process target and
+        handed to `on_fork` before the event is reported (nobody to take it: detached, and the thread goes on), a
+        vfork's end, an exec (the process made anew). An event no one asked for: the thread goes on."""
+        tid = thread.tracee.pid
+        thread.range = None
+        if stop.event in (PTRACE_EVENT_FORK, PTRACE_EVENT_VFORK):
+            child = self._fork_child(thread.tracee.event_message())
+            if child is not None:
+                return Forked(tid, child.pid, vfork=stop.event == PTRACE_EVENT_VFORK)
+        elif stop.event == PTRACE_EVENT_VFORK_DONE:
+            return VforkDone(tid)
+        elif stop.event == PTRACE_EVENT_EXEC:
+            return self._execd(stop)
+        self._go(thread, thread.stepping)
+        return None
+
+    def _fork_child(self, pid: int) -> ProcessTarget | None:
+        """The fork child `pid`, once stopped before its first instruction, as a process target given to `on_fork`;
+        None when it ended first, or nobody takes it (then it goes on untraced, its breakpoints taken out)."""
+        try:
+            first = self.machine.ptrace.wait(pid, 0)
+        except MachineError as error:
+            log.warning("fork child %d: %s", pid, error)
+            return None
+        if first is None:
+            return None
+        child = ProcessTarget(Tracee(self.machine.ptrace, pid, first.task), overlay=self.overlay, forked_from=self)
+        if self.on_fork is None:
+            child.detach()
+            child.forget()
+            return None
+        self.on_fork(child)
+        return child
+
+    def _execd(self, stop: PtraceStop) -> Execd:
+        """The process exec'd (its thread `stop` names, now with the process's pid, the others ended): made anew, as
+        gdbserver mourns it and adds it again: one thread, the new program's path and auxiliary vector, no
+        breakpoint (their int3s went with the old address space: machine/int3s.py), no debug register."""
+        tracee = Tracee(self.machine.ptrace, self.pid, stop.task)
+        self.leader = tracee
+        self.threads_by_tid = {self.pid: _Thread(tracee)}
+        self._resumed.add(self.pid)
+        self._wanted.clear()
+        self._inserted.clear()
+        self._release_hardware()
+        self._last_of.clear()
+        self.auxv = initial_auxv(tracee)
+        self.exec_path = auxv_below_stack_top(tracee)[0] or self.exec_path
+        return Execd(self.pid, self.exec_path)
 
     def _report(self, tid: int) -> Stop:
         """Thread `tid`'s event, once every other thread is stopped too (all-stop: gdbserver's stop_all_lwps);

@@ -30,6 +30,7 @@ from ..rsp.packets import run as v
 from ..tracing.core.model import TraceError
 from ..tracing.patching.probes import enters_kernel
 from .extended import Inferior
+from .process import ProcessTarget
 from .target import ViewError
 from .threads import ThreadHandlers
 
@@ -248,11 +249,15 @@ class ProgramSpace:
 @dataclass
 class ProcessHandlers:
     """The packets only a process has: its auxiliary vector, its program's path and the siginfo of its stop
-    (gdbserver's qXfer objects); those of the process GDB debugs now (E01 with none)."""
+    (gdbserver's qXfer objects); those of the process of the thread GDB selected, as gdbserver's current process
+    (E01 with none)."""
 
     target: Inferior
     threads: ThreadHandlers
     _threads_document: bytes | None = None  #: read in windows: made at the first, kept for the next
+
+    def _process(self) -> ProcessTarget:
+        return self.target.process_for(self.threads.selection.general)
 
     @staticmethod
     def _window(document: bytes, packet: c.ReadFeatures) -> Reply:
@@ -263,7 +268,7 @@ class ProcessHandlers:
     def read_auxv(self, packet: c.ReadAuxv) -> Reply:
         if packet.annex:
             raise RspError(E_BAD_PACKET, "qXfer:auxv:read takes no annex")
-        return self._window(self.target.current().auxv, packet)
+        return self._window(self._process().auxv, packet)
 
     @handles(v.VKill)
     def vkill(self, packet: v.VKill) -> Reply:
@@ -286,7 +291,7 @@ class ProcessHandlers:
         if packet.annex:
             raise RspError(E_BAD_PACKET, "qXfer:siginfo:read takes no annex")
         try:
-            siginfo = self.target.current().tracee.siginfo()
+            siginfo = self._process().tracee.siginfo()
         except MachineError as error:
             raise RspError(E_BAD_PACKET, str(error)) from None
         return self._window(siginfo, packet)
@@ -301,11 +306,11 @@ class ProcessHandlers:
         return self._window(self._threads_document, packet)
 
     def _document(self) -> bytes:
-        process = self.target.process
         machine = self.target.machine
         layout = machine.ptrace.layout
         lines = ["<?xml version=\"1.0\"?>", "<threads>"]
         for tid in self.target.threads():
+            process = self.target.holding(tid)
             thread = process.threads_by_tid.get(tid) if process is not None else None
             name, core = "", -1
             if thread is not None:
@@ -329,7 +334,7 @@ class ProcessHandlers:
     def read_libraries_svr4(self, packet: c.ReadLibrariesSvr4) -> Reply:
         """The document built anew for each window, as gdbserver builds it; E01 without a process, or for a program
         without r_debug (static), as gdbserver's answer (GDB then reads the memory itself)."""
-        process = self.target.current()
+        process = self._process()
 
         def read(address: int, length: int) -> bytes:
             try:
@@ -345,12 +350,13 @@ class ProcessHandlers:
     @handles(c.ReadExecFile)
     def read_exec_file(self, packet: c.ReadExecFile) -> Reply:
         """The program's path inside the machine, never a host file's contents (gdbserver answers the path of
-        /proc/PID/exe)."""
-        process = self.target.current()
+        /proc/PID/exe): of the process the annex names, or the selected thread's."""
+        process = self._process()
         try:
             pid = int(packet.annex, 16) if packet.annex else process.pid
         except ValueError:
             raise RspError(E_BAD_PACKET, f"qXfer:exec-file:read: {packet.annex!r} is no pid") from None
-        if pid != process.pid:
+        process = self.target.processes.get(pid)  # type: ignore[assignment]
+        if process is None:
             raise RspError(E_BAD_PACKET, f"no process {packet.annex}")
         return self._window(process.exec_path.encode(), packet)

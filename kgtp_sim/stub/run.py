@@ -2,13 +2,14 @@
 user's Ctrl-C, or when a Running target stopped by itself), breakpoints and watchpoints (`Z`/`z`), and reverse
 execution (`bs`/`bc`).
 
-The target answers in typed outcomes (`Signal`, `ReplayLog`, `Exited`, `Running`); this module writes them as
-GDB's stop replies (remote.c: remote_target::remote_parse_stop_reply reads them). A stop that names a thread
-makes it the selected one, as gdbserver makes the event thread its general thread after a stop; one that does
-not (KGTP's never-stopped kernel) names the thread GDB selected. An extension the target lacks is answered as
-gdbserver answers what it does not support: the empty reply. `c` and `s` become the actions `vCont` would give
-(gdbserver's myresume): the thread `Hc` selected, or, for "any thread", `s` steps the selected thread while the
-others continue.
+The target answers in typed outcomes (`Signal`, `ReplayLog`, `Exited`, a process's fork, vfork and exec events,
+`Running`); this module writes them as GDB's stop replies (remote.c: remote_target::remote_parse_stop_reply reads
+them; gdbserver's remote-utils.cc: prepare_resume_reply writes the events' `fork:`, `vfork:`, `vforkdone:` and
+`exec:`). A stop that names a thread makes it the selected one, as gdbserver makes the event thread its general
+thread after a stop; one that does not (KGTP's never-stopped kernel) names the thread GDB selected. An extension the
+target lacks is answered as gdbserver answers what it does not support: the empty reply. `c` and `s` become the
+actions `vCont` would give (gdbserver's myresume): the thread `Hc` selected, or, for "any thread", `s` steps the
+selected thread while the others continue.
 
 Non-stop mode (a target lending `NonStop`, switched by `QNonStop`; gdbserver's server.cc): `vCont` (and `c`, `s`) is
 answered `OK` at once, `t` stops threads, every stop is queued as a `%Stop` notification (rsp/notify.py; the session
@@ -26,8 +27,8 @@ from ..rsp.notify import StopNotifications
 from ..rsp.packets import connect as c
 from ..rsp.packets import replay as r
 from ..rsp.packets import run as v
-from .target import (BreakpointType, Exited, NonStop, ReplayLog, ResumeAction, Running, Signal, Stop, Target,
-                     Terminated)
+from .target import (BreakpointType, Execd, Exited, Forked, NonStop, ReplayLog, ResumeAction, Running, Signal, Stop,
+                     Target, Terminated, VforkDone)
 from .threads import ThreadHandlers
 
 #: the stop reply's name of a watchpoint's kind (remote.c: remote_parse_stop_reply)
@@ -36,23 +37,32 @@ WATCH_REASONS = {BreakpointType.WRITE_WATCHPOINT: b"watch", BreakpointType.READ_
 
 
 def stop_reply(stop: Stop, threads: ThreadHandlers, select: bool = True) -> bytes:
-    """The stop reply packet for `stop`: `T<sig>[replaylog:<end>;|watch:<addr>;|swbreak:;]thread:<id>;`, `W<code>`
-    or `X<signal>`. `select`: the thread it names becomes the selected one (not for a non-stop notification: GDB's
-    selection is not changed behind its back, gdbserver's handle_target_event)."""
+    """The stop reply packet for `stop`: `T<sig>[replaylog:<end>;|watch:<addr>;|swbreak:;|fork:<id>;|exec:<hex>;
+    ...]thread:<id>;`, `W<code>` or `X<signal>` (with `;process:<pid>` in multiprocess). `select`: the thread it
+    names becomes the selected one (not for a non-stop notification: GDB's selection is not changed behind its back,
+    gdbserver's handle_target_event)."""
     if isinstance(stop, Exited):
-        return b"W%02x" % stop.code + threads.process_suffix()
+        return b"W%02x" % stop.code + threads.process_suffix(stop.process)
     if isinstance(stop, Terminated):
-        return b"X%02x" % stop.signal + threads.process_suffix()
+        return b"X%02x" % stop.signal + threads.process_suffix(stop.process)
     if stop.thread is not None and select:
         threads.selection.general = stop.thread
     thread = stop.thread if stop.thread is not None else threads.general_thread
-    return b"T%02x%sthread:%s;" % (stop.signal, _reason(stop), threads.thread_id(thread))
+    return b"T%02x%sthread:%s;" % (stop.signal, _reason(stop, threads), threads.thread_id(thread))
 
 
-def _reason(stop: Stop) -> bytes:
-    """What stopped it, as the stop reply says it (`replaylog:`, `watch:`, `swbreak:`, `hwbreak:`), or nothing."""
+def _reason(stop: Stop, threads: ThreadHandlers) -> bytes:
+    """What stopped it, as the stop reply says it (`replaylog:`, `watch:`, `swbreak:`, `hwbreak:`; a process's
+    events as gdbserver's prepare_resume_reply writes them: `fork:` and `vfork:` with the child's id,
+    `vforkdone:`, `exec:` with the program's path in hex), or nothing."""
     reason = b""
-    if isinstance(stop, ReplayLog):
+    if isinstance(stop, Forked):
+        reason = b"%s:%s;" % (b"vfork" if stop.vfork else b"fork", threads.thread_id(stop.child))
+    elif isinstance(stop, VforkDone):
+        reason = b"vforkdone:;"
+    elif isinstance(stop, Execd):
+        reason = b"exec:%s;" % stop.path.encode("utf-8", "surrogateescape").hex().encode()
+    elif isinstance(stop, ReplayLog):
         reason = b"replaylog:%s;" % (b"begin" if stop.begin else b"end")
     elif isinstance(stop, Signal) and stop.watch is not None:
         reason = b"%s:%x;" % (WATCH_REASONS[stop.watch.type], stop.watch.address)
@@ -163,7 +173,7 @@ class RunHandlers:
                 self.threads.require(action.thread)
             span = (action.start, action.end) if action.kind == v.RANGE else None
             actions.append(ResumeAction(action.thread, action.kind in (v.STEP, v.RANGE), span, action.signal,
-                                        stop=action.kind == v.STOP))
+                                        stop=action.kind == v.STOP, process=action.process))
         return self._resume_with(resume, actions)
 
     @handles(c.Continue)
@@ -190,7 +200,7 @@ class RunHandlers:
         if breakpoints is None or not breakpoints.supports(type):
             return b""
         change = breakpoints.insert_breakpoint if insert else breakpoints.remove_breakpoint
-        change(type, packet.address, packet.kind)
+        change(type, packet.address, packet.kind, self.threads.selection.general)  # in the process `Hg` selected
         return b"OK"
 
 

@@ -27,7 +27,8 @@ Conventions the handlers rely on:
   - thread ids are GDB's, positive; 0 (any) and -1 (all) reach a target only in a `ResumeAction`;
   - a refusal is an `RspError` (its code is the `E..` GDB gets); memory the target cannot supply is `ViewError`;
   - registers are a dict by amd64 register name (arch/amd64.py), None or absent for an unavailable one;
-  - outcomes of run control are typed (`Signal`, `ReplayLog`, `Exited`, `Terminated`, or `Running` when the stop comes later);
+  - outcomes of run control are typed (`Signal`, `ReplayLog`, `Exited`, `Terminated`, a process's events `Forked`,
+    `VforkDone`, `Execd`, or `Running` when the stop comes later);
     the handlers turn them into stop replies (stub/run.py). A stop that comes later, by the target's own doing (a
     breakpoint hit while it runs), is handed out by `Resume.poll_stop`, after the target called the function given
     to `Resume.notify_stops` (from whichever thread it stopped on).
@@ -39,14 +40,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 from ..arch import amd64
 from ..tracing.core.frames import ViewError
 
 __all__ = [
-    "SIGINT", "SIGTRAP", "Signal", "DataAccess", "ReplayLog", "Exited", "Terminated", "Stop", "Running", "ResumeAction",
+    "SIGINT", "SIGTRAP", "Signal", "DataAccess", "ReplayLog", "Exited", "Terminated", "Forked", "VforkDone", "Execd",
+    "Stop", "Running", "ResumeAction",
     "BreakpointType", "ViewError",
     "Target", "RegisterWrites", "MemoryWrites", "Resume", "Reverse", "Breakpoints", "NonStop",
 ]
@@ -97,19 +99,52 @@ class ReplayLog:
 
 @dataclass(frozen=True)
 class Exited:
-    """The process exited with `code` (`W<code>`)."""
+    """The process exited with `code` (`W<code>`); `process` names it (`;process:PID` in multiprocess), None: the
+    target's (which process it was is not part of what the end is: equal ends compare equal)."""
 
     code: int = 0
+    process: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
 class Terminated:
-    """A signal ended the process (`X<signal>`)."""
+    """A signal ended the process (`X<signal>`); `process` as `Exited`'s."""
 
     signal: int
+    process: int | None = field(default=None, compare=False)
 
 
-Stop = Signal | ReplayLog | Exited | Terminated
+@dataclass(frozen=True)
+class Forked:
+    """`thread` forked (`vfork`: vforked): the child process `child` (its one thread's id is its pid), stopped before
+    its first instruction, is the debugger's to follow or detach (`T05fork:pCHILD.CHILD;`, `vfork:`; gdbserver's
+    TARGET_WAITKIND_FORKED and _VFORKED, remote.c: remote_parse_stop_reply)."""
+
+    thread: int
+    child: int
+    vfork: bool = False
+    signal: int = SIGTRAP
+
+
+@dataclass(frozen=True)
+class VforkDone:
+    """`thread`'s vfork child exec'd or ended: the memory they shared is the parent's again (`T05vforkdone:;`)."""
+
+    thread: int
+    signal: int = SIGTRAP
+
+
+@dataclass(frozen=True)
+class Execd:
+    """`thread`'s process runs a new program, `path`, stopped at its first instruction; the old image is gone
+    (`T05exec:HEXPATH;`: GDB loads the new program's symbols and sets its breakpoints again)."""
+
+    thread: int
+    path: str
+    signal: int = SIGTRAP
+
+
+Stop = Signal | ReplayLog | Exited | Terminated | Forked | VforkDone | Execd
 
 
 @dataclass(frozen=True)
@@ -124,13 +159,15 @@ class ResumeAction:
     `thread` is the thread the action names: 0 (any) or -1 (all) mean every thread; for each thread the first
     action naming it (or every thread) applies, and a thread no action names stays stopped. `step` with `range`:
     step while the PC stays in [start, end) (vCont's `r`). `signal` is the one GDB passes (`C`, `S`), 0 for none.
-    `stop`: non-stop's `t`, the thread is to stop (reported as a stop with signal 0)."""
+    `stop`: non-stop's `t`, the thread is to stop (reported as a stop with signal 0). `process`: the process a
+    wildcard `thread` is limited to (`pPID.-1`), None: every process."""
 
     thread: int
     step: bool = False
     range: tuple[int, int] | None = None
     signal: int = 0
     stop: bool = False
+    process: int | None = None
 
 
 class BreakpointType(IntEnum):
@@ -190,6 +227,11 @@ class Target(ABC):
         and `W..;process:PID` then name it); None: no process (KGTP's kernel)."""
         return None
 
+    def process_of(self, thread: int) -> int | None:
+        """The process `thread` belongs to (a target debugging several processes tells them apart); by default the
+        target's."""
+        return self.process_id()
+
     def is_process(self) -> bool:
         """Does it debug processes (GDB's multiprocess thread ids then apply), whether or not it has one now?"""
         return self.process_id() is not None
@@ -208,13 +250,18 @@ class Target(ABC):
         instead of killing)."""
         return True
 
-    def detach(self) -> None:
-        """`D`: GDB leaves; the target goes on without it."""
+    def detach(self, process: int | None = None) -> None:
+        """`D`: GDB leaves; the target goes on without it. `process` (`D;PID`, multiprocess): the one process GDB
+        detaches from (RspError when the target has no such process)."""
 
     def kill(self) -> None:
         """`k`: GDB asks the target to end (its session ends with it)."""
 
     # -- optional extensions --
+
+    def gdb_features(self, features: tuple[str, ...]) -> None:
+        """What GDB's qSupported offers (`fork-events+`, ...), at each connection: the target reports the events
+        GDB asked for (gdbserver: report_fork_events and the others)."""
 
     def support_register_writes(self) -> RegisterWrites | None:
         return None
@@ -299,12 +346,13 @@ class Breakpoints(ABC):
         cannot (GDB then falls back on its own, e.g. an int3 written with M/X)."""
 
     @abstractmethod
-    def insert_breakpoint(self, type: BreakpointType, address: int, kind: int) -> None:
-        """Set one; RspError refuses (GDB says it cannot insert the breakpoint)."""
+    def insert_breakpoint(self, type: BreakpointType, address: int, kind: int, thread: int | None = None) -> None:
+        """Set one; RspError refuses (GDB says it cannot insert the breakpoint). `thread`: the one GDB selected
+        (`Hg`), whose process's memory a process's breakpoint goes in; None: the target's first."""
 
     @abstractmethod
-    def remove_breakpoint(self, type: BreakpointType, address: int, kind: int) -> None:
-        """Remove one; removing one that is not set is no error."""
+    def remove_breakpoint(self, type: BreakpointType, address: int, kind: int, thread: int | None = None) -> None:
+        """Remove one (from `thread`'s process); removing one that is not set is no error."""
 
 
 

@@ -62,13 +62,16 @@ class ThreadHandlers:
         self.selection.multiprocess = "multiprocess+" in gdb_features and self.target.is_process()
 
     def thread_id(self, thread: int) -> bytes:
-        """A thread id as this session writes it: `TID`, or `pPID.TID` in multiprocess (remote.c: read_ptid)."""
-        pid = self.target.process_id() if self.selection.multiprocess else None
+        """A thread id as this session writes it: `TID`, or `pPID.TID` in multiprocess, PID its process's (remote.c:
+        read_ptid)."""
+        pid = self.target.process_of(thread) if self.selection.multiprocess else None
         return b"%x" % thread if pid is None else b"p%x.%x" % (pid, thread)
 
-    def process_suffix(self) -> bytes:
-        """What a `W`/`X` reply adds in multiprocess: `;process:PID`."""
-        pid = self.target.process_id() if self.selection.multiprocess else None
+    def process_suffix(self, process: int | None = None) -> bytes:
+        """What a `W`/`X` reply adds in multiprocess: `;process:PID`, of `process` (None: the target's)."""
+        if not self.selection.multiprocess:
+            return b""
+        pid = process if process is not None else self.target.process_id()
         return b"" if pid is None else b";process:%x" % pid
 
     def require(self, thread: int) -> int:
@@ -102,8 +105,13 @@ class ThreadHandlers:
     def set_thread(self, packet: c.SetThread) -> Reply:
         """GDB's remote.c: remote_target::set_general_thread (`Hg`) and set_continue_thread (`Hc`); the meaning of
         0 and -1 as gdbserver's process_serial_event gives it: `Hg0`/`Hg-1` ("any"/"all") keep the selected
-        thread, an id the target does not have is refused with E05 and changes nothing."""
+        thread, `Hgp<pid>.0` selects the first thread of that process, an id the target does not have is refused
+        with E05 and changes nothing."""
         thread = None if packet.thread in (c.ANY_THREAD, c.ALL_THREADS) else self.require(packet.thread)
+        if thread is None and packet.process and packet.op in ("g", "m"):  # (p0: any process, as GDB's null ptid)
+            thread = next((t for t in self.target.threads() if self.target.process_of(t) == packet.process), None)
+            if thread is None:
+                raise RspError(E_NO_THREAD, f"no process {packet.process:x}")
         if packet.op in ("g", "m"):
             if thread is not None:
                 self.selection.general = thread

@@ -3,8 +3,10 @@ program tests/programs/forks.c in every link mode against its native run (fork, 
 statuses, vfork, posix_spawn, SIGCHLD, an orphan, execve's and wait4's errors); the kernel's state after many forks
 (every frame of RAM back, no zombie left); its limits, the machine going on past them (a fork bomb stops at the
 process slots with EAGAIN, a fork with no RAM for the copy fails with ENOMEM); a zombie kept until its parent's
-wait; execve while other threads run; and a traced process whose fork child runs through the parent's breakpoint
-(the int3 taken out of the child's copy: machine/int3s.py, tracee.py)."""
+wait; execve while other threads run; a traced process whose fork child runs through the parent's breakpoint
+(the int3 taken out of the child's copy: machine/int3s.py, tracee.py); and the ptrace events a debugger asks for
+(fork, vfork and its end, exec: the stops, their messages, the traced child keeping the debugger's int3, an exec's
+old int3s forgotten)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from elftools.elf.elffile import ELFFile
 
 from kgtp_sim.client import VMLINUX
 from kgtp_sim.machine import KernelImage, Machine
+from kgtp_sim.machine import tracee as ptrace
+from kgtp_sim.machine.int3s import DEBUGGER
 from kgtp_sim.machine.process import EXIT_ZOMBIE, TASK_DEAD
 from kgtp_sim.programs import install_program
 
@@ -41,7 +45,7 @@ def machine():
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("forks")
-    return lambda mode: compile_program("forks", mode, out_dir)
+    return lambda mode, name="forks": compile_program(name, mode, out_dir)
 
 
 def run(machine, program, *args: str) -> tuple[int, bytes, int]:
@@ -190,4 +194,89 @@ def test_a_traced_process_fork_child_runs_through_its_parents_breakpoint(machine
     assert ended is not None and ended.status == 0, (ended, machine.written)
     assert bytes(machine.written) == b"parent work 1\nchild that ran work(): exited 7\n"
     assert (machine.ptrace.forks - forks, machine.ptrace.int3s_taken - taken) == (1, 1)
+    assert settled(machine) == []
+
+
+EVENTS = (ptrace.PTRACE_O_TRACEFORK | ptrace.PTRACE_O_TRACEVFORK | ptrace.PTRACE_O_TRACEVFORKDONE
+          | ptrace.PTRACE_O_TRACEEXEC)
+
+
+def _next_stop(machine, tracee, after):
+    """`tracee`'s next stop after serial `after` (None: it ended); SIGCHLD, the end of a child, passed on."""
+    while True:
+        stop = machine.ptrace.wait(tracee.pid, after, WAIT_S)
+        if stop is None or stop.event or stop.signal != SIGCHLD:
+            return stop
+        after = tracee.resume(signal=SIGCHLD)
+
+
+def test_with_fork_events_the_child_is_traced_stopped_and_keeps_the_debuggers_int3(machine, build):
+    """PTRACE_O_TRACEFORK: the parent stops at its fork (PTRACE_EVENT_FORK, the child's pid the message); the child
+    is traced, stopped quietly before its first instruction, with its parent's options; its copy keeps the
+    debugger's int3 at work(), held in its own space (the debugger takes it out or keeps it), none taken out; once
+    the debugger took it out and let the child go, it runs work() and ends as it should."""
+    program = build("glibc-static")
+    work = _symbol(program, "work")
+    inside = install_program(machine, program)
+    del machine.written[:]
+    taken = machine.ptrace.int3s_taken
+    tracee = machine.ptrace.spawn(inside, [inside, "work"])
+    assert tracee.set_options(EVENTS)
+    assert tracee.debugger_int3s([work], []) == [True]
+    stop = _next_stop(machine, tracee, tracee.resume())
+    assert (stop.signal, stop.event) == (SIGTRAP, ptrace.PTRACE_EVENT_FORK), stop
+    child_pid = tracee.event_message()
+    first = machine.ptrace.wait(child_pid, 0, WAIT_S)
+    assert first is not None and (first.signal, first.event) == (0, 0), first
+    child = ptrace.Tracee(machine.ptrace, child_pid, first.task)
+    assert child.registers()["rip"] == tracee.registers()["rip"]  # both after the fork's `syscall`
+    assert child.set_options(EVENTS)  # traced, as its parent
+    space = child.space()
+    assert machine.int3s.holders(space, work) == {DEBUGGER}
+    assert child.read_memory(work, 1) == b"\xcc" and child.read_memory(work, 1, hide_int3s=True) != b"\xcc"
+    assert machine.ptrace.int3s_taken == taken
+    child.debugger_int3s([], [work])
+    assert child.read_memory(work, 1) != b"\xcc"
+    child.detach()
+    tracee.debugger_int3s([], [work])
+    assert _next_stop(machine, tracee, tracee.resume()) is None
+    assert machine.processes.wait(tracee.pid, WAIT_S).status == 0
+    assert bytes(machine.written) == b"parent work 1\nchild that ran work(): exited 7\n"
+    assert settled(machine) == []
+
+
+def test_a_vfork_stops_its_parent_twice_and_an_exec_is_an_event(machine, build):
+    """PTRACE_EVENT_VFORK, then (the child detached, it execs) PTRACE_EVENT_VFORK_DONE of the waiting parent; a
+    traced child's exec is PTRACE_EVENT_EXEC at the new program's first instruction, its former tid the message,
+    and the int3s held in the old image's space are forgotten with it (that space is no longer the child's)."""
+    program = build("glibc-static", "execs")
+    image = _symbol(program, "image")
+    with open(program, "rb") as f:
+        entry = ELFFile(f).header["e_entry"]
+    inside = install_program(machine, program)
+    del machine.written[:]
+    tracee = machine.ptrace.spawn(inside, [inside, "vfork"])
+    assert tracee.set_options(EVENTS)
+    stop = _next_stop(machine, tracee, tracee.resume())
+    assert (stop.signal, stop.event) == (SIGTRAP, ptrace.PTRACE_EVENT_VFORK), stop
+    child_pid = tracee.event_message()
+    first = machine.ptrace.wait(child_pid, 0, WAIT_S)
+    child = ptrace.Tracee(machine.ptrace, child_pid, first.task)
+    assert child.debugger_int3s([image], []) == [True]
+    old = child.space()
+    after = child.resume()
+    exec_stop = machine.ptrace.wait(child_pid, after, WAIT_S)
+    assert (exec_stop.signal, exec_stop.event) == (SIGTRAP, ptrace.PTRACE_EVENT_EXEC), exec_stop
+    child = ptrace.Tracee(machine.ptrace, child_pid, exec_stop.task)
+    assert child.event_message() == child_pid
+    assert child.registers()["rip"] == entry
+    assert machine.int3s.holders(old, image) == frozenset()
+    assert child.space().root != old.root
+    child.detach()
+    stop = _next_stop(machine, tracee, tracee.resume())
+    assert (stop.signal, stop.event) == (SIGTRAP, ptrace.PTRACE_EVENT_VFORK_DONE), stop
+    assert tracee.event_message() == child_pid
+    assert _next_stop(machine, tracee, tracee.resume()) is None
+    assert machine.processes.wait(tracee.pid, WAIT_S).status == 0
+    assert bytes(machine.written) == b"image 0\nvfork child: exited 0\n"
     assert settled(machine) == []

@@ -83,8 +83,11 @@ static int exec_child(char **argv)
 	return atoi(argv[2]);
 }
 
+static volatile int works;	/* work()'s calls in this process (a RIP-relative load to trace fast) */
+
 __attribute__((noinline)) int work(int who)
 {
+	works++;	/* line:works */
 	return who * 2 + 1;	/* line:work */
 }
 

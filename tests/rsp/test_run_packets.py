@@ -14,10 +14,17 @@ def test_each_action_and_its_thread():
     assert VCont.parse(b"c").actions == (VContAction("c"),)
     assert VCont.parse(b"s:2;c").actions == (VContAction("s", 2), VContAction("c"))
     assert VCont.parse(b"C0f:1;S05:p1.2;c:-1").actions == (
-        VContAction("c", 1, signal=0xF), VContAction("s", 2, signal=5), VContAction("c", -1))
+        VContAction("c", 1, signal=0xF), VContAction("s", 2, signal=5, process=1), VContAction("c", -1))
     assert VCont.parse(b"rffffffff81001000,ffffffff81001040:3;c").actions == (
         VContAction("r", 3, start=0xFFFFFFFF81001000, end=0xFFFFFFFF81001040), VContAction("c"))
     assert VCont.parse(b"t:1").actions == (VContAction("t", 1),)
+
+
+def test_a_wildcard_of_one_process_keeps_the_process():
+    """GDB resumes one process of several (schedule-multiple off): `c:pPID.-1`, every thread of that one."""
+    assert VCont.parse(b"s:p64.64;c:p64.-1").actions == (
+        VContAction("s", 0x64, process=0x64), VContAction("c", -1, process=0x64))
+    assert VCont.parse(b"c:p-1.-1").actions == (VContAction("c", -1),)
 
 
 @pytest.mark.parametrize("body", [b"", b"x", b"c:", b"cc", b"s:zz", b"C", b"Cxyz", b"r1000", b"r1000,", b"c;;s",

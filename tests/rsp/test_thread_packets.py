@@ -9,12 +9,16 @@ from kgtp_sim.rsp.packets import connect as c
 from kgtp_sim.rsp.packets.base import PacketError
 
 
-@pytest.mark.parametrize(("body", "op", "thread"), [
-    (b"g1", "g", 1), (b"g2", "g", 2), (b"gA", "g", 10), (b"c-1", "c", -1), (b"g0", "g", 0), (b"c0", "c", 0),
-    (b"m3", "m", 3), (b"gp1.2", "g", 2), (b"gp1.-1", "g", -1), (b"gp1", "g", 0), (b"cp1.0", "c", 0),
+@pytest.mark.parametrize(("body", "op", "thread", "process"), [
+    (b"g1", "g", 1, None), (b"g2", "g", 2, None), (b"gA", "g", 10, None), (b"c-1", "c", -1, None),
+    (b"g0", "g", 0, None), (b"c0", "c", 0, None), (b"m3", "m", 3, None), (b"gp1.2", "g", 2, 1),
+    (b"gp1.-1", "g", -1, 1), (b"gp1", "g", 0, 1), (b"cp1.0", "c", 0, 1), (b"gp528f.528f", "g", 0x528F, 0x528F),
+    (b"cp-1.-1", "c", -1, None),
 ])
-def test_set_thread_reads_every_form_gdb_writes(body, op, thread):
-    assert c.SetThread.parse(body) == c.SetThread(op, thread)
+def test_set_thread_reads_every_form_gdb_writes(body, op, thread, process):
+    """The multiprocess form keeps the process it names (GDB selects a fork child's thread before it takes its
+    breakpoints out of it); `p-1` is every process."""
+    assert c.SetThread.parse(body) == c.SetThread(op, thread, process)
 
 
 @pytest.mark.parametrize("body", [b"", b"g", b"x1", b"gzz", b"g-2", b"g-", b"g1 ", b"gp", b"gp1.", b"gpz.1",

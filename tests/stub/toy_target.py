@@ -64,7 +64,7 @@ class ToyProcess(Target):
     def attached(self) -> bool:
         return False  # started by the stub, as `gdbserver :port prog` starts it
 
-    def detach(self) -> None:
+    def detach(self, process: int | None = None) -> None:
         self.detached = True
 
     def kill(self) -> None:
@@ -106,12 +106,14 @@ class ToyTarget(ToyProcess, RegisterWrites, MemoryWrites, Resume, Breakpoints):
     def supports(self, type: BreakpointType) -> bool:
         return type == BreakpointType.SOFTWARE
 
-    def insert_breakpoint(self, type: BreakpointType, address: int, kind: int) -> None:
+    def insert_breakpoint(self, type: BreakpointType, address: int, kind: int,
+                          thread: int | None = None) -> None:
         if not BASE <= address < BASE + SIZE:
             raise RspError(E_MEMORY, f"no code at {address:#x}")
         self.breakpoints.add(address)
 
-    def remove_breakpoint(self, type: BreakpointType, address: int, kind: int) -> None:
+    def remove_breakpoint(self, type: BreakpointType, address: int, kind: int,
+                          thread: int | None = None) -> None:
         self.breakpoints.discard(address)
 
     # ---- run control ----

@@ -47,16 +47,28 @@ def parse_thread_id(text: bytes, what: str = "thread id") -> int:
     """A thread id as GDB writes it (remote.c: write_ptid): hex, `-1` (all threads) or `0` (any thread); the
     multiprocess form `p<pid>.<tid>` gives its thread part (`p<pid>` alone: any thread of that process). Any other
     negative number is malformed."""
+    return parse_ptid(text, what)[1]
+
+
+def parse_ptid(text: bytes, what: str = "thread id") -> tuple[int | None, int]:
+    """A thread id with the process it names: (PID, thread) for the multiprocess form `p<pid>.<tid>` (`p<pid>` alone
+    is (PID, any thread); `p<pid>.-1`, all threads of that process; a pid of -1, every process: None), (None,
+    thread) for the plain form. The thread as `parse_thread_id` gives it."""
+    process = None
     if text.startswith(b"p"):
         pid, dot, tid = text[1:].partition(b".")
-        parse_signed_hex(pid, "process id")
+        process = parse_signed_hex(pid, "process id")
+        if process < ALL_THREADS:
+            raise PacketError(f"process id: {process} is neither a process nor -1")
+        if process == ALL_THREADS:
+            process = None
         if not dot:
-            return ANY_THREAD
+            return process, ANY_THREAD
         text = tid
     value = parse_signed_hex(text, what)
     if value < ALL_THREADS:
         raise PacketError(f"{what}: {value} is neither a thread nor -1")
-    return value
+    return process, value
 
 
 @dataclass(frozen=True)
@@ -67,12 +79,15 @@ class SetThread(Packet):
     PREFIX = b"H"
     op: str = "g"
     thread: int = 0
+    #: multiprocess (`Hgp<pid>.<tid>`): the process named, None for the plain form
+    process: int | None = None
 
     @classmethod
     def parse(cls, body: bytes) -> Self:
         if len(body) < 2 or body[:1] not in (b"g", b"c", b"m"):
             raise PacketError("H: expected Hg<thread> or Hc<thread>")
-        return cls(body[:1].decode(), parse_thread_id(body[1:]))
+        process, thread = parse_ptid(body[1:])
+        return cls(body[:1].decode(), thread, process)
 
 
 @dataclass(frozen=True)
@@ -152,13 +167,17 @@ class SymbolLookup(Packet):
 
 @dataclass(frozen=True)
 class Detach(Packet):
+    """`D`, or `D;PID` in multiprocess: detach from that one process (remote.c: remote_detach_pid; a fork child GDB
+    does not follow goes that way)."""
+
     PREFIX = b"D"
+    pid: int | None = None
 
     @classmethod
     def parse(cls, body: bytes) -> Self:
         if body and not body.startswith(b";"):
             raise PacketError("D: unexpected arguments")
-        return cls()
+        return cls(parse_hex(body[1:], "process id") if body[1:] else None)
 
 
 @dataclass(frozen=True)

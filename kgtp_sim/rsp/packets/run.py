@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Self
 
 from .base import Packet, PacketError, parse_hex, parse_hex_bytes, split_exact
-from .connect import ALL_THREADS, parse_thread_id
+from .connect import ALL_THREADS, parse_ptid
 
 #: the actions of a vCont packet (gdbserver: server.cc handle_v_cont)
 CONTINUE, STEP, STOP, RANGE = "c", "s", "t", "r"
@@ -36,13 +36,15 @@ class VContQuery(Packet):
 @dataclass(frozen=True)
 class VContAction:
     """One action: `kind` is c (continue), s (step), t (stop) or r (step while the PC is in [start, end)); C and S
-    are c and s with a signal. `thread` is the one it names, -1 (all threads) when it names none."""
+    are c and s with a signal. `thread` is the one it names, -1 (all threads) when it names none; `process` the
+    process a multiprocess id names (`c:p<pid>.-1`: every thread of that process), None for every process."""
 
     kind: str
     thread: int = ALL_THREADS
     signal: int = 0
     start: int = 0
     end: int = 0
+    process: int | None = None
 
 
 @dataclass(frozen=True)
@@ -59,21 +61,21 @@ class VCont(Packet):
             action, colon, thread = text.partition(b":")
             if colon and not thread:
                 raise PacketError("vCont: empty thread id")
-            actions.append(_action(action, parse_thread_id(thread) if colon else ALL_THREADS))
+            actions.append(_action(action, *(parse_ptid(thread) if colon else (None, ALL_THREADS))))
         return cls(tuple(actions))
 
 
-def _action(text: bytes, thread: int) -> VContAction:
+def _action(text: bytes, process: int | None, thread: int) -> VContAction:
     kind, rest = text[:1].decode("latin-1"), text[1:]
     if kind in (CONTINUE, STEP, STOP):
         if rest:
             raise PacketError(f"vCont: unexpected {rest[:16]!r} after {kind}")
-        return VContAction(kind, thread)
+        return VContAction(kind, thread, process=process)
     if kind in ("C", "S"):
-        return VContAction(kind.lower(), thread, signal=parse_hex(rest, "signal", bits=8))
+        return VContAction(kind.lower(), thread, signal=parse_hex(rest, "signal", bits=8), process=process)
     if kind == RANGE:
         start, end = (parse_hex(value, "range") for value in split_exact(rest, b",", 2, "vCont;r"))
-        return VContAction(RANGE, thread, start=start, end=end)
+        return VContAction(RANGE, thread, start=start, end=end, process=process)
     raise PacketError(f"vCont: unknown action {text[:16]!r}")
 
 

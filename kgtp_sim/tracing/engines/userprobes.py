@@ -38,9 +38,16 @@ runs the hit there and lets the step go on through the pad, so it ends after the
 step of the original instruction would have ended. A jump in code the program has unmapped since (a library it
 closed while the trace ran) is not written back over at removal: the pages went with the library.
 
+A fork copies the program's memory, probes and pads included: the machine takes the int3s out of the child's copy
+(machine/int3s.py), and the jumps go too (`forked`, told by the machine while sites are in), so a fork child never
+gets the run's tracepoints: it runs its instructions and collects nothing, as gdbserver's fork child gets no fast
+tracepoint jumps. An exec replaces the program's memory: its sites are forgotten (`gone`), never written again
+(the space's tables may soon be another's); their locations stay in the run, hitting nothing.
+
 Owns the program's int3 sites (address -> the byte they replace, the locations sharing them), and which task last
 stopped at its breakpoint over one. Runs on the CPU
-thread: install and remove under the tracer's run changes, the handlers inside the int3 and #DB hooks.
+thread: install and remove under the tracer's run changes, the handlers inside the int3 and #DB hooks, the fork and
+exec notices inside the kernel's port write.
 """
 
 from __future__ import annotations
@@ -111,6 +118,7 @@ class ProgramProbes:
             site = self.sites[address] = _Site(bytes([under]))
             site.out_of_line = self._out_of_line(item, address)
             self.machine.breakpoints[address] = lambda uc, site=site, address=address: self._hit(uc, address, site)
+        self._watch()
         if site.pad and item.tracepoint.step_count:
             raise TraceError(f"tracepoint {item.tracepoint.number} at {address:#x}: while-stepping needs "
                              "single-stepping, and the fast tracepoint here runs its instruction in a jump pad")
@@ -147,6 +155,7 @@ class ProgramProbes:
         if not self._live_pads and cpu.debug_trap != self._debug_trap:
             self._previous_trap, cpu.debug_trap = cpu.debug_trap, self._debug_trap
         self._live_pads[pad] = (self._pad_ends[pad], site)
+        self._watch()
         self._write(space, address, jump(address, pad))
         item.site = ProbeSite(address, "(program)", "jump", (insn,), original)
         item.out_of_line = pad + len(INT3)
@@ -206,6 +215,7 @@ class ProgramProbes:
         if site.items:
             return
         del self.sites[address]
+        self._watch()
         if site.pad:  # the jump out; the pad stays (a thread may still be in it)
             self.machine.breakpoints.pop(site.pad, None)
             self._live_pads.pop(site.pad, None)
@@ -232,6 +242,43 @@ class ProgramProbes:
         except MemoryFault:
             return False
         return self.int3s.hide(space, address, code) == jump(address, pad)
+
+    # ---- forks and execs of the program (machine/int3s.py's watchers) ----------------------------------
+
+    def _watch(self) -> None:
+        """Told of forks and execs while any site is in."""
+        watching = self in self.int3s.watchers
+        if self.sites and not watching:
+            self.int3s.watchers.append(self)
+        elif not self.sites and watching:
+            self.int3s.watchers.remove(self)
+
+    def _in(self, site: _Site, space: Any) -> bool:
+        return bool(site.items) and site.items[0].space.root == space.root
+
+    def forked(self, parent: Any, child: Any) -> None:
+        """A fork copied the program's memory into `child` (not run yet): its fast tracepoints' jumps out of the copy
+        (the int3s are the machine's to take out); the pads stay there, unused."""
+        for address, site in self.sites.items():
+            if site.pad and self._in(site, parent):
+                self.int3s.write(child, address, site.original)
+
+    def gone(self, space: Any) -> None:
+        """The program's space is going (it exec'd): its sites forgotten, nothing of them written again."""
+        for address, site in list(self.sites.items()):
+            if not self._in(site, space):
+                continue
+            del self.sites[address]
+            self.machine.breakpoints.pop(site.pad or address, None)
+            self._reported.pop(address, None)
+            if site.pad:
+                self._live_pads.pop(site.pad, None)
+                self._pad_ends.pop(site.pad, None)
+        cpu = self.machine.cpu
+        if not self._live_pads and cpu.debug_trap == self._debug_trap:
+            cpu.debug_trap, self._previous_trap = self._previous_trap, None
+        self._pads = {key: pad for key, pad in self._pads.items() if key[0] != space.root}
+        self._watch()
 
     # ---- the CPU thread, inside emulation ---------------------------------------------------------------
 
