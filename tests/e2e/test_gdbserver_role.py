@@ -199,7 +199,12 @@ def run_session(gdb: GdbClient, program: Path, port: int | str, commands: list[s
     """GDB in batch mode on `program`, attached to the server on `port` (or `target remote PORT`'s text: `| COMMAND`
     for a server on a pipe), running `commands` from a command file; everything it printed."""
     where = f"127.0.0.1:{port}" if isinstance(port, int) else port
-    lines = ["set pagination off", "set confirm off", "set width 0", *QUIET, f"target remote {where}", *commands]
+    # a server on a pipe boots its machine and starts the program before it reads GDB's first packet: under a
+    # loaded suite that took more than GDB's 2 s remotetimeout (1 to 10 s measured), and GDB's resent qSupported
+    # then read the first one's reply as its own
+    patience = ["set remotetimeout 30"] if isinstance(port, str) else []
+    lines = ["set pagination off", "set confirm off", "set width 0", *QUIET, *patience, f"target remote {where}",
+             *commands]
     with command_file(lines) as script:
         gdb_process = subprocess.Popen(batch_argv(gdb, "-x", str(script), program=program), stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, text=True, env=gdb_environment(), cwd=ROOT)
