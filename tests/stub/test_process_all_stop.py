@@ -13,15 +13,13 @@ from __future__ import annotations
 import threading
 
 import pytest
-from elftools.elf.elffile import ELFFile
 
-from kgtp_sim.client import VMLINUX
-from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.programs import install_program
 from kgtp_sim.stub.process import ProcessTarget
 from kgtp_sim.stub.target import BreakpointType, Exited, ResumeAction, Running, Signal
 
 from ..programs import compile_program
+from .processes import started_machine, symbol
 
 WAIT_S = 60
 SIGTRAP = 5
@@ -29,17 +27,7 @@ SIGTRAP = 5
 
 @pytest.fixture(scope="module")
 def machine():
-    machine = Machine(KernelImage.load(VMLINUX), cpus=1)
-    machine.written = bytearray()
-    machine.processes.sink = lambda fd, data: machine.written.extend(data) if fd == 1 else None
-    machine.start()
-    yield machine
-    machine.shutdown()
-
-
-def _symbol(program, name: str) -> int:
-    with open(program, "rb") as f:
-        return ELFFile(f).get_section_by_name(".symtab").get_symbol_by_name(name)[0]["st_value"]
+    yield from started_machine(cpus=1)
 
 
 def _wait_stop(target: ProcessTarget):
@@ -55,7 +43,7 @@ def _wait_stop(target: ProcessTarget):
 
 def test_a_stop_waits_for_the_threads_the_process_made_that_have_not_stopped_at_their_start(machine, tmp_path):
     program = compile_program("workers", "glibc-static", tmp_path)  # not PIE: pthread_join where its symbol says
-    join = _symbol(program, "pthread_join")
+    join = symbol(program, "pthread_join")
     inside = install_program(machine, program)
     del machine.written[:]
     ptrace = machine.ptrace

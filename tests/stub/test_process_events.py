@@ -12,8 +12,6 @@ from __future__ import annotations
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from kgtp_sim.client import VMLINUX
-from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.machine.int3s import DEBUGGER
 from kgtp_sim.programs import install_program
 from kgtp_sim.rsp.dispatch import RspError
@@ -22,6 +20,7 @@ from kgtp_sim.stub.process import ProcessTarget
 from kgtp_sim.stub.target import BreakpointType, Execd, Exited, Forked, ResumeAction, Running, Signal
 
 from ..programs import compile_program
+from .processes import started_machine, symbol
 
 WAIT_S = 60
 GDB_SIGCHLD = 20  #: GDB's number for SIGCHLD (gdb/signals.def)
@@ -30,17 +29,7 @@ EVENTS = ("multiprocess+", "fork-events+", "vfork-events+", "exec-events+")
 
 @pytest.fixture(scope="module")
 def machine():
-    machine = Machine(KernelImage.load(VMLINUX), cpus=2)
-    machine.written = bytearray()
-    machine.processes.sink = lambda fd, data: machine.written.extend(data) if fd == 1 else None
-    machine.start()
-    yield machine
-    machine.shutdown()
-
-
-def _symbol(program, name: str) -> int:
-    with open(program, "rb") as f:
-        return ELFFile(f).get_section_by_name(".symtab").get_symbol_by_name(name)[0]["st_value"]
+    yield from started_machine(cpus=2)
 
 
 def _started(machine, program, *args: str) -> Inferior:
@@ -75,7 +64,7 @@ def _continue(inferior: Inferior, process: int):
 
 def test_a_kept_fork_child_is_a_process_of_its_own(machine, tmp_path):
     program = compile_program("forks", "glibc-static", tmp_path)  # not PIE: work() where its symbol says
-    work = _symbol(program, "work")
+    work = symbol(program, "work")
     inferior = _started(machine, program, "work")
     parent = inferior.process.pid
     inferior.insert_breakpoint(BreakpointType.SOFTWARE, work, 1, thread=parent)
@@ -111,7 +100,7 @@ def test_a_kept_fork_child_is_a_process_of_its_own(machine, tmp_path):
 
 def test_an_exec_makes_the_process_anew_and_tells_the_listeners(machine, tmp_path):
     program = compile_program("execs", "glibc-static", tmp_path)
-    image = _symbol(program, "image")
+    image = symbol(program, "image")
     with open(program, "rb") as f:
         entry = ELFFile(f).header["e_entry"]
     inferior = _started(machine, program, "1")

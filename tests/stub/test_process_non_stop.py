@@ -6,15 +6,13 @@ and the process's end is told once (tests/programs/workers.c: three threads call
 from __future__ import annotations
 
 import pytest
-from elftools.elf.elffile import ELFFile
 
-from kgtp_sim.client import VMLINUX
-from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.programs import install_program
 from kgtp_sim.stub.process import ProcessTarget
 from kgtp_sim.stub.target import BreakpointType, Exited, ResumeAction, Signal
 
 from ..programs import compile_program
+from .processes import started_machine, symbol
 
 WAIT_S = 60
 SIGTRAP = 5
@@ -22,17 +20,7 @@ SIGTRAP = 5
 
 @pytest.fixture(scope="module")
 def machine():
-    machine = Machine(KernelImage.load(VMLINUX), cpus=2)
-    machine.written = bytearray()
-    machine.processes.sink = lambda fd, data: machine.written.extend(data) if fd == 1 else None
-    machine.start()
-    yield machine
-    machine.shutdown()
-
-
-def _symbol(program, name: str) -> int:
-    with open(program, "rb") as f:
-        return ELFFile(f).get_section_by_name(".symtab").get_symbol_by_name(name)[0]["st_value"]
+    yield from started_machine(cpus=2)
 
 
 def _next_events(target: ProcessTarget) -> list:
@@ -48,7 +36,7 @@ def _next_events(target: ProcessTarget) -> list:
 
 def test_each_thread_stops_on_its_own(machine, tmp_path):
     program = compile_program("workers", "glibc-static", tmp_path)  # not PIE: work() where its symbol says
-    work, counter = _symbol(program, "work"), _symbol(program, "counter")
+    work, counter = symbol(program, "work"), symbol(program, "counter")
     inside = install_program(machine, program)
     del machine.written[:]
     target = ProcessTarget(machine.ptrace.spawn(inside, [inside]), exec_path=inside)
