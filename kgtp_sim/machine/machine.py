@@ -392,7 +392,9 @@ class Machine:
         No timer interrupt is injected meanwhile, so the run is deterministic (the benchmark relies on it);
         with `max_instructions`, instructions are counted for the call's duration (see `set_counting`);
         exceptions are still delivered through the IDT. The CPU state is restored afterwards; memory is not.
-        On a started machine the kernel pauses for the duration of the call.
+        On a started machine the kernel pauses for the duration of the call, wherever it was, and the call runs
+        as the task it paused: a function that takes a lock that task holds spins on it and never returns (make
+        such calls from `run_on_cpu` once the lock is seen free there, as tests/machine/test_tlb_flush_memory.py).
         """
         address = self.image.address_of(target) if isinstance(target, str) else target
         if len(args) > len(ARGUMENT_REGISTERS):
