@@ -28,3 +28,23 @@ def test_a_trampoline_kept_by_a_stack_keeps_the_one_it_returns_to():
     machine.write_memory(word, caller.to_bytes(8, "little"))  # that call returned
     retired.release()
     assert retired.regions == []
+
+
+def test_a_detour_kept_by_a_stack_keeps_the_link_it_jumps_to():
+    """A detour of a chain (several locations at one address) goes on to its link by `jmp rel32`, not through an
+    absolute word: the link stays while the detour does, and goes with it."""
+    from kgtp_sim.tracing.patching.probes import jump
+
+    machine = Machine(IMAGE)
+    link, detour = machine.alloc_code(0x20), machine.alloc_code(0x40)
+    machine.write_memory(detour, b"\x90" * 8 + jump(detour + 8, link))
+    word = IMAGE.address_of("jiffies")  # a task's saved RIP inside the detour
+    machine.write_memory(word, (detour + 4).to_bytes(8, "little"))
+    retired = RetiredCode(machine)
+    retired.add([(link, link + 0x20), (detour, detour + 0x40)])
+    retired.release()
+    assert sorted(retired.regions) == sorted([(link, link + 0x20), (detour, detour + 0x40)])
+    assert machine.alloc_code(0x20) not in (link, detour)  # neither is free for the next allocation
+    machine.write_memory(word, bytes(8))  # that task went on
+    retired.release()
+    assert retired.regions == []

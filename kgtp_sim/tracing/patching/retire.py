@@ -32,10 +32,23 @@ def stacks_point_into(machine: Machine, uc: Uc, low: int, high: int) -> bool:
     return False
 
 
-def _words(uc: Uc, low: int, high: int) -> list[int]:
-    """Every 8-byte word at any byte offset of [low, high) (an immediate need not be aligned)."""
+def _targets(uc: Uc, low: int, high: int) -> list[int]:
+    """Every address the code in [low, high) may go to: each 8-byte word at any byte offset (an absolute target,
+    as a chain link's or a trampoline's immediate, need not be aligned), and the target of each `jmp rel32`,
+    `call rel32` and `jcc rel32` read at any byte offset (a detour of a chain goes on to its link by a relative
+    jump). Read at every offset, so a byte that only looks like an opcode adds a target too: a region kept for
+    it is only freed later, never too early."""
     data = bytes(uc.mem_read(low, high - low))
-    return [int.from_bytes(data[at:at + 8], "little") for at in range(len(data) - 7)]
+    targets = [int.from_bytes(data[at:at + 8], "little") for at in range(len(data) - 7)]
+    for at in range(len(data) - 4):
+        if data[at] in (0xE8, 0xE9):
+            end = at + 5
+        elif data[at] == 0x0F and 0x80 <= data[at + 1] <= 0x8F and at + 6 <= len(data):
+            end = at + 6
+        else:
+            continue
+        targets.append(low + end + int.from_bytes(data[end - 4:end], "little", signed=True))
+    return targets
 
 
 def in_use(machine: Machine, uc: Uc, low: int, high: int) -> bool:
@@ -57,13 +70,14 @@ class RetiredCode:
         """Free what nothing can reach any more; keep the rest for a later call (between runs). Retired code
         kept reaches code too: a return probe's trampoline returns to the address in its own immediate, which is
         another trampoline when two return probes caught one call (kret.py), so a region that a kept region's
-        code points into is kept as well."""
+        code points into is kept as well, and so is one it jumps to: a detour of a chain (several locations at
+        one address) goes on by a relative jump to its link, a region of its own."""
 
         def still_reachable(uc: Uc) -> list[tuple[int, int]]:
             kept = [(low, high) for low, high in self.regions if in_use(self.machine, uc, low, high)]
             waiting = [region for region in self.regions if region not in kept]
             while waiting:
-                words = [word for low, high in kept for word in _words(uc, low, high)]
+                words = [word for low, high in kept for word in _targets(uc, low, high)]
                 reached = [(low, high) for low, high in waiting if any(low <= word < high for word in words)]
                 if not reached:
                     break
