@@ -11,6 +11,7 @@ import argparse
 import logging
 import random
 import time
+import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -62,6 +63,10 @@ def run_one(runners: Runners, c: Combination) -> Outcome:
         runner.healthy(c.cpus)
     except (CombinationFailure, FuzzFailure, AssertionError) as failure:
         problems = [f"{type(failure).__name__}: {failure}"]
+    except Exception as failure:  # noqa: BLE001 - the harness' own error is a failure too; the walk goes on
+        where = traceback.extract_tb(failure.__traceback__)[-1]
+        problems = [f"{type(failure).__name__} in the harness ({where.filename.rsplit('/', 1)[-1]}:{where.lineno}): "
+                    f"{failure}"]
     if problems:
         console = runner.console_tail(c.cpus)
         if any(word in console for word in ("panic", "Oops", "BUG", "general protection")):

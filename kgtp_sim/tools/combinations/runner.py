@@ -313,6 +313,8 @@ class Driver:
 
     def _registers(self, h: Harness) -> dict[str, int | None]:
         reply = self._one(h, b"g")
+        if not re.fullmatch(rb"(?:[0-9a-fx]{2})+", reply) or len(reply) < 16 * len(_GENERAL):
+            raise CombinationFailure(f"g answered {reply[:80]!r}")
         return {name: _little(reply[16 * i: 16 * i + 16]) for i, name in enumerate(_GENERAL)}
 
     def _status(self, h: Harness) -> dict[str, str]:
