@@ -143,7 +143,8 @@ class DebugRegisters:
         self.replays = 0  #: instructions replayed (a data trap each)
         self._engaged = False  # the slow-path hook is in, the #DB and after-run handlers are ours
         self._sentinel: int | None = None
-        self._previous_trap = None
+        self._previous_trap = None  # the #DB handler before ours in the CPU's chain (Cpu.debug_trap)
+        self._chained = False  # ours is in that chain (on top, or under a handler put over it since)
         self._previous_after_run = None
         self._flush_due = False
         self._retire_due: list[int] = []  # hooks to delete at the next safe point (never from inside one of them)
@@ -237,7 +238,9 @@ class DebugRegisters:
         self._engaged = True
         uc = self.uc
         self._sentinel = uc.hook_add(UC_HOOK_MEM_WRITE, lambda *_: None, None, _NOWHERE, _NOWHERE)
-        self._previous_trap, self.cpu.debug_trap = self.cpu.debug_trap, self._on_debug_trap
+        if not self._chained:  # (still in the chain since the last run, under a handler that came after us)
+            self._previous_trap, self.cpu.debug_trap = self.cpu.debug_trap, self._on_debug_trap
+            self._chained = True
         if self.cpu.after_run != self._after_run:  # still ours when the last run did not end since disengaging
             self._previous_after_run, self.cpu.after_run = self.cpu.after_run, self._after_run
         self._flush(now=True)  # code translated before runs no load or store through the hooks
@@ -250,7 +253,13 @@ class DebugRegisters:
         if self._sentinel is not None:
             self._retire(self._sentinel)
             self._sentinel = None
-        self.cpu.debug_trap = self._previous_trap
+        # The #DB handlers form a chain, each keeping the one before it (the tracer's step in place, while-stepping
+        # and fast tracepoints' pads put theirs over ours while a step is under way). Ours leaves the chain only
+        # from its top; under another it stays, passing every trap on, until it is on top again: taking the
+        # chain back to ours' predecessor there would drop the handler above, whose single step's #DB would then
+        # reach the kernel as a stray SIGTRAP for a traced program.
+        if self.cpu.debug_trap == self._on_debug_trap:
+            self.cpu.debug_trap, self._chained = self._previous_trap, False
         self._flush()
         self._safe_point()
 

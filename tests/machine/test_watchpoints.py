@@ -206,3 +206,25 @@ def test_an_instruction_qemu_runs_in_a_helper_traps_at_the_access():
     DebugRegisters(machine.cpu).set(0, frame, 8, READ_WRITE, _recorder(machine, seen))
     assert machine.call(code) == 0x2A
     assert [(s[0], s[1]["rip"]) for s in seen] == [(0, back - 2)]
+
+
+def test_clearing_under_a_later_single_step_handler_keeps_that_handler():
+    """The tracer puts its #DB handler over the machine's while it steps an instruction in place (a program's int3
+    tracepoint), keeping ours to pass other traps to. A tstop that clears the watches while that step is under way
+    (the run stopped between the int3 and its step) must not take the chain back under it: the step's #DB would
+    reach the kernel, which gives a traced program a SIGTRAP nobody asked for."""
+    machine = _machine()
+    registers = DebugRegisters(machine.cpu)
+    registers.set(0, COUNTER, 4, WRITE, lambda uc, slot: None)
+    ours = machine.cpu.debug_trap
+    stepped = []
+    machine.cpu.debug_trap = lambda uc: stepped.append(uc)  # the step in place's handler, over ours
+    registers.clear_all()
+    assert machine.cpu.debug_trap is not ours and machine.cpu.debug_trap is not None
+    machine.cpu.debug_trap(machine.cpu.uc)
+    assert len(stepped) == 1
+    machine.cpu.debug_trap = ours  # that handler leaves, putting back the one it kept
+    registers.set(1, JIFFIES, 8, WRITE, lambda uc, slot: None)  # watches again: no cycle in the chain
+    assert machine.cpu.debug_trap == ours and registers._previous_trap is None
+    registers.clear_all()
+    assert machine.cpu.debug_trap is None
