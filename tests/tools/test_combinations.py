@@ -313,3 +313,20 @@ def test_a_failure_on_a_kernel_that_said_something_reports_its_console():
     assert outcome.problems[0].startswith("CombinationFailure: waited 60s"), outcome.problems
     assert "Kernel panic - not syncing: stray int3" in outcome.problems[-1], outcome.problems
     assert runner.retired == [1]
+
+
+def test_a_wrapped_circular_buffer_keeps_the_last_hits_of_a_pass_count():
+    """A process's circular buffer is gdbserver's, 4 KiB here: three hits with large frames wrap it and the first
+    hit's frames go. The calls kept are then the pass count's last ones, none missing between them."""
+    counted = replace(P, buffer="circular", passcount=3)
+
+    def run(values: list[int], created: int) -> Observed:
+        seen = _process_run(values, last=110, hits=3)
+        seen.status = {"tpasscount": "1", "tframes": "2", "tcreated": "%x" % created, "running": "0"}
+        for frame in seen.frames:  # the oldest ones gone: the kept frames' sequence numbers are the last ones
+            frame.sequence += created - len(values)
+        return seen
+
+    assert check(counted, run([101, 102], 3), PROGRAM) == []
+    assert any("the first ones of the run" in p for p in check(counted, run([101, 102], 2), PROGRAM))  # no wrap
+    assert any("the last ones" in p for p in check(counted, run([100, 102], 3), PROGRAM))  # a gap
