@@ -220,3 +220,42 @@ def test_a_hit_in_one_space_that_ends_the_run_takes_the_other_spaces_probes_out(
     assert status.startswith(b"T0;" + (b"tfull:" if ender == "kernel" else b"tpasscount:1")), status
     assert after > before
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_thread_that_took_a_fast_tracepoints_jump_before_its_removal_goes_back_to_the_instruction(program):
+    """A thread switched out between a fast tracepoint's jump and its pad's int3 comes back to the pad after the
+    run took the jump out: it goes on at the instruction's own place (as a removed uprobe's int3 under a thread),
+    so its call is made and counted, and the program gets no SIGTRAP (the int3 once reached the kernel, whose
+    #BP gave the traced program one: GDB saw T05 for its Ctrl-C)."""
+    binary, symbols = program
+    function, counter = symbols["counted_function"], symbols["counter"]
+    gdb = Gdb(binary, cpus=2)
+    try:
+        assert gdb.run_a_while(0.3).startswith(b"T02")
+        gdb.ok(b"QTinit")
+        gdb.ok(b"QTDP:1:%x:E:0:0:F7-" % function)
+        gdb.ok(b"QTDP:-1:%x:M-1,%x,4" % (function, counter))
+        gdb.ok(b"QTStart")
+        assert gdb.run_a_while(0.1).startswith(b"T02")
+        pad = gdb.server.tracer.probes.installed[(1, function)].out_of_line - 1
+        thread = gdb.ask(b"qfThreadInfo")[1:].split(b",")[-1]  # (no multiprocess ids in this session)
+        gdb.ok(b"Hg%s" % thread)
+        # as if the thread had called counted_function and taken the jump, then been switched out before the pad's
+        # int3: the return address pushed, and no system call restarted (orig_rax -1, as GDB's inferior calls)
+        regs = gdb.ask(b"g")
+        rip, rsp = (int.from_bytes(bytes.fromhex(regs[16 * n:16 * n + 16].decode()), "little") for n in (16, 7))
+        gdb.ok(b"M%x,8:%s" % (rsp - 8, rip.to_bytes(8, "little").hex().encode()))  # (stopped after a syscall)
+        for number, value in ((7, rsp - 8), (0x39, (1 << 64) - 1), (0x10, pad)):  # rsp, orig_rax, rip
+            gdb.ok(b"P%x=%s" % (number, value.to_bytes(8, "little").hex().encode()))
+        assert gdb.u32(counter) is not None
+        gdb.ok(b"QTStop")
+        before = gdb.u32(counter)
+        stop = gdb.run_a_while(0.2)
+        after = gdb.u32(counter)
+        regs = gdb.ask(b"g")
+        where = [hex(int.from_bytes(bytes.fromhex(regs[16 * n:16 * n + 16].decode()), "little")) for n in (16, 7)]
+        assert gdb.server.machine.stats(count=False).state != "crashed"
+    finally:
+        gdb.close()
+    assert stop.startswith(b"T02"), (stop, where, hex(pad), hex(rip), hex(rsp), hex(function))
+    assert after > before

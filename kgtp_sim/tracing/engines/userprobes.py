@@ -217,7 +217,10 @@ class ProgramProbes:
         del self.sites[address]
         self._watch()
         if site.pad:  # the jump out; the pad stays (a thread may still be in it)
-            self.machine.breakpoints.pop(site.pad, None)
+            # a thread that took the jump and was switched out before the pad's int3 goes back to the
+            # instruction's own place when it comes (as a uprobe's int3 removed under a thread): no probe there now
+            root, pad = item.space.root, site.pad
+            self.machine.breakpoints[pad] = lambda uc: self._dead_pad(uc, root, pad, address)
             self._live_pads.pop(site.pad, None)
             cpu = self.machine.cpu
             if not self._live_pads and cpu.debug_trap == self._debug_trap:
@@ -231,6 +234,16 @@ class ProgramProbes:
         if self.int3s.release(item.space, address, TRACER) and (self._stepping is None or
                                                                 self._stepping[0] != address):
             self._drop_code(self.machine.cpu.uc, item.space, address)
+
+    def _dead_pad(self, uc: Uc, root: int, pad: int, address: int) -> None:
+        """The int3 of a pad whose jump was taken out, reached by a thread that jumped there before: on at the
+        probed instruction's own address (its original bytes, or whatever probe is there now). Another space's
+        int3 at that address is the kernel's #BP, as without us."""
+        if uc.reg_read(X.UC_X86_REG_CS) & 3 and uc.reg_read(X.UC_X86_REG_CR3) & ~0xFFF == root:
+            uc.reg_write(X.UC_X86_REG_RIP, address)
+            return
+        uc.reg_write(X.UC_X86_REG_RIP, pad + len(INT3))
+        self.machine.cpu.deliver(3)
 
     def _jump_there(self, space: Any, address: int, pad: int) -> bool:
         """Whether the program's memory at `address` still holds the jump to `pad` (a debugger's int3 over part of
@@ -277,6 +290,9 @@ class ProgramProbes:
         cpu = self.machine.cpu
         if not self._live_pads and cpu.debug_trap == self._debug_trap:
             cpu.debug_trap, self._previous_trap = self._previous_trap, None
+        for key, pad in self._pads.items():
+            if key[0] == space.root:  # the pads went with the space: no handler of theirs stays
+                self.machine.breakpoints.pop(pad, None)
         self._pads = {key: pad for key, pad in self._pads.items() if key[0] != space.root}
         self._watch()
 
