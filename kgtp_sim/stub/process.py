@@ -69,6 +69,9 @@ _NEW_THREAD_S = 2.0
 _LINUX_XML = amd64.LINUX.target_xml().encode()
 
 
+#: signals a breakpoint may raise, reported to GDB even when it passes them (linux_wstatus_maybe_breakpoint)
+_MAYBE_BREAKPOINT = frozenset((4, 5, 11))  # SIGILL, SIGTRAP, SIGSEGV (GDB's numbers)
+
 class ProcessView:
     """The live process as a trace frame's view reads what the frame did not collect (read-only memory)."""
 
@@ -610,8 +613,11 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
             type, address = hit
             return (Signal(signal, tid, hwbreak=True) if type == BreakpointType.HARDWARE else
                     Signal(signal, tid, watch=DataAccess(type, address)))
-        if signal in self.pass_signals and signal != SIGTRAP:  # straight to the program, GDB not told
-            self._go(thread, thread.stepping, linux_signal)
+        # straight to the program, GDB not told (gdbserver's linux-low wait_1): never to a thread GDB steps, which
+        # GDB must hear of (it runs the handler with a step-resume breakpoint, not stepped), nor a signal that may
+        # be a breakpoint's (SIGTRAP, SIGILL, SIGSEGV)
+        if signal in self.pass_signals and signal not in _MAYBE_BREAKPOINT and not thread.stepping:
+            self._go(thread, False, linux_signal)
             return None
         swbreak = False
         if signal == SIGTRAP:
