@@ -42,3 +42,17 @@ def test_step_over_a_line_a_signal_interrupts_stops_at_the_handlers_breakpoint(p
         f"tbreak sigstep.c:{LINE['loop']}", "continue", "break handler", "step", "print done", "kill"])
     assert re.search(rf"^Breakpoint 2, handler \(sig=14\) at \S*sigstep\.c:{LINE['handler']}$", out, re.M), out
     assert re.search(r"^\$1 = 0$", out, re.M), out  # stopped before the handler's store
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("gdb", GDB_CLIENTS, ids=lambda g: f"gdb{g.version}")
+def test_step_out_of_a_handler_comes_back_to_the_interrupted_code(program, servers, gdb, kind):
+    """`step` through the handler's return: its `rt_sigreturn` (a `syscall` GDB single-steps) goes back to main
+    and the step goes on there (gdb.base/siginfo.exp's "step out of handler"): the kernel keeps the debugger's
+    TF through the frame's flags, as Linux's single step is reported at the system call's exit. It once ran the
+    program to its end."""
+    out, _server = debug(servers, kind, gdb, program, ("raise",), [
+        "break handler", "continue", "next", "next", "step", "kill"])
+    assert re.search(rf"^Breakpoint 1, handler \(sig=14\) at \S*sigstep\.c:{LINE['handler']}$", out, re.M), out
+    assert re.search(rf"^main \(argc=2, .*\) at \S*sigstep\.c:{LINE['return']}$", out, re.M), out
+    assert "exited normally" not in out, out
