@@ -108,7 +108,7 @@ def test_a_bad_expression_or_option_is_refused_and_nothing_is_inserted(machine, 
     dispatcher, handlers, target = _stub(machine, program)
     f = symbol(program, "f")
     before = target.tracee.read_memory(f, 1)
-    for packet in (b"Z0,%x,1;X2,2227" % f,        # `end` with nothing on the stack: a condition needs a value
+    for packet in (b"Z0,%x,1;X1,27" % f,          # `end` with nothing on the stack: a condition needs a value
                    b"Z0,%x,1;X1,ff" % f,          # no such opcode
                    b"Z0,%x,1;X3,2201" % f,        # shorter than it says
                    b"Z0,%x,1;Y3,220127" % f,      # no such option

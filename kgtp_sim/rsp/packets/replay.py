@@ -10,6 +10,7 @@ process_point_options reads them): `X<len>,<bytecode>` per condition (GDB writes
 between them is taken too), then `cmds:<persist>,` and an `X` per command. `ConditionalInsertBreakpoint` reads
 them, strictly (an unknown token or a bad expression refuses the packet, where gdbserver skips it); it is the `Z`
 of a target that evaluates conditions, so its presence announces ConditionalBreakpoints+ and BreakpointCommands+.
+Each expression is verified here (agent/verify.py), so a bad one is the packet's E01 and nothing is inserted.
 
 Thread: the server thread (`RspServer`), where the dispatcher parses these packets for the run-control handlers
 (kgtp_sim/stub/run.py).
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 from typing import Self
 
 from .base import Packet, PacketError, Resume, parse_hex, split_exact
+from ...agent.errors import BytecodeError
+from ...agent.verify import Program, verify
 from .trace.actions import _parse_agent_expr
 
 
@@ -76,13 +79,14 @@ class InsertBreakpoint(_Breakpoint):
 @dataclass(frozen=True)
 class ConditionalInsertBreakpoint(InsertBreakpoint):
     """`Z<type>,<addr>,<kind>[;X<len>,<expr>...][;cmds:<persist>,X<len>,<expr>...]`: `conditions` (the breakpoint
-    stops when one is true), `commands` (run at each stop, `persist`: kept when GDB disconnects), each an agent
-    expression's bytecode, not verified yet."""
+    stops when one is true), `commands` (run at each hit, `persist`: kept when GDB disconnects), each an agent
+    expression verified as the tracer verifies a tracepoint's (agent/verify.py; a condition must leave a value): a
+    bad one refuses the packet, naming it."""
 
     FEATURES = ("ConditionalBreakpoints+", "BreakpointCommands+")
 
-    conditions: tuple[bytes, ...] = ()
-    commands: tuple[bytes, ...] = ()
+    conditions: tuple[Program, ...] = ()
+    commands: tuple[Program, ...] = ()
     persist: bool = False
 
     @classmethod
@@ -93,8 +97,8 @@ class ConditionalInsertBreakpoint(InsertBreakpoint):
             return plain
         if plain.type > 1:
             raise PacketError(f"Z{plain.type}: only breakpoints (Z0, Z1) take conditions or commands")
-        conditions: list[bytes] = []
-        commands: list[bytes] = []
+        conditions: list[Program] = []
+        commands: list[Program] = []
         persist = False
         at = 0
         while at < len(options):
@@ -111,17 +115,24 @@ class ConditionalInsertBreakpoint(InsertBreakpoint):
                 at += 7
                 while options[at:at + 1] == b"X":
                     command, at = _parse_agent_expr(options, at, "Z command")
-                    commands.append(command)
+                    commands.append(_verified(command, f"command {len(commands) + 1}", value=False))
                 if not commands:
                     raise PacketError("Z: cmds: without a command")
             elif options[at:at + 1] == b"X":
                 if commands:
                     raise PacketError("Z: a condition after the commands")
                 condition, at = _parse_agent_expr(options, at, "Z condition")
-                conditions.append(condition)
+                conditions.append(_verified(condition, f"condition {len(conditions) + 1}", value=True))
             else:
                 raise PacketError(f"Z: unknown breakpoint option {options[at:at + 16]!r}")
         return cls(plain.type, plain.address, plain.kind, tuple(conditions), tuple(commands), persist)
+
+
+def _verified(code: bytes, what: str, *, value: bool) -> Program:
+    try:
+        return verify(code, require_value=value)
+    except BytecodeError as error:
+        raise PacketError(f"Z: breakpoint {what}: {error}") from None
 
 
 @dataclass(frozen=True)
