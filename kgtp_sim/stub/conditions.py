@@ -7,7 +7,8 @@ breakpoint condition-evaluation target`, `set dprintf-style agent`; rsp/packets/
 verifies them). At a hit (`BreakpointOptions.judge`):
 
 - the commands run first, each in turn until one leaves a non-zero value or fails (a failure ends the list); their
-  `printf` text goes to the target's output (gdbserver's own stdout);
+  `printf` text goes to the target's output (gdbserver's own stdout), its format's C escapes read first, as
+  gdbserver's ax_printf reads them (GDB sends a dprintf's format as typed: `\\n` is two characters);
 - the conditions are evaluated in turn until one is true (non-zero); one that fails to evaluate (memory it cannot
   read, a division by zero) counts as true, so the user sees the stop;
 - GDB hears of the hit when there are no commands and no condition or a true one; else the thread goes on.
@@ -87,7 +88,7 @@ class BreakpointOptions:
         """Run the commands and decide: True when GDB is to hear of this hit (module docstring)."""
         context = _Context(registers, layout, read, output)
         for command in self.commands:
-            result = evaluate(command, context)
+            result = evaluate(command, context, escapes=True)
             if result.error is not None:
                 log.info("breakpoint command: %s", result.error)
                 break
@@ -98,7 +99,7 @@ class BreakpointOptions:
         if not self.conditions:
             return True
         for condition in self.conditions:
-            result = evaluate(condition, context)
+            result = evaluate(condition, context, escapes=True)
             if result.error is not None:
                 log.info("breakpoint condition: %s: the hit is reported", result.error)
                 return True

@@ -100,13 +100,14 @@ def test_an_agent_dprintf_prints_in_the_server_and_never_stops(servers, program,
     out, server = _session(servers, kind, gdb, program, [
         *AT_MAIN,
         "set dprintf-style agent",
-        'dprintf f,"<f %d>",i',  # no escape: the stub's agent printf does not read C escapes yet (gdbserver's does)
+        'dprintf f,"f %d\\n",i',  # GDB sends `\n` as typed; the server's agent printf reads it (format.cc)
         "set debug remote 1",
         "continue",
         "set debug remote 0",
     ])
     assert re.search(r"Sending packet: \$Z0,[0-9a-f]+,1;cmds:", out), out
     assert not [reply for reply in _stop_replies(out) if "swbreak" in reply]
-    printed = [int(i) for i in re.findall(r"<f (\d+)>", server.text("stdout"))]
-    assert printed == list(range(1, 1001)), printed[:5]
+    assert re.search(r"Sending packet: \$Z0,[0-9a-f]+,1;cmds:[01],X[0-9a-f]+,[0-9a-f]*5c6e0027#", out), out  # `\n` raw
+    printed = [line for line in server.text("stdout").splitlines() if line.startswith("f ")]
+    assert printed == [f"f {i}" for i in range(1, 1001)], printed[:5]
     assert "sum 500500" in server.text("stdout") and "exited normally" in out, out

@@ -112,7 +112,8 @@ def test_a_bad_expression_or_option_is_refused_and_nothing_is_inserted(machine, 
                    b"Z0,%x,1;X1,ff" % f,          # no such opcode
                    b"Z0,%x,1;X3,2201" % f,        # shorter than it says
                    b"Z0,%x,1;Y3,220127" % f,      # no such option
-                   b"Z0,%x,1;%s;cmds:1,X1,ff" % (f, TRUE)):  # a bad command
+                   b"Z0,%x,1;%s;cmds:1,X1,ff" % (f, TRUE),  # a bad command
+                   b"Z0,%x,1;cmds:0,%s" % (f, _printf(rb"f %d\q", 5))):  # an escape gdbserver's printf refuses
         reply = dispatcher.dispatch(packet)
         assert reply.startswith(b"E"), (packet, reply)
         assert not target._wanted and target.tracee.read_memory(f, 1) == before, packet
@@ -153,6 +154,26 @@ def test_threads_hitting_one_conditional_breakpoint_at_once(machine, program):
     assert len(stops) == 4 and {value for _thread, value in stops} == {500}, stops
     assert len({thread for thread, _value in stops}) == 4, stops
     assert bytes(machine.written) == b"sum 2002000\n"
+
+
+def _printf(text: bytes, register: int) -> bytes:
+    """`printf "<text>", $<register>` as GDB compiles a dprintf's (ax-gdb.c: gen_printf): the argument, the function
+    and the channel (0, 0), then printf with its argument count and the format as the user typed it (its C escapes
+    not read: breakpoint.c's parse_cmd_to_aexpr hands gen_printf the source text), NUL-terminated; `end`."""
+    code = (bytes([0x26, 0, register, 0x22, 0, 0x22, 0, 0x34, 1]) + (len(text) + 1).to_bytes(2, "big") + text
+            + bytes([0, 0x27]))
+    return b"X%x,%s" % (len(code), code.hex().encode())
+
+
+def test_a_commands_format_reads_c_escapes_as_gdbservers_printf(machine, program):
+    """GDB sends `dprintf f,"f\\t%d\\n"` with its escapes as typed; gdbserver's ax_printf reads them (format.cc)."""
+    dispatcher, handlers, target = _stub(machine, program)
+    f = symbol(program, "f")
+    command = _printf(rb'f\t%d \"\\\n', 5)
+    assert dispatcher.dispatch(b"Z0,%x,1;cmds:0,%s" % (f, command)) == b"OK"
+    assert _continue(dispatcher, handlers, target) == b"W00"
+    lines = bytes(machine.written).decode().splitlines()
+    assert lines == [f'f\t{i} "\\' for i in range(1, 1001)] + ["sum 500500"]
 
 
 def test_commands_run_at_each_hit_and_nothing_is_reported(machine, program):

@@ -10,7 +10,9 @@ process_point_options reads them): `X<len>,<bytecode>` per condition (GDB writes
 between them is taken too), then `cmds:<persist>,` and an `X` per command. `ConditionalInsertBreakpoint` reads
 them, strictly (an unknown token or a bad expression refuses the packet, where gdbserver skips it); it is the `Z`
 of a target that evaluates conditions, so its presence announces ConditionalBreakpoints+ and BreakpointCommands+.
-Each expression is verified here (agent/verify.py), so a bad one is the packet's E01 and nothing is inserted.
+Each expression is verified here (agent/verify.py), a printf's format with its C escapes read as gdbserver's agent
+printf reads them (agent/printf_format.py: read_escapes; gdbserver finds a bad one only when it prints), so a bad
+one is the packet's E01 and nothing is inserted.
 
 Thread: the server thread (`RspServer`), where the dispatcher parses these packets for the run-control handlers
 (kgtp_sim/stub/run.py).
@@ -23,6 +25,7 @@ from typing import Self
 
 from .base import Packet, PacketError, Resume, parse_hex, split_exact
 from ...agent.errors import BytecodeError
+from ...agent.printf_format import FormatError, read_escapes
 from ...agent.verify import Program, verify
 from .trace.actions import _parse_agent_expr
 
@@ -130,9 +133,13 @@ class ConditionalInsertBreakpoint(InsertBreakpoint):
 
 def _verified(code: bytes, what: str, *, value: bool) -> Program:
     try:
-        return verify(code, require_value=value)
-    except BytecodeError as error:
+        program = verify(code, require_value=value)
+        for insn in program.insns:
+            if insn.name == "printf":
+                read_escapes(insn.format)
+    except (BytecodeError, FormatError) as error:
         raise PacketError(f"Z: breakpoint {what}: {error}") from None
+    return program
 
 
 @dataclass(frozen=True)
