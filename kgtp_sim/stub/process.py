@@ -650,10 +650,15 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
         taken out (its int3, or its debug register), the thread stepped over its instruction, the breakpoint put back,
         then the threads resumed as they were (the stepped one continuing, or, when GDB had asked it for a step, its
         step reported as done). An event another thread met meanwhile stays pending; in all-stop it is reported
-        and nothing is resumed (a thread still at a breakpoint meets it again when GDB resumes it)."""
+        and nothing is resumed (a thread still at a breakpoint meets it again when GDB resumes it). Only a thread
+        the resumption resumed is stepped: one GDB left stopped (all-stop: GDB steps one thread over its breakpoint
+        while another waits at a hit whose condition was false, met as the last report stopped everyone) stays
+        where it is until GDB resumes it, as gdbserver steps over a breakpoint only a thread it resumes (linux-low's
+        need_step_over_p: a thread whose last resumption was a stop "should remain stopped"); stepped and continued
+        here, it ran on alone, GDB's breakpoints out of memory."""
         while self.ended() is None:
-            thread = next((t for t in self.threads_by_tid.values() if t.step_over is not None and t.after is None),
-                          None)
+            thread = next((t for tid, t in self.threads_by_tid.items()
+                           if t.step_over is not None and t.after is None and tid in self._resumed), None)
             if thread is None:
                 return
             running = self._running()

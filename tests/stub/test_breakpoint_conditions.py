@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import pytest
 
+from kgtp_sim.machine import MachineError
 from kgtp_sim.programs import install_program
 from kgtp_sim.rsp.dispatch import Dispatcher
 from kgtp_sim.stub.core import TargetHandlers
 from kgtp_sim.stub.process import ProcessTarget
+from kgtp_sim.stub.target import BreakpointType
 
 from ..programs import compile_program
 from .processes import started_machine, symbol
@@ -154,6 +156,33 @@ def test_threads_hitting_one_conditional_breakpoint_at_once(machine, program):
     assert len(stops) == 4 and {value for _thread, value in stops} == {500}, stops
     assert len({thread for thread, _value in stops}) == 4, stops
     assert bytes(machine.written) == b"sum 2002000\n"
+
+
+def test_a_thread_gdb_left_stopped_is_not_stepped_over_its_breakpoint(machine, program):
+    """A thread waits at the breakpoint, its hit one GDB is not to hear of (as `_classify` leaves a thread met at a
+    false hit while another's event stopped everyone), and GDB resumes another thread only: the waiting one stays
+    where it is, as gdbserver's need_step_over_p leaves a thread GDB did not resume. Here GDB steps the main thread,
+    waiting in pthread_join's futex: its step does not end, the step-over stops it quietly to step the other past
+    the breakpoint, and then went on with that one (continued, with no breakpoint in memory while the step lasts)."""
+    dispatcher, handlers, target = _stub(machine, program, "2")
+    f = symbol(program, "f")
+    assert dispatcher.dispatch(b"Z0,%x,1;%s" % (f, _rdi_is(500))) == b"OK"
+    reply = _continue(dispatcher, handlers, target)
+    assert reply.startswith(b"T05swbreak:;"), reply
+    waiting = target.threads_by_tid[int(reply.split(b"thread:")[1].rstrip(b";"), 16)]
+    assert target.read_registers(target.pid)["orig_rax"] == 202  # main: in futex(), joining
+    waiting.step_over = (BreakpointType.SOFTWARE, f)
+    assert dispatcher.dispatch(b"vCont;s:%x" % target.pid) is not None
+    ptrace = target.machine.ptrace
+    for _ in range(5):  # the server's polls as the machine hears of stops
+        serial = ptrace.serial
+        assert handlers.pending_stop() is None
+        try:
+            ptrace.wait_serial(serial, 0.5)
+        except MachineError:
+            pass
+    assert waiting.after is None and waiting.tracee.pc() == f and waiting.step_over is not None
+    dispatcher.dispatch(b"k")
 
 
 def _printf(text: bytes, register: int) -> bytes:
