@@ -55,9 +55,11 @@ def attempt(command: str) -> str:
     return f"python attempt({command!r})"
 
 
-def extended_session(gdb: GdbClient, program: Path | None, port: int, commands: list[str]) -> str:
-    """GDB in batch mode (on `program`'s symbols), `target extended-remote` to `port`, running `commands`."""
-    lines = ["set pagination off", "set confirm off", "set width 0", *QUIET, *TRY,
+def extended_session(gdb: GdbClient, program: Path | None, port: int, commands: list[str],
+                     before: tuple[str, ...] = ()) -> str:
+    """GDB in batch mode (on `program`'s symbols), `target extended-remote` to `port` (after the settings
+    `before`), running `commands`."""
+    lines = ["set pagination off", "set confirm off", "set width 0", *QUIET, *TRY, *before,
              f"target extended-remote 127.0.0.1:{port}", *commands]
     with command_file(lines) as script:
         process = subprocess.Popen(batch_argv(gdb, "-x", str(script), program=program), stdout=subprocess.PIPE,
@@ -69,10 +71,11 @@ def extended_session(gdb: GdbClient, program: Path | None, port: int, commands: 
             raise AssertionError("GDB did not end its session; it printed:\n" + process.communicate()[0]) from None
 
 
-def _session(multi, kind: str, gdb: GdbClient, program: Path | None, commands: list[str]) -> tuple[str, Server]:
+def _session(multi, kind: str, gdb: GdbClient, program: Path | None, commands: list[str],
+             before: tuple[str, ...] = ()) -> tuple[str, Server]:
     server = multi(kind)
     try:
-        out = extended_session(gdb, program, server.listening(), [*commands, "monitor exit"])
+        out = extended_session(gdb, program, server.listening(), [*commands, "monitor exit"], before)
     except AssertionError as error:
         raise AssertionError(f"{error}\n---- the server printed:\n{server.text()}") from None
     assert server.wait() == 0, server.text()
@@ -124,14 +127,33 @@ ATTACH = ["break work", "run forever", "delete", "python pid = gdb.selected_infe
           "set var stop_all = 1", "delete", "continue"]
 
 
+#: the same in non-stop mode: the attach stops every thread, and each thread's stop is reported once it is resumed
+#: (as gdbserver does: the attach's SIGSTOPs, `Thread N stopped`), so GDB goes on until work()'s breakpoint and
+#: then until the end
+NS_ATTACH = ["break work", "run forever", "delete", "python pid = gdb.selected_inferior().pid", "detach",
+             "python gdb.execute(f'attach {pid}')", "break work",
+             "python", "hits, ends = [], []",
+             "gdb.events.stop.connect(lambda e: hits.append(e.inferior_thread.num) "
+             "if isinstance(e, gdb.BreakpointEvent) else None)",
+             "gdb.events.exited.connect(ends.append)",
+             "while not hits:", "    gdb.execute('continue -a')", "gdb.execute(f'thread {hits[0]}')", "end",
+             "print counter > 0", "set var stop_all = 1", "delete",
+             "python", "while not ends:", "    gdb.execute('continue -a')", "end"]
+
+
+@pytest.mark.parametrize("non_stop", [False, True], ids=["all-stop", "non-stop"])
 @pytest.mark.parametrize("version", ["13", "18"])
-def test_detach_leaves_the_program_running_and_attach_takes_it_again(workers, multi, version):
+def test_detach_leaves_the_program_running_and_attach_takes_it_again(workers, multi, version, non_stop):
     """A threaded program run, then detached (it goes on), then attached by pid: every thread stopped, a breakpoint
-    in the threads hit, and it runs to its end once told to; as under gdbserver."""
+    in the threads hit, and it runs to its end once told to; as under gdbserver. In non-stop mode the detach finds
+    the other threads running and the attach stops every thread without a stop GDB waits for (`continue -a`
+    resumes them all)."""
     gdb = _gdb(version)
     outs = {}
+    before = ("set non-stop on",) if non_stop else ()
+    commands = NS_ATTACH if non_stop else ATTACH
     for kind in KINDS:
-        out, server = _session(multi, kind, gdb, workers, [f"set remote exec-file {workers}", *ATTACH])
+        out, server = _session(multi, kind, gdb, workers, [f"set remote exec-file {workers}", *commands], before)
         assert_in_order(out, r"hit Breakpoint 1, work \(id=\d\)", r"\[Inferior 1 \(process \d+\) detached\]",
                         r"hit Breakpoint 2, work \(id=\d\)", r"^\$1 = 1$",
                         r"\[Inferior 1 \(process \d+\) exited normally\]")
