@@ -58,14 +58,29 @@ from typing import Any
 from unicorn import Uc
 from unicorn import x86_const as X
 
-from ...machine import MemoryFault, smp
+from ...machine import MachineError, MemoryFault, smp
 from ...machine.int3s import DEBUGGER, TRACER
 from ..core.model import TraceError
 from ..core.run import Run
 from ..patching.placement import Installed
 from ..patching.probes import INT3, JUMP_SIZE, ProbePlacementError, ProbeSite, decode, enters_kernel, jump, relocate
 from ..patching.probes import relocated_size_bound
+from ..patching.detour import COUNTERS
+from ..patching.userpad import PadCondition, build_pad, pad_size_bound
 from .hits import EFLAGS_IF, EFLAGS_TF, interpreted_hit
+
+PAGE = 0x1000
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """What the installer hands a program's location that may run compiled: the run's compiled engine
+    (native.CompiledRun), how to build the location's detour (entered from its pad: `from_user`), and its condition
+    as the pad's ring-3 branch (or None)."""
+
+    native: Any
+    build: Any  #: () -> native.NativeProbe
+    condition: PadCondition | None
 
 
 @dataclass
@@ -77,6 +92,13 @@ class _Site:
     #: an int3 site's over an instruction that enters the kernel: where that instruction runs after a hit, out of
     #: line in a pad (its relocated copy and a jump back), instead of being stepped in place
     out_of_line: int = 0
+    #: a compiled hit (`_install_compiled`): its pad's call gate (machine/gates.py), the pad's relocated
+    #: instruction, the pad's count of false conditions, and how the program reaches the pad (a jump or the int3)
+    compiled: bool = False
+    gate: int = 0
+    tail: int = 0
+    fired_at: int = 0
+    jump: bool = False
 
 
 class ProgramProbes:
@@ -101,10 +123,19 @@ class ProgramProbes:
         #: pad -> (its end, its site) while the site's jump is in; `_debug_trap` sees them while any is
         self._live_pads: dict[int, tuple[int, _Site]] = {}
         self._previous_trap: Any = None
+        #: compiled pads: (space root, address, instruction, condition) -> (pad, end, gate, fired counter, tail)
+        self._compiled_pads: dict[tuple, tuple[int, int, int, int, int]] = {}
+        self._counters_used: dict[int, int] = {}  #: pad area -> bytes of its last page given to pads' counters
 
-    def install(self, item: Installed) -> None:
+    def install(self, item: Installed, compiled: Compiled | None = None) -> None:
         address = item.site.address
         site = self.sites.get(address)
+        if site is not None and site.compiled:
+            raise TraceError(f"tracepoint {item.tracepoint.number} at {address:#x}: the tracepoint there runs "
+                             "compiled: define this one before tstart")
+        if site is None and compiled is not None and not item.tracepoint.step_count and \
+                self._install_compiled(item, compiled):
+            return
         if site is None and item.want_jump:
             self._install_jump(item)
             return
@@ -161,6 +192,184 @@ class ProgramProbes:
         item.out_of_line = pad + len(INT3)
         site.items.append(item)
 
+    # ---- compiled hits ----------------------------------------------------------------------------------
+
+    def _install_compiled(self, item: Installed, compiled: Compiled) -> bool:
+        """The location's hit compiled: a pad of its own (patching/userpad.py) that the jump over its instruction
+        (`ftrace`) or its int3 (`trace`, sent on by the machine's native int3 table) leads to, whose call gate enters
+        the detour. False when it cannot be (no pad area within reach, an instruction that cannot run elsewhere, no
+        gate): then the Python path serves it."""
+        tp, space, address = item.tracepoint, item.space, item.site.address
+        where = f"tracepoint {tp.number} at {address:#x}"
+        try:
+            code = self.machine.read_memory(address, 15, space=space)
+        except MemoryFault:
+            return False  # the last bytes of the program's code: the Python path reads what is there
+        code = self.int3s.hide(space, address, code)
+        instructions = decode(code, address)
+        if not instructions or (item.want_jump and instructions[0].size < JUMP_SIZE) or enters_kernel(code):
+            return False
+        insn = instructions[0]
+        user = self.tracer.user_space
+        area = user.pad_area(address) if user is not None else None
+        if area is None:
+            return False
+        try:
+            relocate((insn,), area[0])
+        except ProbePlacementError:
+            return False
+        condition = compiled.condition
+        key = (space.root, address, insn.code, item.condition.code if condition is not None else None)
+        uc = self.machine.cpu.uc
+        original = code[:JUMP_SIZE] if item.want_jump else code[:1]
+        if not item.want_jump:
+            first = not self.int3s.holders(space, address)
+            if self.int3s.hold(space, address, TRACER) is None:
+                return False
+            if first:
+                self._drop_code(uc, space, address)
+        probe = compiled.build()
+        probe.kind = "jump" if item.want_jump else "int3"
+        try:
+            cached = self._compiled_pads.get(key)
+            if cached is not None:  # the same instruction again: its pad, its gate to the new detour
+                pad, end, gate, fired_at, tail = cached
+                self.machine.gates.retarget(uc, gate, probe.detour.base)
+                self._write(space, fired_at, bytes(8))
+            else:
+                pad, end, gate, fired_at, tail = self._compiled_pad(item, insn, condition, probe.detour.base, where)
+                self._compiled_pads[key] = (pad, end, gate, fired_at, tail)
+        except (TraceError, MachineError):
+            compiled.native.release(probe)
+            item.native = None
+            if not item.want_jump and self.int3s.release(space, address, TRACER):
+                self._drop_code(uc, space, address)
+            return False
+        site = self.sites[address] = _Site(original, [item], pad=pad, displaced_at=address, compiled=True,
+                                           gate=gate, tail=tail, fired_at=fired_at, jump=item.want_jump)
+        cpu = self.machine.cpu
+        if not self._live_pads and cpu.debug_trap != self._debug_trap:
+            self._previous_trap, cpu.debug_trap = cpu.debug_trap, self._debug_trap
+        self._live_pads[pad] = (end, site)
+        # from the hit to the probed instruction's end, no other CPU and no interrupt: as the Python path's step
+        self.machine.cpu.process_stub_code.append((tail, end, space.root))
+        self._watch()
+        item.out_of_line = tail
+        if item.want_jump:
+            self._write(space, address, jump(address, pad))
+            item.site = ProbeSite(address, "(program)", "jump", (insn,), original)
+        else:
+            self.machine.breakpoints[address] = lambda uc, site=site, address=address: \
+                self._compiled_trap(uc, address, site)
+            item.site = ProbeSite(address, "(program)", "int3", (insn,), original)
+            self._sync_native(site)
+        return True
+
+    def _compiled_pad(self, item: Installed, insn: Any, condition: PadCondition | None, detour: int,
+                      where: str) -> tuple[int, int, int, int, int]:
+        """A new pad (its gate to `detour`, its counter on the area's last page): (pad, end, gate, counter,
+        tail)."""
+        start, size = self.tracer.user_space.pad_area(insn.address)
+        used = self._pad_used.get(start, 0)
+        room = (pad_size_bound(relocated_size_bound((insn,)), condition, start) + 15) & ~15
+        counters = self._counters_used.get(start, 0)
+        if used + room > size - PAGE or counters + 8 > PAGE:
+            raise TraceError(f"{where}: the jump pad area at {start:#x} is full")
+        pad, fired_at = start + used, start + size - PAGE + counters
+        gate = self.machine.gates.add(self.machine.cpu.uc, detour)
+        body = build_pad(pad, insn, gate, fired_at, condition)
+        assert len(body.code) <= room
+        self._write(item.space, pad, body.code)
+        self._write(item.space, fired_at, bytes(8))
+        self._pad_used[start] = used + room
+        self._counters_used[start] = counters + 8
+        return pad, pad + len(body.code), gate, fired_at, body.tail
+
+    def _sync_native(self, site: _Site) -> None:
+        """A compiled int3's entry in the machine's native table: there unless the debugger holds the int3 too
+        (then its hit goes to `_compiled_trap`, which reports the breakpoint after collecting)."""
+        space, address = site.items[0].space, site.displaced_at
+        jumps = self.machine.cpu.jumps
+        if DEBUGGER in self.int3s.holders(space, address):
+            jumps.remove(address)
+        else:
+            jumps.set(address, site.pad, space.root)
+
+    def holders_changed(self, space: Any, address: int) -> None:
+        site = self.sites.get(address)
+        if site is not None and site.compiled and not site.jump and self._in(site, space):
+            self._sync_native(site)
+
+    def counters(self, item: Installed) -> tuple[int, int, int]:
+        """(fired, hits, bytes) of a program's compiled location: its detour's counters and its pad's count of false
+        conditions."""
+        site = self.sites.get(item.site.address)
+        if site is None or not site.compiled or item not in site.items or item.native is None:
+            return item.fired, item.hits, item.usage
+        fired, hits, usage = self.tracer.native.counters(item.native)
+        try:
+            fired += int.from_bytes(self.machine.read_memory(site.fired_at, 8, space=item.space), "little")
+        except MemoryFault:
+            pass
+        return fired, hits, usage
+
+    def _python_hit(self, uc: Uc, site: _Site) -> None:
+        """A compiled location's hit on the Python path (a debugger's step, its breakpoint at the same place, no
+        native int3 table), counted in its detour's counters; RIP at the pad's relocated instruction."""
+        item = site.items[0]
+        probe = item.native
+        fired, hits, usage, _ = COUNTERS.unpack(bytes(uc.mem_read(probe.counters, COUNTERS.size)))
+        item.fired, item.hits, item.usage = fired, hits, usage
+        interpreted_hit(self.tracer, uc, item, may_step=False)
+        uc.mem_write(probe.counters, COUNTERS.pack(item.fired, item.hits, item.usage, 0))
+
+    def _compiled_trap(self, uc: Uc, address: int, site: _Site) -> None:
+        """The int3 of a compiled location that the native table did not send on: another space's int3 at this
+        address (the kernel's #BP, as without us), a step of the program's (TF), the debugger's breakpoint there
+        too (collected, then reported, as `_hit` does), or a machine without native hooks."""
+        space = site.items[0].space if site.items else None
+        if space is None or uc.reg_read(X.UC_X86_REG_CR3) & ~0xFFF != space.root:
+            uc.reg_write(X.UC_X86_REG_RIP, address + len(INT3))
+            self.machine.cpu.deliver(3)
+            return
+        task = smp.current_task(uc)
+        breakpoint = DEBUGGER in self.int3s.holders(space, address)
+        if task not in self._reported.get(address, ()):
+            self._python_hit(uc, site)
+        if breakpoint:
+            self._reported.setdefault(address, set()).add(task)
+            uc.reg_write(X.UC_X86_REG_RIP, address + len(INT3))
+            self.machine.cpu.deliver(3)
+            return
+        self._reported.get(address, set()).discard(task)
+        uc.reg_write(X.UC_X86_REG_RIP, site.tail)  # a step (TF) goes on through the pad: `_debug_trap`
+
+    def _remove_compiled(self, item: Installed, site: _Site, gone: bool = False) -> None:
+        """The location's way into its pad out (not when the space is `gone`), its gate back to its caller: a
+        thread still in the pad runs its instruction and goes on; its counters kept in the item."""
+        address, space = site.displaced_at, item.space
+        item.fired, item.hits, item.usage = self.counters(item)
+        self.sites.pop(address, None)
+        end = self._live_pads.pop(site.pad, (0, None))[0]
+        cpu = self.machine.cpu
+        if not self._live_pads and cpu.debug_trap == self._debug_trap:
+            cpu.debug_trap, self._previous_trap = self._previous_trap, None
+        self.machine.gates.retarget(cpu.uc, site.gate, None)
+        if (site.tail, end, space.root) in cpu.process_stub_code:
+            cpu.process_stub_code.remove((site.tail, end, space.root))
+        if self.tracer.native is not None and item.native is not None:
+            self.tracer.native.release(item.native)
+        if site.jump:
+            if not gone and self._jump_there(space, address, site.pad):
+                self._write(space, address, site.original)
+        else:
+            self.machine.cpu.jumps.remove(address)
+            self.machine.breakpoints.pop(address, None)
+            self._reported.pop(address, None)
+            if not gone and self.int3s.release(space, address, TRACER):
+                self._drop_code(cpu.uc, space, address)
+        self._watch()
+
     def _out_of_line(self, item: Installed, address: int) -> int:
         """Where an instruction that enters the kernel (`syscall`...) runs after its int3's hit: its pad's copy
         (UserSpace.prepare mapped an area within reach for it), as Linux's uprobes run every probed instruction out
@@ -192,7 +401,7 @@ class ProgramProbes:
         start, size = area
         used = self._pad_used.get(start, 0)
         room = (len(INT3) + relocated_size_bound((insn,)) + JUMP_SIZE + 15) & ~15
-        if used + room > size:
+        if used + room > size - PAGE:  # (the last page: compiled pads' counters)
             raise TraceError(f"{where}: the jump pad area at {start:#x} is full")
         pad = start + used
         try:
@@ -210,6 +419,9 @@ class ProgramProbes:
         address = item.site.address
         site = self.sites.get(address)
         if site is None or item not in site.items:
+            return
+        if site.compiled:
+            self._remove_compiled(item, site)
             return
         site.items.remove(item)
         if site.items:
@@ -268,6 +480,10 @@ class ProgramProbes:
         for address, site in list(self.sites.items()):
             if not self._in(site, space):
                 continue
+            if site.compiled:
+                self._remove_compiled(site.items[0], site, gone=True)
+                self._pad_ends.pop(site.pad, None)
+                continue
             del self.sites[address]
             self.machine.breakpoints.pop(site.pad or address, None)
             self._reported.pop(address, None)
@@ -278,6 +494,7 @@ class ProgramProbes:
         if not self._live_pads and cpu.debug_trap == self._debug_trap:
             cpu.debug_trap, self._previous_trap = self._previous_trap, None
         self._pads = {key: pad for key, pad in self._pads.items() if key[0] != space.root}
+        self._compiled_pads = {key: pad for key, pad in self._compiled_pads.items() if key[0] != space.root}
         self._watch()
 
     # ---- the CPU thread, inside emulation ---------------------------------------------------------------
@@ -298,7 +515,9 @@ class ProgramProbes:
             if pad <= rip < end and uc.reg_read(X.UC_X86_REG_CS) & 3:
                 space = site.items[0].space if site.items else None
                 if space is not None and uc.reg_read(X.UC_X86_REG_CR3) & ~0xFFF == space.root:
-                    if rip == pad:
+                    if rip == pad and site.compiled:  # a step of the jump: the hit here, the gate skipped
+                        self._python_hit(uc, site)
+                    elif rip == pad:
                         self._hit(uc, site.displaced_at, site)
                     return  # TF still set: the next instruction of the pad traps again
         previous = self._previous_trap
