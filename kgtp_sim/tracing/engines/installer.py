@@ -95,12 +95,16 @@ class ProbeSet:
         """tstart, before installing `items`: at an address shared with a location that needs Python, every
         location there runs in Python (one int3 for all); the others of a shared address form a chain."""
         self.python_at = {item.site.address for item in items if item.shared and self._needs_python(item)}
+        # a program's tracepoints sharing an address share its int3 on the Python path (userprobes.py)
+        program = [item.site.address for item in items if item.space is not None]
+        self.python_at |= {address for address in program if program.count(address) > 1}
 
     def install(self, item: Installed) -> None:
         if item.space is not None:  # a program's: a pad and a call gate, else an int3 in its memory (userprobes.py)
             compiled = None
             native = self.tracer.native
-            if native is not None and not item.shared and not self._needs_python(item):
+            if native is not None and not item.shared and item.site.address not in self.python_at \
+                    and not self._needs_python(item):
                 slots = self._slots(item)
                 compiled = Compiled(native, lambda: self._build(item, from_user=True),
                                     native.pad_condition(item.condition, slots))

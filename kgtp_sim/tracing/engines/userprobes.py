@@ -287,11 +287,12 @@ class ProgramProbes:
 
     def _sync_native(self, site: _Site) -> None:
         """A compiled int3's entry in the machine's native table: there unless the debugger holds the int3 too
-        (then its hit goes to `_compiled_trap`, which reports the breakpoint after collecting)."""
+        (then its hit goes to `_compiled_trap`, which reports the breakpoint after collecting), nor while a task
+        that stopped at that breakpoint has not gone past it yet."""
         space, address = site.items[0].space, site.displaced_at
         jumps = self.machine.cpu.jumps
-        if DEBUGGER in self.int3s.holders(space, address):
-            jumps.remove(address)
+        if DEBUGGER in self.int3s.holders(space, address) or self._reported.get(address):
+            jumps.remove(address)  # (a task going on from the breakpoint's stop collects nothing: `_compiled_trap`)
         else:
             jumps.set(address, site.pad, space.root)
 
@@ -341,7 +342,10 @@ class ProgramProbes:
             uc.reg_write(X.UC_X86_REG_RIP, address + len(INT3))
             self.machine.cpu.deliver(3)
             return
-        self._reported.get(address, set()).discard(task)
+        reported = self._reported.get(address, set())
+        if task in reported:
+            reported.discard(task)
+            self._sync_native(site)
         uc.reg_write(X.UC_X86_REG_RIP, site.tail)  # a step (TF) goes on through the pad: `_debug_trap`
 
     def _remove_compiled(self, item: Installed, site: _Site, gone: bool = False) -> None:
