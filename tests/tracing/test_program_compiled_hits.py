@@ -9,9 +9,11 @@ whose first instruction counts the call in `counter`), under an in-process gdbse
 
 from __future__ import annotations
 
+import re
 import struct
 
 import pytest
+from unicorn import UC_HOOK_CODE
 
 from kgtp_sim.arch import amd64
 from kgtp_sim.gdbserver import Options, Server
@@ -89,3 +91,174 @@ def test_a_program_tracepoint_runs_compiled_and_records_what_the_python_path_rec
         assert python_hits >= hits
     else:  # the compiled path: no Python per hit
         assert python_hits < hits // 10, (python_hits, hits)
+
+
+# ---- what a compiled hit costs, what it records, whom it hits: the thesis workload as a program --------------------
+# (kgtp_sim/tools/program_hits.py: fixtures/peer/thesis_workload.c under the role on one CPU, stopped at bench_sync()
+# between batches, windows around kgtp_bench_loop's calls; only windows no interrupt entered count, so their
+# instruction counts are exact)
+
+
+@pytest.fixture(scope="module")
+def workload(tmp_path_factory):
+    from kgtp_sim.tools.program_hits import build
+
+    return build(tmp_path_factory.mktemp("thesis-workload"))
+
+
+def _count_in(workload, ranges: dict[str, tuple[int, int]]) -> dict[str, int]:
+    """Instructions the CPU runs in each named range from now on (a hook per range, never deleted: see
+    bench/programs.Booted), whatever the CPU ran before (translated code flushed)."""
+    counts = dict.fromkeys(ranges, 0)
+
+    def install(uc) -> None:
+        for name, (start, end) in ranges.items():
+            def count(_uc, _address, _size, _data, name=name) -> None:
+                counts[name] += 1
+            uc.hook_add(UC_HOOK_CODE, count, None, start, end - 1)
+        uc.ctl_flush_tb()
+
+    workload.machine.run_on_cpu(install)
+    return counts
+
+
+@pytest.mark.parametrize("case", ["false-cond", "expr", "cond+expr"])
+@pytest.mark.parametrize("kind", ["int3", "jump"])
+def test_a_compiled_hit_runs_its_pad_and_detour_and_nothing_else(workload, kind, case):
+    """Under the optimizing engine each hit costs exactly the instructions of the site (its int3 or jump), the
+    pad and the location's detour, less the probed instruction no longer run in place: the machine's count of a
+    clean window grows by those (with the ring routines the detour calls) and nothing else (no kernel entry, no #BP, no interrupt), no Python hit handler
+    runs, and a false condition (a register-only one: decided in the pad, in ring 3) never enters the detour."""
+    from kgtp_sim.tools.program_hits import RoleWorkload, definition
+
+    calls, batches = 50, 4  # short windows at a slow tick (the counting hooks run Python at each instruction)
+    w = RoleWorkload(workload, engine="opt", counting=True, hz=10)
+    try:
+        site = _count_in(w, {"site": (w.function, w.function + 1)})
+        untraced = w.run(batches, calls)
+        in_place = site["site"]
+        hit: dict[str, dict[str, int]] = {}
+
+        def armed(w) -> None:
+            tracer = w.server.tracer
+            probes = tracer.probes.program
+            there = probes.sites[w.function]
+            assert there.compiled and there.jump == (kind == "jump")
+            (item,) = there.items
+            pad_end = probes._live_pads[there.pad][0]
+            assert item.native.regions  # its detour and compiled expressions, among the run's code
+            # the run's compiled code: the shared ring routines, this location's detour and expressions
+            regions = {f"detour{i}": region for i, region in enumerate(tracer.native.code_regions)}
+            hit["counts"] = _count_in(w, {"pad": (there.pad, pad_end), **regions})
+            hit["site"] = dict(site)  # (from here on)
+
+        traced = w.run(batches, calls, definition(w.function, kind, case, w.insn_length), armed=armed)
+        ran_at_site = site["site"] - hit["site"]["site"]
+        hit = hit["counts"]
+    finally:
+        w.close()
+    total = batches * calls
+    assert in_place == total and ran_at_site == total  # once a call: the probed instruction, then the int3 or jump
+    assert untraced.windows and traced.windows, (untraced, traced)
+    (base,) = {window.insns for window in untraced.windows}
+    (insns,) = {window.insns for window in traced.windows}  # every clean window the same: exact
+    detour = sum(n for name, n in hit.items() if name.startswith("detour"))
+    assert hit["pad"] % total == 0 and detour % total == 0, hit
+    # the site's int3 or jump replaces the probed instruction one for one; the pad runs that instruction
+    # relocated and jumps back; the rest is the hit itself
+    assert insns - base == (hit["pad"] + detour) / total * calls, (insns - base, hit)
+    assert traced.python_hits == 0
+    if case == "false-cond":
+        assert detour == 0 and traced.hits == traced.frames == 0, (hit, traced)
+    else:
+        assert detour > 0 and traced.hits == traced.frames == total, (hit, traced)
+
+
+def _session(w, condition: bytes, collect: bytes) -> list[bytes]:
+    """A condition, every register, the program's call counter and an expression, at kgtp_test_function."""
+    counter = _symbol(w, "kgtp_counter")
+    return [b"QTDP:1:%x:E:0:0%s:X%x,%s-" % (w.function, b":F%x" % w.insn_length if w.kind == "jump" else b"",
+                                               len(condition), condition.hex().encode()),
+            b"QTDP:-1:%x:R%x-" % (w.function, 0xFFFFFF),
+            b"QTDP:-1:%x:M-1,%x,4-" % (w.function, counter),
+            b"QTDP:-1:%x:X%x,%s" % (w.function, len(collect), collect.hex().encode())]
+
+
+def _symbol(w, name: str) -> int:
+    from elftools.elf.elffile import ELFFile
+
+    with open(w.binary, "rb") as f:
+        return ELFFile(f).get_section_by_name(".symtab").get_symbol_by_name(name)[0]["st_value"]
+
+
+def _recorded(w) -> dict[int, tuple[bytes, bytes]]:
+    """Each frame's call (the program's counter, collected) -> its register block (`g`) and the counter's bytes."""
+    counter = _symbol(w, "kgtp_counter")
+    out = {}
+    for frame in range(int(re.search(rb"tframes:([0-9a-f]+)", w.ask(b"qTStatus")).group(1), 16)):
+        assert w.ask(b"QTFrame:%x" % frame).startswith(b"F")
+        memory = w.ask(b"m%x,4" % counter)
+        call = int.from_bytes(bytes.fromhex(memory.decode()), "little")
+        assert call not in out, call  # each call once
+        out[call] = (w.ask(b"g"), memory)
+    w.ok(b"QTFrame:ffffffff")
+    return out
+
+
+def _thesis(workload, engine: str, kind: str):
+    from kgtp_sim.tools.program_hits import RoleWorkload
+
+    w = RoleWorkload(workload, engine=engine)
+    w.binary, w.kind = workload, kind
+    return w
+
+
+@pytest.mark.parametrize("kind", ["int3", "jump"])
+def test_the_compiled_path_records_the_frames_the_python_path_records(workload, kind):
+    """The same session (the thesis condition, `$regs`, the call counter, the thesis expression) on the same calls
+    of two runs of the program, one on the Python path (interp) and one compiled (opt): the same frames, register
+    block for register block and byte for byte, for every call."""
+    from kgtp_sim.bench.record import FIXTURE, load
+
+    site = load(FIXTURE)["sites"]["dynamic"]
+    condition = bytes.fromhex(site["true_condition"]["bytecode"])
+    collect = bytes.fromhex(site["collect"]["bytecode"])
+    recorded, python = {}, {}
+    for engine in ("interp", "opt"):
+        w = _thesis(workload, engine, kind)
+        try:
+            # one batch: the first after the program's start, whose caller leaves the same registers in both runs
+            # (a later batch's %rdx still holds the previous batch's clock reading, the host's time)
+            run = w.run(1, 80, _session(w, condition, collect))
+            recorded[engine], python[engine] = _recorded(w), run.python_hits
+        finally:
+            w.close()
+    assert python == {"interp": 80, "opt": 0}, python
+    assert sorted(recorded["opt"]) == list(range(1, 81)), sorted(recorded["opt"])  # kgtp_counter starts at 1
+    assert recorded["opt"] == recorded["interp"]
+    rip = next(iter(recorded["opt"].values()))[0][16 * 16:17 * 16]
+    assert int.from_bytes(bytes.fromhex(rip.decode()), "little") == w.function  # the PC at the tracepoint
+
+
+def test_another_process_running_the_program_at_the_same_address_hits_nothing(workload):
+    """A second process of the same program (the same code at the same addresses, a space of its own), run to its
+    end while the first's compiled `trace` is armed: the tracepoint's hits and frames are the first's calls
+    only."""
+    from kgtp_sim.tools.program_hits import definition
+
+    w = _thesis(workload, "opt", "int3")
+    seen = {}
+
+    def other(w) -> None:
+        pid = w.machine.processes.spawn(w.server.inside, ["thesis_workload", "300", "2"], cpu=0)
+        ended = w.machine.processes.wait(pid, timeout=120)
+        seen["exit"] = None if ended is None else ended.code
+        seen["counts"] = w.counts()
+
+    try:
+        assert w.server.tracer.engine == "opt"
+        run = w.run(2, 50, definition(w.function, "int3", "expr", w.insn_length), armed=other)
+    finally:
+        w.close()
+    assert seen == {"exit": 0, "counts": (0, 0)}, seen  # its 600 calls ran (kgtp_bench_loop's result checked)
+    assert (run.hits, run.frames, run.python_hits) == (100, 100, 0), run
