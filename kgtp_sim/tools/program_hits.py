@@ -150,7 +150,7 @@ class RoleWorkload:
         self.machine.run_on_cpu(install)
         self.sync = sync
         self.ok(b"Z0,%x,1" % sync)
-        self._go(b"vCont;c")  # to the first bench_sync()
+        self.resume(b"vCont;c")  # to the first bench_sync()
 
     def _mark(self, uc, address: int, _size: int, _data: object) -> None:
         now = time.perf_counter_ns()
@@ -169,7 +169,7 @@ class RoleWorkload:
         if reply != b"OK":
             raise RuntimeError(f"{payload[:60]!r} answered {reply!r}")
 
-    def _go(self, action: bytes) -> bytes:
+    def resume(self, action: bytes) -> bytes:
         """Resume (`action`) to the next stop, which must be a SIGTRAP; its stop reply."""
         assert not self.session.receive(self._encode(action)).strip(b"+")
         deadline = time.monotonic() + WAIT_S
@@ -178,7 +178,7 @@ class RoleWorkload:
             if out:
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError("the workload did not stop at bench_sync()")
+                raise RuntimeError(f"no stop after {action.decode()} in {WAIT_S} s")
             time.sleep(0.002)
         stop = [e.payload for e in self._decoder().feed(out) if e.kind is self._packet][-1]
         if not stop.startswith(b"T05"):
@@ -189,9 +189,9 @@ class RoleWorkload:
         """From the breakpoint at bench_sync() to its next hit, as GDB goes on over a breakpoint: out, one step,
         back in, continue."""
         self.ok(b"z0,%x,1" % self.sync)
-        self._go(b"vCont;s")
+        self.resume(b"vCont;s")
         self.ok(b"Z0,%x,1" % self.sync)
-        self._go(b"vCont;c")
+        self.resume(b"vCont;c")
 
     def batch(self, calls: int) -> list[Window]:
         """One batch of `calls` calls; its windows (one, unless the loop's code ran elsewhere meanwhile)."""

@@ -262,3 +262,45 @@ def test_another_process_running_the_program_at_the_same_address_hits_nothing(wo
         w.close()
     assert seen == {"exit": 0, "counts": (0, 0)}, seen  # its 600 calls ran (kgtp_bench_loop's result checked)
     assert (run.hits, run.frames, run.python_hits) == (100, 100, 0), run
+
+
+@pytest.mark.parametrize("where", ["condition", "gate"])
+@pytest.mark.parametrize("kind", ["int3", "jump"])
+def test_a_task_stopped_inside_a_pad_steps_out_of_it_after_the_probed_instruction(workload, kind, where):
+    """The debugger's breakpoint inside a compiled pad (in its ring-3 condition, its flags saved on the stack; or on
+    its `lcall`) stops the task there; one single step from there ends after the probed instruction, as a step of
+    that instruction would, the hit collected once, and the program goes on. (The pad's popfq would load the flags
+    saved before the step, TF clear, and the step would never end; a step of the `lcall` keeps TF through the call
+    gate, and its #DB came in ring 0, where the kernel took it in the middle of the detour and the machine
+    stopped.)"""
+    from kgtp_sim.tools.program_hits import definition
+    from kgtp_sim.tracing.patching.probes import decode
+    from kgtp_sim.tracing.patching.userpad import LCALL_SIZE
+
+    w = _thesis(workload, "opt", kind)
+
+    def pc() -> int:
+        return int.from_bytes(bytes.fromhex(w.ask(b"p10").decode()), "little")
+
+    try:
+        for packet in [b"QTinit", *definition(w.function, kind, "cond+expr", w.insn_length), b"QTStart"]:
+            w.ok(packet)
+        site = w.server.tracer.probes.program.sites[w.function]
+        pad = decode(bytes.fromhex(w.ask(b"m%x,%x" % (site.pad, site.tail - site.pad)).decode()), site.pad)
+        assert [i.code[:1] for i in pad[:2]] == [b"\x48", b"\x9c"] and pad[-1].address == site.tail - LCALL_SIZE
+        at = pad[-1].address if where == "gate" else pad[3].address  # (lea, pushfq, push, then here)
+        w.ok(b"M%x,8:%s" % (w.calls_at, (1).to_bytes(8, "little").hex().encode()))
+        w.ok(b"z0,%x,1" % w.sync)
+        w.ok(b"Z0,%x,1" % at)
+        w.resume(b"vCont;c")
+        assert pc() == at
+        w.ok(b"z0,%x,1" % at)
+        w.resume(b"vCont;s")
+        assert pc() == w.function + w.insn_length
+        assert w.counts() == (1, 1)
+        w.ok(b"Z0,%x,1" % w.sync)
+        w.resume(b"vCont;c")
+        assert pc() == w.sync and w.counts() == (1, 1)
+        assert int.from_bytes(bytes.fromhex(w.ask(b"m%x,8" % w.result_at).decode()), "little") == 1
+    finally:
+        w.close()

@@ -10,8 +10,22 @@ the CPU steps that one instruction with interrupts off (EFLAGS.TF set and IF cle
 the scheduler switches no CPU while TF is set and delivers no interrupt while IF is clear, so no other CPU runs
 meanwhile, as the machine runs one CPU at a time, and no tick enters the kernel, which could switch to another
 thread of the program that would run the lifted int3's place unseen), and the #DB after it puts the int3 back and
-IF as it was. The kernel's compiled detours live in supervisor-only module space, which ring 3 cannot run: a program's
-tracepoints always take this path, whatever the engine.
+IF as it was. That is the interpreting engine's path, and the compiled engines' fallback (below).
+
+Under the naive and optimizing engines a location runs compiled (`_install_compiled`) unless it needs Python
+(installer.py: while-stepping, a computed variable the detour cannot refresh, a shared address), its instruction
+enters the kernel or cannot be relocated, or no pad area is within reach. Its pad (patching/userpad.py), in the
+process's jump pad area, is reached by the jump over the instruction (`ftrace`) or by the int3 (`trace`), which the
+machine's native int3 table sends to the pad only in the program's own address space and never under a single
+step (machine/dispatch.py; otherwise `_compiled_trap`, in Python). Under the optimizing engine a condition on
+registers only is decided in the pad, in ring 3 (a false one counted there, on the area's last page); otherwise the
+pad's `lcall` through the location's call gate (machine/gates.py) enters its detour in ring 0 (the condition, the
+actions, the frame, the kernel's detour code built `from_user`), which goes back by `lretq`; the pad then runs the
+instruction relocated and jumps back after it. No Python runs per hit. A debugger's single step never runs the pad's
+own code from its start: a step of the jump, or of the int3, takes the hit in Python and goes on at the relocated
+instruction. A task the debugger stopped inside a pad (its breakpoint there) steps out of it in one step, ending
+after the probed instruction (`_debug_trap`: the pad's popfq keeps the step's TF, and a step of the `lcall` runs the
+detour to its return, `_step_through_gate`).
 
 While-stepping (hits.Stepper) steps the program the same way: its steps run the instruction in place (the step in
 place here stands aside), in ring 3, with the program's own byte lifted and the int3 put back in the program's
@@ -44,18 +58,19 @@ gets the run's tracepoints: it runs its instructions and collects nothing, as gd
 tracepoint jumps. An exec replaces the program's memory: its sites are forgotten (`gone`), never written again
 (the space's tables may soon be another's); their locations stay in the run, hitting nothing.
 
-Owns the program's int3 sites (address -> the byte they replace, the locations sharing them), and which task last
-stopped at its breakpoint over one. Runs on the CPU
+Owns the program's int3 sites (address -> the byte they replace, the locations sharing them), which task last
+stopped at its breakpoint over one, and the compiled pads. Runs on the CPU
 thread: install and remove under the tracer's run changes, the handlers inside the int3 and #DB hooks, the fork and
 exec notices inside the kernel's port write.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from unicorn import Uc
+from unicorn import Uc, UcError
 from unicorn import x86_const as X
 
 from ...machine import MachineError, MemoryFault, smp
@@ -70,6 +85,7 @@ from ..patching.userpad import PadCondition, build_pad, pad_size_bound
 from .hits import EFLAGS_IF, EFLAGS_TF, interpreted_hit
 
 PAGE = 0x1000
+_POPFQ = b"\x9d"
 
 
 @dataclass(frozen=True)
@@ -126,6 +142,9 @@ class ProgramProbes:
         #: compiled pads: (space root, address, instruction, condition) -> (pad, end, gate, fired counter, tail)
         self._compiled_pads: dict[tuple, tuple[int, int, int, int, int]] = {}
         self._counters_used: dict[int, int] = {}  #: pad area -> bytes of its last page given to pads' counters
+        #: a debugger's single step that ran a compiled pad's `lcall` is inside its detour, in ring 0
+        #: (`_step_through_gate`)
+        self._gate_step = False
 
     def install(self, item: Installed, compiled: Compiled | None = None) -> None:
         address = item.site.address
@@ -515,6 +534,8 @@ class ProgramProbes:
         through it (its hit taken at the pad's int3), ending after the relocated instruction; anything else is
         what it was without us (the trap before ours, or the kernel's #DB)."""
         rip = uc.reg_read(X.UC_X86_REG_RIP)
+        if self._step_through_gate(uc):
+            return
         for pad, (end, site) in self._live_pads.items():
             if pad <= rip < end and uc.reg_read(X.UC_X86_REG_CS) & 3:
                 space = site.items[0].space if site.items else None
@@ -523,12 +544,38 @@ class ProgramProbes:
                         self._python_hit(uc, site)
                     elif rip == pad:
                         self._hit(uc, site.displaced_at, site)
+                    elif site.compiled and rip < site.tail and bytes(uc.mem_read(rip, 1)) == _POPFQ:
+                        # a step that began inside the pad (the debugger stopped the task there): the pad's popfq
+                        # would load the flags it saved before the step, TF clear, and the step would never end
+                        rsp = uc.reg_read(X.UC_X86_REG_RSP)
+                        flags = int.from_bytes(uc.mem_read(rsp, 8), "little")
+                        uc.mem_write(rsp, (flags | EFLAGS_TF).to_bytes(8, "little"))
                     return  # TF still set: the next instruction of the pad traps again
         previous = self._previous_trap
         if previous is not None:
             previous(uc)
         else:
             self.machine.cpu.deliver(1)
+
+    def _step_through_gate(self, uc: Uc) -> bool:
+        """Is this #DB a debugger's single step inside a compiled pad's gate? A task the debugger stopped at a
+        pad's `lcall` (its breakpoint there) steps it: the call gate keeps TF, so the #DB comes in ring 0, at the
+        gate's target before its first instruction (the CPU's frame of the gate on the stack: the return into the
+        pad, in ring 3). Each #DB of the detour is then let go, the detour running on (its hit collected there,
+        once) to its `lretq` back into the pad, where the step goes on as in any pad: it ends after the probed
+        instruction. Without this the kernel would take the #DB in the middle of the stub's code."""
+        if uc.reg_read(X.UC_X86_REG_CS) & 3:
+            self._gate_step = False
+            return False
+        if self._gate_step:
+            return True
+        try:
+            back, cs = struct.unpack("<QQ", bytes(uc.mem_read(uc.reg_read(X.UC_X86_REG_RSP), 16)))
+        except UcError:
+            return False
+        tails = {tail for _, _, _, _, tail in self._compiled_pads.values()}
+        self._gate_step = cs & 3 == 3 and back in tails and bool(uc.reg_read(X.UC_X86_REG_EFLAGS) & EFLAGS_TF)
+        return self._gate_step
 
     def _hit(self, uc: Uc, address: int, site: _Site) -> None:
         space = site.items[0].space if site.items else None
