@@ -58,6 +58,10 @@ gets the run's tracepoints: it runs its instructions and collects nothing, as gd
 tracepoint jumps. An exec replaces the program's memory: its sites are forgotten (`gone`), never written again
 (the space's tables may soon be another's); their locations stay in the run, hitting nothing.
 
+Why this module is long: it is every way a program's tracepoint is hit (an int3 stepped in place, a fast
+tracepoint's pad, a compiled pad and its gate), with the forks, execs and debugger steps each must survive, and
+they share one record of a site, one #DB handler and the pads' areas.
+
 Owns the program's int3 sites (address -> the byte they replace, the locations sharing them), which task last
 stopped at its breakpoint over one, and the compiled pads. Runs on the CPU
 thread: install and remove under the tracer's run changes, the handlers inside the int3 and #DB hooks, the fork and
