@@ -21,7 +21,7 @@ examples:
   kgtp-sim bench --quick            # about 30 s: each probe kind, case, engine
   kgtp-sim bench --json rows.json --chart chart.png --no-peer
   kgtp-sim bench --record --quick   # recording and reading traces at pace
-  kgtp-sim bench --program-tracepoints --quick   # tracepoints in a program: ours, gdbserver's
+  kgtp-sim bench --program-tracepoints  # a program's tracepoints, gdbserver's
 """
 
 
