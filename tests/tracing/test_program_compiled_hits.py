@@ -80,9 +80,16 @@ def test_a_program_tracepoint_runs_compiled_and_records_what_the_python_path_rec
         frames = _frames(gdb, counter)
     finally:
         gdb.close()
-    assert hits == calls == len(frames) >= 16, (hits, calls, len(frames))  # a round of calls at least
+    assert hits == len(frames) >= 16, (hits, len(frames))  # a round of calls at least
     values = sorted(value for _, value in frames)
-    if not (engine == "interp" and kind == "ftrace"):  # (the Python path's pad may be left between hit and count)
+    if engine == "interp" and kind == "ftrace":
+        # the Python path's pad runs the counted instruction after the hit, where the stop may come between
+        # (interrupts on, as gdbserver's jump pad between its collection and the relocated instruction): each
+        # CPU's task may have been hit and not counted yet
+        assert calls <= hits <= calls + cpus, (hits, calls)
+    else:  # a hit and its instruction are one step (the int3's, in place) or one stretch of the stub's code
+        # (compiled: the detour and the pad's tail): no stop between them
+        assert hits == calls, (hits, calls)
         assert values == list(range(first, first + len(frames)))  # each call seen once, before its count
     for registers, _ in frames:
         assert registers["rip"] == function and registers["cs"] == 0x33 and registers["ss"] == 0x2B, registers
