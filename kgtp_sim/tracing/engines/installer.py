@@ -105,9 +105,10 @@ class ProbeSet:
             native = self.tracer.native
             if native is not None and not item.shared and item.site.address not in self.python_at \
                     and not self._needs_python(item):
-                slots = self._slots(item)
-                compiled = Compiled(native, lambda: self._build(item, from_user=True),
-                                    native.pad_condition(item.condition, slots))
+                condition = native.pad_condition(item.condition, self._slots(item))
+                # a condition the pad decides is true in the detour: it records the frame at once (the short path)
+                compiled = Compiled(native, lambda: self._build(item, from_user=True,
+                                                                condition_in_pad=condition is not None), condition)
             self.program.install(item, compiled)
             self.installed[item.tracepoint.key] = item
             return
@@ -182,14 +183,17 @@ class ProbeSet:
         """The computed built-in and per-CPU variables the location's detour refreshes at a hit."""
         return native_slots(self.tracer, builtin_slots(item.programs())) + percpu_slots(self.tracer, item.programs())
 
-    def _build(self, item: Installed, continue_to: int | None = None, from_user: bool = False):
+    def _build(self, item: Installed, continue_to: int | None = None, from_user: bool = False,
+               condition_in_pad: bool = False):
         """The location's detour and its hypercalls (not yet reachable from the site; `from_user`: a program's,
-        entered from its pad through a call gate)."""
+        entered from its pad through a call gate; `condition_in_pad`: only once the pad found its condition
+        true)."""
         native = self.tracer.native
         assert native is not None
         tp = item.tracepoint
         probe = native.build(
-            item.site, tp.number, item.condition, item.actions, tp.pass_count, self._slots(item),
+            item.site, tp.number, None if condition_in_pad else item.condition, item.actions, tp.pass_count,
+            self._slots(item),
             lambda code: verify(code), marker=item.marker,
             frame_room=self.tracer.frame_room(), continue_to=continue_to, from_user=from_user,
         )
