@@ -34,14 +34,12 @@ from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
 from unicorn import UC_HOOK_CODE
-from unicorn import x86_const as X
 
+from ..bench.peer import FUNCTION, SOURCE
+from ..bench.programs import bytes_at
 from ..bench.record import FIXTURE, load
 from ..bench.runner import BUFFER_SIZE
 
-ROOT = Path(__file__).resolve().parents[2]
-SOURCE = ROOT / "fixtures" / "peer" / "thesis_workload.c"
-FUNCTION = "kgtp_test_function"
 PROBES = {"int3": "stub-trap", "jump": "stub-fast"}  #: probe kind -> row name (gdbserver's: trap, fast)
 CASES = ("false-cond", "expr", "cond+expr")
 #: calls per window: short enough that most windows see no tick of the kernel's timer (hz 100)
@@ -64,17 +62,10 @@ def _symbols(binary: Path, *names: str) -> list[tuple[int, int]]:
         return [(s["st_value"], s["st_size"]) for s in (table.get_symbol_by_name(n)[0] for n in names)]
 
 
-def _code(binary: Path, address: int, length: int) -> bytes:
-    with open(binary, "rb") as f:
-        elf = ELFFile(f)
-        f.seek(next(elf.address_offsets(address, length)))
-        return f.read(length)
-
-
 def _rets(binary: Path, address: int, size: int) -> list[int]:
     from capstone import CS_ARCH_X86, CS_MODE_64, Cs
 
-    return [i.address for i in Cs(CS_ARCH_X86, CS_MODE_64).disasm(_code(binary, address, size), address)
+    return [i.address for i in Cs(CS_ARCH_X86, CS_MODE_64).disasm(bytes_at(binary, address, size), address)
             if i.mnemonic == "ret"]
 
 
@@ -139,7 +130,7 @@ class RoleWorkload:
         self.begin, self.ends = loop, _rets(binary, loop, loop_size)
         from kgtp_sim.tracing.patching.probes import decode
 
-        self.insn_length = decode(_code(binary, self.function, 15), self.function)[0].size
+        self.insn_length = decode(bytes_at(binary, self.function, 15), self.function)[0].size
         self.marks: list[tuple[bool, int, int, int]] = []
 
         def install(uc) -> None:

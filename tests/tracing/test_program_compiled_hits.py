@@ -10,7 +10,6 @@ whose first instruction counts the call in `counter`), under an in-process gdbse
 from __future__ import annotations
 
 import re
-import struct
 
 import pytest
 from unicorn import UC_HOOK_CODE
