@@ -168,6 +168,10 @@ class Cpu:
         #: (counters.Counters; None otherwise, so that counting costs nothing when no counter is)
         self.observer: CpuObserver | None = None
         self.fault_fixups = FaultFixups()
+        #: (start, end, page-table root) of code the stub placed in a process where, as in module space, the CPU is
+        #: neither interrupted nor switched out (a compiled hit's pad, from the hit to the end of the probed
+        #: instruction: tracing/engines/userprobes.py)
+        self.process_stub_code: list[tuple[int, int, int]] = []
         self.delivered: Counter[int] = Counter()  # vector -> times delivered through the IDT
         self.breakpoint_hits = 0
         self.fixup_hits = 0
