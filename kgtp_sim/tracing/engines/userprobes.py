@@ -274,8 +274,10 @@ class ProgramProbes:
         if not self._live_pads and cpu.debug_trap != self._debug_trap:
             self._previous_trap, cpu.debug_trap = cpu.debug_trap, self._debug_trap
         self._live_pads[pad] = (end, site)
-        # from the hit to the probed instruction's end, no other CPU and no interrupt: as the Python path's step
-        self.machine.cpu.process_stub_code.append((tail, end, space.root))
+        # from the pad's first instruction to the probed instruction's end, no other CPU and no interrupt, as the
+        # Python path's hit and step: a thread is never stopped half way, with its hit counted (in the pad's count,
+        # or the detour's frame) and its call not yet made, nor switched out there while the run changes
+        self.machine.cpu.process_stub_code.append((pad, end, space.root))
         self._watch()
         item.out_of_line = tail
         if item.want_jump:
@@ -382,8 +384,8 @@ class ProgramProbes:
         if not self._live_pads and cpu.debug_trap == self._debug_trap:
             cpu.debug_trap, self._previous_trap = self._previous_trap, None
         self.machine.gates.retarget(cpu.uc, site.gate, None)
-        if (site.tail, end, space.root) in cpu.process_stub_code:
-            cpu.process_stub_code.remove((site.tail, end, space.root))
+        if (site.pad, end, space.root) in cpu.process_stub_code:
+            cpu.process_stub_code.remove((site.pad, end, space.root))
         if self.tracer.native is not None and item.native is not None:
             self.tracer.native.release(item.native)
         if site.jump:
