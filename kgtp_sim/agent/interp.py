@@ -17,7 +17,7 @@ from typing import Protocol
 from . import semantics as sem
 from .blocks import MAX_BLOCK, memory_block, tsv_block
 from .errors import ErrorCode, EvalError, EvalResult, UnreadableMemory
-from .printf_format import format_printf
+from .printf_format import format_printf, read_escapes
 from .verify import Program
 
 #: Backward jumps one evaluation may take before it is stopped (also the default for compiled code).
@@ -56,8 +56,11 @@ def evaluate(
     *,
     loop_budget: int = DEFAULT_LOOP_BUDGET,
     fault_types: tuple[type[BaseException], ...] = (UnreadableMemory,),
+    escapes: bool = False,
 ) -> EvalResult:
-    """Run `program`; `EvalResult.steps` counts the bytecode ops executed (not machine instructions)."""
+    """Run `program`; `EvalResult.steps` counts the bytecode ops executed (not machine instructions). `escapes`:
+    printf reads its format's C escapes first, as gdbserver's agent printf (printf_format.read_escapes; the caller
+    checked the formats read so when it took the program)."""
     code = program.code
     insns = program.insns
     index = program.index
@@ -141,7 +144,8 @@ def evaluate(
             stack.pop()  # function: the target may ignore it (agentexpr.texi); we always use our own printf
             stack.pop()  # channel
             args = [stack.pop() for _ in range(insn.arg)]
-            ctx.printf(format_printf(insn.format, args, ctx.read_memory))
+            text = read_escapes(insn.format) if escapes else insn.format
+            ctx.printf(format_printf(text, args, ctx.read_memory))
         else:  # pragma: no cover - the verifier refuses everything else
             raise AssertionError(f"unverified opcode {name}")
         pc = nxt

@@ -5,12 +5,19 @@ verifier refuses anything else, and checks that the argument count in the byteco
 format is a define-time error, never a hit-time surprise. Formatting is done in one place for every engine, so the
 interpreter and the compiled code's printf trap print the same text.
 
+A format is the bytes GDB put in the bytecode: for a dprintf, the text the user typed between the quotes, its C
+escapes not read (breakpoint.c: parse_cmd_to_aexpr hands ax-gdb.c's gen_printf the source text). gdbserver's agent
+printf reads them when it prints (ax.cc: ax_printf parses the format with gdbsupport/format.cc's format_pieces):
+`read_escapes` does what it does, for the target that plays gdbserver (its breakpoint commands: stub/conditions.py).
+KGTP has no printf op (gtp.c), so the tracer's printf prints the format as it came.
+
 Pure: formats are parsed where bytecode is verified (verify.py says where), and text is formatted at a hit, on the
 CPU thread (interp.py), or in a test's `Sandbox` on the test's thread.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +38,35 @@ class Piece:
 
 class FormatError(ValueError):
     pass
+
+
+#: the C escapes gdbsupport/format.cc's format_pieces reads in a format, and their characters (no other: no octal)
+_ESCAPES = {ord("\\"): b"\\", ord("a"): b"\a", ord("b"): b"\b", ord("e"): b"\x1b", ord("f"): b"\f", ord("n"): b"\n",
+            ord("r"): b"\r", ord("t"): b"\t", ord("v"): b"\v", ord('"'): b'"'}
+
+
+@functools.lru_cache(maxsize=256)
+def read_escapes(fmt: bytes) -> bytes:
+    """`fmt` as gdbserver's agent printf reads it (gdbsupport/format.cc's format_pieces, without GDB's extensions):
+    each escape of `_ESCAPES` becomes its character, the text ends at a `"` no backslash escapes (GDB sends none:
+    its own parse ends the format there), and any other escape is a FormatError, as format_pieces' error()."""
+    out = bytearray()
+    at = 0
+    while at < len(fmt):
+        byte = fmt[at]
+        if byte == ord('"'):
+            break
+        if byte != ord("\\"):
+            out.append(byte)
+            at += 1
+            continue
+        escaped = fmt[at + 1:at + 2]
+        if not escaped or escaped[0] not in _ESCAPES:
+            shown = escaped.decode("latin-1") if escaped else "(end of the format)"
+            raise FormatError(f"Unrecognized escape character \\{shown} in format string.")
+        out += _ESCAPES[escaped[0]]
+        at += 2
+    return bytes(out)
 
 
 def parse_format(fmt: bytes) -> list[Piece]:

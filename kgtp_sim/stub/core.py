@@ -14,7 +14,7 @@ from ..arch import amd64
 from ..rsp.dispatch import E_BAD_PACKET, E_MEMORY, E_PERMISSION, Binary, Reply, RspError, handles
 from ..rsp.packets import connect as c
 from ..rsp.packets import data as d
-from .run import NonStopHandlers, ReverseHandlers, RunHandlers
+from .run import BreakpointHandlers, ConditionalBreakpointHandlers, NonStopHandlers, ReverseHandlers, RunHandlers
 from .target import Target, ViewError
 from .threads import Selection, ThreadHandlers
 
@@ -155,7 +155,7 @@ class TargetHandlers:
 
     The reverse family is assembled only when the target has the reverse extension, so qSupported (derived from
     the dispatch table) announces ReverseStep+ and ReverseContinue+ only then; the non-stop family likewise
-    (QNonStop+). `families` lists them in the order
+    (QNonStop+), and the `Z` that reads conditions and commands (ConditionalBreakpoints+, BreakpointCommands+). `families` lists them in the order
     their qSupported features come out (the recorded transcripts hold GDB's sessions byte for byte)."""
 
     target: Target
@@ -170,11 +170,14 @@ class TargetHandlers:
         self.run = RunHandlers(self.target, self.threads)
         self.non_stop = (NonStopHandlers(self.target, self.run)
                          if self.target.support_non_stop() is not None else None)
+        conditions = self.target.support_breakpoint_conditions()
+        self.breakpoints = (BreakpointHandlers(self.target, self.threads) if conditions is None else
+                            ConditionalBreakpointHandlers(self.target, self.threads, conditions))
 
     @property
     def families(self) -> tuple[object, ...]:
-        return tuple(f for f in (self.data, self.reverse, self.connect, self.run, self.threads, self.non_stop)
-                     if f is not None)
+        return tuple(f for f in (self.data, self.reverse, self.connect, self.run, self.threads, self.non_stop,
+                                 self.breakpoints) if f is not None)
 
     def stop_reply(self) -> bytes:
         """The session's reply to Ctrl-C after a deferred `c`."""

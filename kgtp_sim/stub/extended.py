@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from xml.sax.saxutils import escape
 
+from ..agent.verify import Program
 from ..arch import amd64
 from ..machine import MachineError
 from ..machine.tracee import (PTRACE_O_TRACEEXEC, PTRACE_O_TRACEFORK, PTRACE_O_TRACEVFORK, PTRACE_O_TRACEVFORKDONE,
@@ -46,8 +47,8 @@ from ..rsp.packets import run as v
 from .overlay import FrameOverlay
 from .process import ProcessTarget, ProcessView
 from .run import stop_reply
-from .target import (Breakpoints, BreakpointType, Execd, Exited, Forked, MemoryWrites, NonStop, RegisterWrites,
-                     Resume, ResumeAction, Running, Stop, Target, Terminated)
+from .target import (BreakpointConditions, Breakpoints, BreakpointType, Execd, Exited, Forked, MemoryWrites, NonStop,
+                     RegisterWrites, Resume, ResumeAction, Running, Stop, Target, Terminated)
 from .threads import ThreadHandlers
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ EVENT_OPTIONS = {"fork-events+": PTRACE_O_TRACEFORK, "vfork-events+": PTRACE_O_T
                  "exec-events+": PTRACE_O_TRACEEXEC}
 
 
-class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints, NonStop):
+class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints, BreakpointConditions, NonStop):
     """The processes GDB debugs now (the first is the program it started or attached to), or none; what the handlers
     of a gdbserver role speak to."""
 
@@ -308,6 +309,9 @@ class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints, NonSto
     def support_non_stop(self) -> NonStop:
         return self
 
+    def support_breakpoint_conditions(self) -> BreakpointConditions:
+        return self
+
     def write_registers(self, thread: int, values: dict[str, int]) -> None:
         self.process_for(thread).write_registers(thread, values)
 
@@ -321,6 +325,11 @@ class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints, NonSto
         """In the process of the thread GDB selected (GDB selects a fork child's before it takes its breakpoints
         out of it: infrun.c's detach_breakpoints)."""
         self.process_for(thread).insert_breakpoint(type, address, kind)
+
+    def set_conditions(self, type: BreakpointType, address: int, conditions: Sequence[Program],
+                       commands: Sequence[Program] = (), thread: int | None = None) -> None:
+        """Those of the breakpoint just inserted in the process of the thread GDB selected."""
+        self.process_for(thread).set_conditions(type, address, conditions, commands)
 
     def remove_breakpoint(self, type: BreakpointType, address: int, kind: int, thread: int | None = None) -> None:
         process = self.holding(thread) or self.process

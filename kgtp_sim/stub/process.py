@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..agent.verify import Program
 from ..arch import amd64, signals
 from ..machine import MachineError
 from ..machine import smp
@@ -56,9 +57,10 @@ from ..machine.watchpoints import EXECUTE, READ_WRITE, WRITE, WatchpointError, a
 from ..rsp.dispatch import E_BAD_PACKET, E_MEMORY, E_PERMISSION, RspError
 from ..rsp.packets import connect as c
 from .auxv import auxv_below_stack_top, initial_auxv
+from .conditions import BreakpointOptions
 from .nonstop import NonStopControl
 from .overlay import FrameOverlay
-from .target import (SIGINT, Breakpoints, BreakpointType, DataAccess, Execd, Exited, Forked, MemoryWrites,
+from .target import (SIGINT, BreakpointConditions, Breakpoints, BreakpointType, DataAccess, Execd, Exited, Forked, MemoryWrites,
                      RegisterWrites, Resume, ResumeAction, Running, Signal, Stop, Target, Terminated, VforkDone,
                      ViewError)
 
@@ -85,7 +87,7 @@ class ProcessView:
         return self.target.live_memory(address, length)
 
 
-class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume, Breakpoints):
+class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume, Breakpoints, BreakpointConditions):
     """A traced process (`tracee`) of the machine; `exec_path` is its program's path inside the machine. A trace
     frame GDB selects (`tfind`) is laid over it (`overlay`), as over KGTP mode's kernel."""
 
@@ -111,6 +113,12 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
         self._wanted: set[int] = set()  #: software breakpoints GDB has set
         self._inserted: set[int] = set()  #: the int3s it holds in the process's memory (machine/int3s.py)
         self._hardware: dict[tuple[BreakpointType, int, int], list[int]] = {}  #: Z1-Z4 -> debug registers
+        #: the conditions and commands of GDB's software breakpoints, by address (set with their `Z0`)
+        self._options: dict[int, BreakpointOptions] = {}
+        #: breakpoint hits GDB did not hear of (conditions all false, or commands run), and steps over them
+        self.silent_hits = 0
+        #: where the `printf` of a breakpoint's commands goes (gdbserver prints it on its stdout)
+        self.command_output: Callable[[str], None] = self._print
         self._notify: Callable[[], None] | None = None
         self.detached = False  #: GDB detached: the process goes on untraced
         #: GDB's signals given to the program without a stop (QPassSignals), and those it may be resumed with
@@ -132,6 +140,8 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
             self._last = Signal(0, self.pid)  # gdbserver's: stopped, GDB_SIGNAL_0
             space = self.tracee.space()
             self._wanted = set(parent._wanted)
+            self._options = dict(parent._options)  # gdbserver's clone_all_breakpoints copies them too
+            self.command_output = parent.command_output
             self._inserted = {a for a in parent._inserted if DEBUGGER in self.machine.int3s.holders(space, a)}
         elif attached is None:
             self.exec_path = exec_path or ""
@@ -173,6 +183,14 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
                 thread.tracee.set_options(options)
             except MachineError as error:
                 log.info("thread %d: options: %s", thread.tracee.pid, error)
+
+    def _print(self, text: str) -> None:
+        """A breakpoint command's `printf`: where the program's standard output goes (the machine's relay of it), as
+        gdbserver prints it on the stdout its inferior shares."""
+        log.info("breakpoint command printf: %s", text.rstrip("\n"))
+        sink = self.machine.processes.sink
+        if sink is not None:
+            sink(1, text.encode("utf-8", "surrogateescape"))
 
     def forget(self) -> None:
         """GDB is done with it (ended, killed, detached): its stops are no longer listened to."""
@@ -260,7 +278,7 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
         process made that GDB has not met yet too, once it has stopped at its start (it would wait there for a
         debugger forever)."""
         self._stop_all()
-        self._collect_stops()
+        self._collect_stops(step_over=False)  # one at a breakpoint it was not to stop at runs it without it
         self._release_hardware()
         self._take_out_breakpoints(everything=True)
         self._wanted.clear()
@@ -309,6 +327,9 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
         return self
 
     def support_non_stop(self) -> NonStopControl:
+        return self
+
+    def support_breakpoint_conditions(self) -> BreakpointConditions:
         return self
 
     # ---- writes ---------------------------------------------------------------------------------------------
@@ -361,9 +382,26 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
             slots = self._hardware.pop((type, address, kind), None)
             if slots:
                 self.machine.run_on_cpu(lambda uc: self.machine.debug_registers.release(slots))
+            self._forget_options(address)
             return
         self._wanted.discard(address)
+        self._forget_options(address)
         self._breakpoints_now()
+
+    def set_conditions(self, type: BreakpointType, address: int, conditions: Sequence[Program],
+                       commands: Sequence[Program] = (), thread: int | None = None) -> None:
+        """Kept by address, for the software and hardware breakpoints there (gdbserver judges a hit by both:
+        gdb_condition_true_at_breakpoint); the last `Z` sent for an address decides."""
+        options = BreakpointOptions(tuple(conditions), tuple(commands))
+        if options:
+            self._options[address] = options
+        else:
+            self._options.pop(address, None)
+
+    def _forget_options(self, address: int) -> None:
+        """A breakpoint's conditions go with the last breakpoint GDB has at its address."""
+        if address not in self._wanted and (BreakpointType.HARDWARE, address) not in {k[:2] for k in self._hardware}:
+            self._options.pop(address, None)
 
     def _breakpoints_now(self) -> None:
         """While threads run (non-stop: GDB's breakpoints are always inserted), memory follows GDB's set at once."""
@@ -478,6 +516,7 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
         """Resume one thread (its Linux `signal` taken), as running from now."""
         thread.after = thread.tracee.resume(step=step, signal=signal)
         thread.asked_stop = thread.report_stop = False
+        thread.step_over = None  # still at a breakpoint it was not to stop at: it meets it again
 
     def _chosen(self, actions: Sequence[ResumeAction]) -> dict[int, ResumeAction | None]:
         """Each thread's action: the first naming it, or every thread (of every process, or of this one), None when
@@ -556,9 +595,10 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
                      None)
         return None if event is None else self._report(event)
 
-    def _collect_stops(self) -> None:
+    def _collect_stops(self, step_over: bool = True) -> None:
         """Take in the stops of running threads (each classified: an event for GDB, or none) and adopt new
-        threads at their first stop (resumed when the others run)."""
+        threads at their first stop (resumed when the others run); then (`step_over`, unless every thread is being
+        stopped) step the threads at a breakpoint GDB is not to hear of past it."""
         stops = self.machine.ptrace.stopped_tids()
         for tid, stop in stops.items():
             thread = self.threads_by_tid.get(tid)
@@ -579,6 +619,113 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
                 except MachineError as error:  # gone meanwhile (its group ended): the process's end says the rest
                     log.info("thread %d: %s", tid, error)
                     self.threads_by_tid.pop(tid, None)
+        if step_over and not self._stopping:
+            self._step_overs()
+
+    def _reported_hit(self, thread: _Thread, address: int) -> bool:
+        """A hit of GDB's breakpoint at `address`: its commands run, and whether GDB hears of it (stub/conditions.py);
+        one it does not hear of is counted."""
+        options = self._options.get(address)
+        if not options:
+            return True
+        try:
+            registers: dict[str, int | None] = dict(thread.tracee.registers())
+        except MachineError as error:
+            log.info("thread %d at the breakpoint at %#x: %s", thread.tracee.pid, address, error)
+            return True
+
+        def read(at: int, length: int) -> bytes:
+            try:
+                return thread.tracee.read_memory(at, length, hide_int3s=True)
+            except MachineError:
+                return b""
+
+        if options.judge(registers, self.register_layout(), read, self.command_output):
+            return True
+        self.silent_hits += 1
+        log.debug("thread %d: breakpoint at %#x not reported (%d so far)", thread.tracee.pid, address,
+                  self.silent_hits)
+        return False
+
+    def _step_overs(self) -> None:
+        """Threads at a breakpoint GDB is not to hear of go on past it, one at a time, as gdbserver's linux-low steps
+        over a breakpoint (start_step_over, finish_step_over): every other thread stopped quietly, the breakpoint
+        taken out (its int3, or its debug register), the thread stepped over its instruction, the breakpoint put back,
+        then the threads resumed as they were (the stepped one continuing, or, when GDB had asked it for a step, its
+        step reported as done). An event another thread met meanwhile stays pending; in all-stop it is reported
+        and nothing is resumed (a thread still at a breakpoint meets it again when GDB resumes it). Only a thread
+        the resumption resumed is stepped: one GDB left stopped (all-stop: GDB steps one thread over its breakpoint
+        while another waits at a hit whose condition was false, met as the last report stopped everyone) stays
+        where it is until GDB resumes it, as gdbserver steps over a breakpoint only a thread it resumes (linux-low's
+        need_step_over_p: a thread whose last resumption was a stop "should remain stopped"); stepped and continued
+        here, it ran on alone, GDB's breakpoints out of memory."""
+        while self.ended() is None:
+            thread = next((t for tid, t in self.threads_by_tid.items()
+                           if t.step_over is not None and t.after is None and tid in self._resumed), None)
+            if thread is None:
+                return
+            running = self._running()
+            known = set(self.threads_by_tid)
+            self._stop_all()
+            made = [t for tid, t in self.threads_by_tid.items() if tid not in known]  # met at their start meanwhile
+            running += made
+            self._resumed |= {t.tracee.pid for t in made}
+            if self.ended() is not None or self._event_waits():
+                return
+            type, address = thread.step_over or (BreakpointType.SOFTWARE, 0)
+            thread.step_over = None
+            self._past_breakpoint(thread, type, address)
+            if thread.after is None and thread.pending is None and thread.tracee.ended is None:
+                if thread.stepping and not (thread.range and thread.range[0] <= thread.tracee.pc() < thread.range[1]):
+                    thread.pending = Signal(SIGTRAP, thread.tracee.pid)  # GDB's step, done
+                    thread.range = None
+                elif not self._event_waits():
+                    self._go(thread, thread.stepping)
+            if self._event_waits():
+                return
+            for other in running:
+                if other.after is None and other.pending is None and other.step_over is None:
+                    if other.report_stop:  # non-stop's vCont;t asked while we stopped it: its stop is the event
+                        other.pending = Signal(0, other.tracee.pid)
+                    else:
+                        self._go(other, other.stepping)
+
+    def _event_waits(self) -> bool:
+        """All-stop: a thread GDB resumed has an event to report (nothing more is to be resumed)."""
+        return not self._non_stop and any(t.pending is not None and tid in self._resumed
+                                          for tid, t in self.threads_by_tid.items())
+
+    def _past_breakpoint(self, thread: _Thread, type: BreakpointType, address: int) -> None:
+        """Step `thread`, stopped at GDB's breakpoint at `address`, over that instruction with the breakpoint out
+        (every other thread stopped); what the step met besides its end becomes the thread's event."""
+        hardware = [key for key in self._hardware if key[:2] == (type, address)]
+        try:
+            if type == BreakpointType.SOFTWARE:
+                if address in self._inserted:
+                    self._inserted.discard(address)
+                    self.tracee.debugger_int3s((), [address])
+            else:
+                for key in hardware:
+                    slots = self._hardware.pop(key)
+                    if slots:
+                        self.machine.run_on_cpu(lambda uc, slots=slots: self.machine.debug_registers.release(slots))
+            after = thread.tracee.resume(step=True)
+            stop = self.machine.ptrace.wait(thread.tracee.pid, after)
+        except MachineError as error:
+            log.info("thread %d: step over the breakpoint at %#x: %s", thread.tracee.pid, address, error)
+            return
+        finally:
+            try:
+                self._put_in_breakpoints()
+                for key in hardware:
+                    self._insert_hardware(*key)
+            except (MachineError, RspError) as error:
+                log.warning("breakpoint at %#x not put back: %s", address, error)
+        if stop is None:  # the thread ended (its instruction ended the process)
+            return
+        if stop.event or stop.signal != SIGTRAP:
+            thread.after = None
+            thread.pending = self._classify(thread, stop)
 
     def _adopt(self, tid: int, task: int) -> _Thread | None:
         """A traced task GDB has not seen: a new thread of this process (stopped quietly at its start), or
@@ -609,8 +756,11 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
         signal = signals.to_gdb(linux_signal)
         hit, thread.hit = thread.hit, None
         if signal == SIGTRAP and hit is not None:
-            thread.range = None
             type, address = hit
+            if type == BreakpointType.HARDWARE and not self._reported_hit(thread, address):
+                thread.step_over = (type, address)
+                return None
+            thread.range = None
             return (Signal(signal, tid, hwbreak=True) if type == BreakpointType.HARDWARE else
                     Signal(signal, tid, watch=DataAccess(type, address)))
         # straight to the program, GDB not told (gdbserver's linux-low wait_1): never to a thread GDB steps, which
@@ -625,6 +775,9 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
             if rip - 1 in self._inserted:  # the int3 trapped: the PC goes back on the breakpoint
                 thread.tracee.set_pc(rip - 1)
                 swbreak = True
+                if not self._reported_hit(thread, rip - 1):
+                    thread.step_over = (BreakpointType.SOFTWARE, rip - 1)
+                    return None
             elif thread.range is not None and thread.range[0] <= rip < thread.range[1]:
                 self._go(thread, True)
                 return None
@@ -676,6 +829,7 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
         self._resumed.add(self.pid)
         self._wanted.clear()
         self._inserted.clear()
+        self._options.clear()
         self._release_hardware()
         self._last_of.clear()
         self.auxv = initial_auxv(tracee)
@@ -764,3 +918,5 @@ class _Thread:
     hit: tuple[BreakpointType, int] | None = None  #: the debug register that stopped it
     asked_stop: bool = False  #: _stop_all asked it to stop since it was last resumed
     report_stop: bool = False  #: non-stop: GDB asked it to stop (vCont;t): its quiet stop is an event
+    #: stopped at GDB's breakpoint (its type and address) without GDB being told: to be stepped over it
+    step_over: tuple[BreakpointType, int] | None = None

@@ -1,6 +1,6 @@
 """Run control for any target (stub/target.py): `?`, `c`, `s`, `vCont?`/`vCont`, the stop replies (at once, at the
-user's Ctrl-C, or when a Running target stopped by itself), breakpoints and watchpoints (`Z`/`z`), and reverse
-execution (`bs`/`bc`).
+user's Ctrl-C, or when a Running target stopped by itself), breakpoints and watchpoints (`Z`/`z`: with conditions
+and commands for a target that runs them, `ConditionalBreakpointHandlers`), and reverse execution (`bs`/`bc`).
 
 The target answers in typed outcomes (`Signal`, `ReplayLog`, `Exited`, a process's fork, vfork and exec events,
 `Running`); this module writes them as GDB's stop replies (remote.c: remote_target::remote_parse_stop_reply reads
@@ -20,6 +20,7 @@ for a target that has the extension, so qSupported announces `QNonStop+` only th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..rsp.dispatch import E_BAD_PACKET, Deferred, Reply, RspError, handles
@@ -27,7 +28,7 @@ from ..rsp.notify import StopNotifications
 from ..rsp.packets import connect as c
 from ..rsp.packets import replay as r
 from ..rsp.packets import run as v
-from .target import (BreakpointType, Execd, Exited, Forked, NonStop, ReplayLog, ResumeAction, Running, Signal, Stop,
+from .target import (BreakpointConditions, BreakpointType, Execd, Exited, Forked, NonStop, ReplayLog, ResumeAction, Running, Signal, Stop,
                      Target, Terminated, VforkDone)
 from .threads import ThreadHandlers
 
@@ -184,6 +185,15 @@ class RunHandlers:
     def step(self, packet: r.Step) -> Reply:
         return self._resume(step=True)
 
+
+
+@dataclass
+class BreakpointHandlers:
+    """`Z` and `z`, for any target (its `Breakpoints` extension)."""
+
+    target: Target
+    threads: ThreadHandlers
+
     @handles(r.InsertBreakpoint)
     def insert_breakpoint(self, packet: r.InsertBreakpoint) -> Reply:
         """gdbserver's server.cc (`Z`/`z` in process_serial_event): the empty reply for a type the target does
@@ -191,17 +201,43 @@ class RunHandlers:
         return self._breakpoint(packet, insert=True)
 
     @handles(r.RemoveBreakpoint)
-    def remove_breakpoint(self, packet: r.RemoveBreakpoint) -> Reply:
+    def remove_breakpoint(self, packet: r.InsertBreakpoint | r.RemoveBreakpoint) -> Reply:
         return self._breakpoint(packet, insert=False)
 
-    def _breakpoint(self, packet: r.InsertBreakpoint | r.RemoveBreakpoint, *, insert: bool) -> Reply:
+    def _breakpoint(self, packet: r.InsertBreakpoint | r.RemoveBreakpoint, *, insert: bool,
+                    then: Callable[[], None] | None = None) -> Reply:
         breakpoints = self.target.support_breakpoints()
         type = BreakpointType(packet.type)
         if breakpoints is None or not breakpoints.supports(type):
             return b""
         change = breakpoints.insert_breakpoint if insert else breakpoints.remove_breakpoint
         change(type, packet.address, packet.kind, self.threads.selection.general)  # in the process `Hg` selected
+        if then is not None:
+            then()
         return b"OK"
+
+
+@dataclass
+class ConditionalBreakpointHandlers(BreakpointHandlers):
+    """`Z0`/`Z1` with the breakpoint's conditions and commands: only assembled for a target that lends
+    `BreakpointConditions`, so that qSupported announces ConditionalBreakpoints+ and BreakpointCommands+ only then
+    (core.TargetHandlers)."""
+
+    conditions: BreakpointConditions | None = None
+
+    @handles(r.ConditionalInsertBreakpoint)
+    def insert_breakpoint(self, packet: r.ConditionalInsertBreakpoint) -> Reply:  # type: ignore[override]
+        """As gdbserver's `Z` (server.cc: the point inserted, then clear_breakpoint_conditions_and_commands and
+        process_point_options): the conditions and commands given replace the ones the breakpoint had (the packet
+        verified them: a bad one never reaches here, and nothing is inserted)."""
+        conditions, commands = packet.conditions, packet.commands
+        extension = self.conditions
+        assert extension is not None
+        type = BreakpointType(packet.type)
+        thread = self.threads.selection.general
+        return self._breakpoint(packet, insert=True,
+                                then=lambda: extension.set_conditions(type, packet.address, conditions, commands,
+                                                                      thread))
 
 
 @dataclass

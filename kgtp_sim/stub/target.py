@@ -18,6 +18,8 @@ what detaching or killing does. Optional extensions:
 | `support_breakpoints`      | Z, z                 | empty reply, as gdbserver for a type it lacks       |
 | `support_non_stop`         | QNonStop, vStopped,  | not in the dispatch table, so QNonStop+ is not in   |
 |                            | vCtrlC               | qSupported (GDB's `set non-stop on` is refused)     |
+| `support_breakpoint_       | Z0/Z1 with `;X...`,  | `Z` reads no options: ConditionalBreakpoints+ and   |
+|  conditions`               | `;cmds:`             | BreakpointCommands+ not in qSupported               |
 
 An extension is asked for at each packet (a target may lend one only in some states: KGTP's breakpoints exist only
 in a replay, `supports` says which types); what qSupported announces follows the extensions the target has when
@@ -43,6 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from ..agent.verify import Program
 from ..arch import amd64
 from ..tracing.core.frames import ViewError
 
@@ -281,6 +284,10 @@ class Target(ABC):
     def support_non_stop(self) -> NonStop | None:
         return None
 
+    def support_breakpoint_conditions(self) -> BreakpointConditions | None:
+        """Asked once, where the handlers are assembled (the `Z` that reads conditions is the table's then)."""
+        return None
+
 
 # ---- extensions ---------------------------------------------------------------------------------------------
 
@@ -353,6 +360,19 @@ class Breakpoints(ABC):
     @abstractmethod
     def remove_breakpoint(self, type: BreakpointType, address: int, kind: int, thread: int | None = None) -> None:
         """Remove one (from `thread`'s process); removing one that is not set is no error."""
+
+
+class BreakpointConditions(ABC):
+    """Conditions and commands of breakpoints (`Z0`/`Z1` with `;X...` and `;cmds:`), run by the target at each hit
+    (gdbserver's ConditionalBreakpoints and BreakpointCommands: mem-break.cc's add_breakpoint_condition,
+    add_breakpoint_commands, gdb_condition_true_at_breakpoint, run_breakpoint_commands). A hit whose conditions are
+    all false, or a breakpoint with commands, is not reported: the thread goes on by itself."""
+
+    @abstractmethod
+    def set_conditions(self, type: BreakpointType, address: int, conditions: Sequence[Program],
+                       commands: Sequence[Program] = (), thread: int | None = None) -> None:
+        """The conditions and commands of the breakpoint just inserted at `address` (of `thread`'s process), in
+        place of any it had (GDB sends the whole list again when it changes); none: it always stops."""
 
 
 

@@ -7,9 +7,13 @@ import struct
 
 import pytest
 
+from kgtp_sim.agent.context import SimpleContext
 from kgtp_sim.agent.errors import ErrorCode
+from kgtp_sim.agent.interp import evaluate
 from kgtp_sim.agent.opcodes import assemble, encode
+from kgtp_sim.agent.printf_format import FormatError, read_escapes
 from kgtp_sim.agent.semantics import ext, signed, zero_ext
+from kgtp_sim.agent.verify import verify
 
 from .harness import DATA_ADDR, DATA_SIZE, STRING_ADDR, UNMAPPED, Differential, make_memory
 
@@ -246,6 +250,23 @@ def test_printf(diff) -> None:
     )
     out = diff.check(code)
     assert out.output == ["-1 \xff kgtp|"] and out.value == 5
+
+
+def test_printf_reads_c_escapes_only_when_asked() -> None:
+    """GDB sends a dprintf's format as typed (`\\n` two characters); gdbserver's agent printf reads the escapes
+    (format.cc's format_pieces), the tracer's prints the format as it came (KGTP has no printf op)."""
+    raw = rb'a\tb\n\"%d\"\\\e\a\b\f\r\v' + b"|"
+    code = encode("const8", 7) + encode("const8", 0) + encode("const8", 0) + encode("printf", 1, fmt=raw) + encode("end")
+    program = verify(code)
+    as_gdbserver, as_sent = SimpleContext(), SimpleContext()
+    assert evaluate(program, as_gdbserver, escapes=True).error is None
+    assert evaluate(program, as_sent).error is None
+    assert as_gdbserver.output == ['a\tb\n"7"\\\x1b\a\b\f\r\v|']
+    assert as_sent.output == [raw.replace(b"%d", b"7").decode()]
+    assert read_escapes(b'x"y') == b"x"  # an unescaped quote ends it, as format_pieces' loop
+    for bad in (rb"\q", rb"\101", b"end\\"):  # no other escape, octal neither; a lone backslash at the end
+        with pytest.raises(FormatError, match="Unrecognized escape"):
+            read_escapes(bad)
 
 
 def test_loops_and_budget(diff) -> None:

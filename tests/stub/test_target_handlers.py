@@ -129,6 +129,9 @@ def test_qsupported_follows_the_extensions_the_target_declares():
         assert b"qXfer:features:read+" in features and b"QStartNoAckMode+" in features
     assert b"ReverseStep+" not in plain and b"ReverseContinue+" not in plain
     assert b"ReverseStep+" in reversible and b"ReverseContinue+" in reversible
+    # neither runs breakpoint conditions: a `Z0` reads none (tests/stub/test_breakpoint_conditions.py: the process's)
+    for features in (plain, reversible):
+        assert b"ConditionalBreakpoints+" not in features and b"BreakpointCommands+" not in features
 
 
 # ---- breakpoints and run control ------------------------------------------------------------------------------
