@@ -415,7 +415,7 @@ def speed_rows(pair: Pair, windows_binary: Path, calls: int, windows: int, round
             "kernel": "the same bytes in kernel memory through Machine.call (ring 0)",
             "kernel text": f"the kernel's own kgtp_bench_loop({calls}) through Machine.call (ring 0)"}
     return [{"row": f"loop ({name})", "what": what[name], "insns": insns[name][0], "exact": insns[name][1],
-             "ns": per_call[name], "insns_per_s": ips[name], "ratio_to_kernel": ips[name] / ips["kernel"],
+             "ns": per_call[name], "insns_per_s": ips[name], "ratio_to_kernel": 1.0 if name == "kernel" else ips[name] / ips["kernel"],
              "fixed_ns": statistics.median(ns[name][0]), "windows": [len(ns[name][0]), len(ns[name][calls])],
              **({"bytes": copies[pair.timed][2].hex()} if name != "kernel text" else {})}
             for name in insns]

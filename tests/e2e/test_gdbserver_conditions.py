@@ -17,7 +17,7 @@ import pytest
 from kgtp_sim.client import GDB_CLIENTS
 
 from ..programs import MODES, SOURCES, compile_program
-from .test_gdbserver_role import KINDS, MAIN_MODE, run_session, servers  # noqa: F401 - the fixture
+from .test_gdbserver_role import KINDS, MAIN_MODE, debug, servers  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.gdb
 
@@ -41,20 +41,10 @@ def _stop_replies(out: str) -> list[str]:
     return re.findall(r"(?:Packet received|Received): (T[0-9a-f]{2}[^\s]*)", out)
 
 
-def _session(servers, kind, gdb, program, commands, *args):  # noqa: F811
-    server = servers(kind, program, *args)
-    try:
-        out = run_session(gdb, program, server.listening(), commands)
-    except AssertionError as error:
-        raise AssertionError(f"{error}\n---- the server printed:\n{server.text()}") from None
-    assert server.wait() == 0, server.text()
-    return out, server
-
-
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("gdb", GDB_CLIENTS, ids=lambda c: f"gdb{c.version}")
 def test_a_condition_the_target_evaluates_stops_once(servers, program, gdb, kind):  # noqa: F811
-    out, server = _session(servers, kind, gdb, program, [
+    out, server = debug(servers, kind, gdb, program, (), [
         *AT_MAIN,
         "set breakpoint condition-evaluation target",
         "break f if i == 500",
@@ -78,14 +68,14 @@ def test_a_condition_the_target_evaluates_stops_once(servers, program, gdb, kind
 @pytest.mark.parametrize("kind", KINDS)
 def test_threads_each_stop_once_at_their_own_500(servers, program, kind):  # noqa: F811
     gdb = GDB_CLIENTS[0]
-    out, server = _session(servers, kind, gdb, program, [
+    out, server = debug(servers, kind, gdb, program, ("3",), [
         *AT_MAIN,
         "set breakpoint condition-evaluation target",
         "break f if i == 500",
         "set debug remote 1",
         "continue", "continue", "continue", "continue",
         "set debug remote 0",
-    ], "3")
+    ])
     assert out.count("Breakpoint 2, f (i=500)") == 3, out
     breaks = [reply for reply in _stop_replies(out) if "swbreak" in reply]
     # Debian's gdbserver may send one more, a hit it had pending when another thread's was reported, whose condition
@@ -97,7 +87,7 @@ def test_threads_each_stop_once_at_their_own_500(servers, program, kind):  # noq
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("gdb", GDB_CLIENTS, ids=lambda c: f"gdb{c.version}")
 def test_an_agent_dprintf_prints_in_the_server_and_never_stops(servers, program, gdb, kind):  # noqa: F811
-    out, server = _session(servers, kind, gdb, program, [
+    out, server = debug(servers, kind, gdb, program, (), [
         *AT_MAIN,
         "set dprintf-style agent",
         'dprintf f,"f %d\\n",i',  # GDB sends `\n` as typed; the server's agent printf reads it (format.cc)

@@ -201,8 +201,10 @@ def run_session(gdb: GdbClient, program: Path, port: int | str, commands: list[s
     where = f"127.0.0.1:{port}" if isinstance(port, int) else port
     # a server on a pipe boots its machine and starts the program before it reads GDB's first packet: under a
     # loaded suite that took more than GDB's 2 s remotetimeout (1 to 10 s measured), and GDB's resent qSupported
-    # then read the first one's reply as its own
-    patience = ["set remotetimeout 30"] if isinstance(port, str) else []
+    # then read the first one's reply as its own. On a port too, a reply the loaded host delays past 2 s (a
+    # library read through vFile beside a walk and the suite: load 12 on two cores) made GDB resend, and a late
+    # reply then answered the next request ("Unknown remote qXfer reply: F0")
+    patience = ["set remotetimeout 30"]
     lines = ["set pagination off", "set confirm off", "set width 0", *QUIET, *patience, f"target remote {where}",
              *commands]
     with command_file(lines) as script:

@@ -17,9 +17,8 @@ from kgtp_sim.stub.process import ProcessTarget
 from kgtp_sim.stub.target import BreakpointType
 
 from ..programs import compile_program
-from .processes import started_machine, symbol
+from .processes import next_stop, started_machine, symbol
 
-WAIT_S = 60
 INT3 = 0xCC
 
 
@@ -54,13 +53,7 @@ def _stub(machine, program, *args: str):
 
 def _wait(handlers, target) -> bytes:
     """The stop reply of a `c` answered later, as the server polls for it when the machine hears of a stop."""
-    ptrace = target.machine.ptrace
-    while True:
-        serial = ptrace.serial
-        reply = handlers.pending_stop()
-        if reply is not None:
-            return reply
-        ptrace.wait_serial(serial, WAIT_S)
+    return next_stop(target.machine, handlers.pending_stop)
 
 
 def _continue(dispatcher, handlers, target) -> bytes:

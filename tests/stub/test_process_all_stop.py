@@ -19,7 +19,7 @@ from kgtp_sim.stub.process import ProcessTarget
 from kgtp_sim.stub.target import BreakpointType, Exited, ResumeAction, Running, Signal
 
 from ..programs import compile_program
-from .processes import started_machine, symbol
+from .processes import next_stop, started_machine, symbol
 
 WAIT_S = 60
 SIGTRAP = 5
@@ -32,13 +32,7 @@ def machine():
 
 def _wait_stop(target: ProcessTarget):
     """The target's next stop, polled as the server does when the machine hears of one."""
-    ptrace = target.machine.ptrace
-    while True:
-        serial = ptrace.serial
-        stop = target.poll_stop()
-        if stop is not None:
-            return stop
-        ptrace.wait_serial(serial, WAIT_S)
+    return next_stop(target.machine, target.poll_stop)
 
 
 def test_a_stop_waits_for_the_threads_the_process_made_that_have_not_stopped_at_their_start(machine, tmp_path):
