@@ -305,6 +305,7 @@ class Server:
         # process when GDB selects one; tracepoints in the program go into its own memory; the buffer and
         # `$trace_timestamp` as gdbserver has them
         self.tracer = Tracer(self.machine, self.options.engine, gdbserver=True)
+        self.target.before_detach = self._before_detach
         self.target.listeners.append(self._process_changed)
         if self.target.process is not None:
             self._process_changed(self.target.process)
@@ -317,6 +318,18 @@ class Server:
                                       self.trace, monitor, self.hostio),
                                      extra_features=("swbreak+", "hwbreak+", "multiprocess+", *EVENTS),
                                      on_supported=self.handlers.supported)
+
+    def _before_detach(self) -> bool:
+        """gdbserver's handle_detach: a trace run under disconnected tracing keeps the process GDB detaches; any
+        other run stops, as by a `tstop` (GDB is still connected), its frames kept."""
+        if not self.tracer.running:
+            return False
+        if self.tracer.definitions.disconnected_tracing:
+            return True
+        from .rsp.packets.trace import StopReason
+
+        self.tracer.stop(StopReason.STOP_COMMAND, note=self.tracer.definitions.stop_note or "")
+        return False
 
     def _process_changed(self, process) -> None:
         """The process GDB debugs changed (vRun, vAttach, its end): KGTP's $inferior_pid and the tracer's user
@@ -371,7 +384,8 @@ class Server:
 
             self.tracer.stop(StopReason.DISCONNECTED)
         process = self.target.live()
-        gone = process is None and not self.extended.extended  # gdbserver: !extended_protocol && !target_running
+        # gdbserver: !extended_protocol && !target_running (a process kept at a detach is running)
+        gone = process is None and self.target.kept is None and not self.extended.extended
         if self.options.once or self.exit_requested or gone:
             if process is not None and not process.attached():
                 process.kill()

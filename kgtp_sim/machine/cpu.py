@@ -68,7 +68,7 @@ from ..uc_native import (
     old_exception_offset,
     pc_sync_flag_address,
 )
-from ..uc_paging import AddressSpace, memory_operand_address, page_fault_error_offset
+from ..uc_paging import AddressSpace, kernel_half, memory_operand_address, page_fault_error_offset
 from .dispatch import FaultFixups, FaultHandler, InterruptDispatch  # noqa: F401 - FaultHandler: cpu.py's name too
 from . import process
 from .errors import MachineError
@@ -349,17 +349,25 @@ class Cpu:
             return
         self.deliver(vector, error_code if vector == PAGE_FAULT else 0)
 
-    def delete_hook(self, hook: object) -> None:
+    def delete_hook(self, hook: object, code_at: int | None = None) -> None:
         """Between runs: remove a hook (a Python hook's handle, or a native one's), then forget the fault its
         removal can leave in flight: unicorn drops the code of an address-ranged hook by an instruction fetch through
         the loaded CPU's CR3, and at a process's address with another space loaded (or an untouched page) that fetch
         faults and leaves a #PF in flight, which would swallow the CPU's next page fault or make it a double fault
-        (seen: no #PF delivered any more after the counters' user-code hook went, once a program had run)."""
+        (seen: no #PF delivered any more after the counters' user-code hook went, once a program had run).
+
+        `code_at`: the hook is a code hook at that address. The code translated there must go with it: unicorn
+        compiles the only code hook into a block as a direct call of its callback, so a block the fetch above did
+        not reach would go on calling the callback the binding frees (the host process dies of a segmentation
+        fault). At a user address, where each space maps its own frame, every space's translated code is dropped;
+        the kernel half is the same in every space, so the fetch reaches it."""
         if isinstance(hook, int):
             self.uc.hook_del(hook)
         else:
             delete_hook(self.uc, hook)
         self.forget_fault_in_flight()
+        if code_at is not None and not kernel_half(code_at):
+            self.uc.ctl_flush_tb()
 
     def forget_fault_in_flight(self) -> None:
         """Between runs: no exception is in flight on the loaded CPU (after a host operation whose instruction

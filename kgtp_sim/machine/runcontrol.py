@@ -250,7 +250,7 @@ class RunControl:
             del owners[root]
             if not owners:
                 del self._owners[address]
-                self.cpu.delete_hook(self._breakpoints.pop(address))
+                self.cpu.delete_hook(self._breakpoints.pop(address), code_at=address)
                 self.cpu.remove_cache(address, 1, space)
 
         self._sched.run_on_cpu(remove)
@@ -311,8 +311,8 @@ class RunControl:
             return
 
         def clear(uc: Uc) -> None:
-            for hook in self._breakpoints.values():
-                self.cpu.delete_hook(hook)
+            for address, hook in self._breakpoints.items():
+                self.cpu.delete_hook(hook, code_at=address)
             for address, owners in self._owners.items():
                 for space in owners.values():
                     self.cpu.remove_cache(address, 1, space)

@@ -147,7 +147,7 @@ class DebugRegisters:
         self._chained = False  # ours is in that chain (on top, or under a handler put over it since)
         self._previous_after_run = None
         self._flush_due = False
-        self._retire_due: list[int] = []  # hooks to delete at the next safe point (never from inside one of them)
+        self._retire_due: list[tuple[object, int | None]] = []  # (hook, code_at) to delete at the next safe point
         self._gates: dict[int, object] = {}  # rip -> gate hook (native handle or Python hook id)
         self._gate_cell = _GateCell(0, None)
         self._gate_python = HOOK_CODE_CFUNC(lambda _uc, address, _size, _data: self._replay_begins(address))
@@ -206,7 +206,7 @@ class DebugRegisters:
             return
         self.slots[slot] = None
         if watch.hook is not None:
-            self._retire(watch.hook)
+            self._retire(watch.hook, watch.address if watch.kind == EXECUTE else None)
         if self._replay is not None:
             self._replay.slots.discard(slot)
 
@@ -224,8 +224,8 @@ class DebugRegisters:
             self.clear(slot)
         if self._replay is not None and not self._replay.replaying:
             self._abandon()
-        for hook in self._gates.values():
-            self._retire(hook)
+        for rip, hook in self._gates.items():  # a native gate's code is never freed: a block left calling it finds
+            self._retire(hook, rip if isinstance(hook, int) else None)  # it disarmed; a Python gate's callback goes
         self._gates = {}
         self._inline = {}  # code may be patched, module space reused, before the next run
         self._disengage()
@@ -275,21 +275,22 @@ class DebugRegisters:
         if now:
             self.uc.emu_stop()
 
-    def _retire(self, hook: object) -> None:
+    def _retire(self, hook: object, code_at: int | None = None) -> None:
+        """Delete `hook` (an instruction breakpoint's: `code_at` its address) now, or at the next safe point."""
         if self.cpu.in_emulation:
-            self._retire_due.append(hook)
+            self._retire_due.append((hook, code_at))
         else:
-            self._delete(hook)
+            self._delete(hook, code_at)
 
-    def _delete(self, hook: object) -> None:
-        self.cpu.delete_hook(hook)  # and the #PF its removal can leave in flight
+    def _delete(self, hook: object, code_at: int | None = None) -> None:
+        self.cpu.delete_hook(hook, code_at)  # with the code translated under it, and the #PF it can leave in flight
 
     def _safe_point(self) -> None:
         """Outside emulation: delete retired hooks, drop translated code if due, hand the run end back."""
         if self.cpu.in_emulation:
             return
-        for hook in self._retire_due:
-            self._delete(hook)
+        for hook, code_at in self._retire_due:
+            self._delete(hook, code_at)
         self._retire_due = []
         if self._flush_due:
             self._flush_due = False

@@ -75,6 +75,7 @@ class RspServer:
     _stop: threading.Event = field(init=False, default_factory=threading.Event)
     #: the debugger served has left (its session is over) and its slot is being given back
     _leaving: threading.Event = field(init=False, default_factory=threading.Event)
+    _served: socket.socket | None = field(init=False, default=None)  # the connection of the debugger served
     _threads: list[threading.Thread] = field(init=False, default_factory=list)
     connections: int = field(init=False, default=0)
     #: (host, port) of the debugger served now, or last (the gdbserver role announces it)
@@ -125,7 +126,7 @@ class RspServer:
             if self._busy.acquire(blocking=False):
                 self._take(peer)
                 target = self._serve_client
-            elif self._leaving.is_set():
+            elif self._leaving.is_set() or self._served_hung_up():
                 target = self._serve_when_free
             else:
                 self.refused += 1
@@ -142,6 +143,18 @@ class RspServer:
         for thread in self._threads:
             thread.join(timeout=2)
         self.wake()  # a pipe's serving loop sees the stop at once
+
+    def _served_hung_up(self) -> bool:
+        """Has the debugger served closed its end, its thread not having seen it yet? (GDB's `disconnect` sends no
+        packet, and its next `target remote` can be accepted before the served thread reads the end of file.)"""
+        conn = self._served
+        if conn is None:
+            return False
+        try:
+            readable = select.select([conn], [], [], 0)[0]
+            return bool(readable) and conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except OSError:  # reset, or closed by its thread meanwhile: leaving either way
+            return True
 
     def _take(self, peer: tuple) -> None:
         """The slot is ours (the caller holds `_busy`): `peer` is the debugger served now."""
@@ -162,6 +175,7 @@ class RspServer:
 
     def _serve_client(self, conn: socket.socket, _peer: tuple) -> None:
         session = self.make_session()
+        self._served = conn
         try:
             self.on_connect()
             conn.settimeout(0.5)
@@ -193,6 +207,7 @@ class RspServer:
             log.info("connection lost: %s", error)
         finally:
             self._leaving.set()  # a debugger connecting from now on waits for the slot
+            self._served = None
             conn.close()
             if session.decoder.pending:
                 log.info("client left in the middle of a packet (%d bytes dropped)", session.decoder.pending)

@@ -81,6 +81,12 @@ class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints, Breakp
         self._pid: int | None = None
         self.program: tuple[str, tuple[str, ...]] | None = None  #: the last program run, for `R` and a bare vRun
         self.detached = False  #: the last process was detached (it goes on untraced)
+        #: asked as GDB detaches a process (gdbserver's handle_detach, the server's trace run deciding): True keeps
+        #: the process for the next GDB (a run under disconnected tracing); False, any trace run has been stopped
+        self.before_detach: Callable[[], bool] = lambda: False
+        #: a process detached under disconnected tracing, (pid, attached): it goes on, traced by the run, and the
+        #: next GDB finds it stopped (gdbserver keeps such a process, its `gdb_detached`, until a GDB asks `?`)
+        self.kept: tuple[int, bool] | None = None
         self.pass_signals: frozenset[int] = frozenset()
         self.program_signals: frozenset[int] | None = None
         #: the events GDB asked for in qSupported, as ptrace options (EVENT_OPTIONS)
@@ -102,6 +108,7 @@ class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints, Breakp
         """`process` is the one GDB debugs from now on."""
         self._pid = process.pid
         self.detached = False
+        self.kept = None  # (a process kept at a detach and never taken back goes on, traced by no one)
         self._add(process)
 
     def _add(self, process: ProcessTarget) -> None:
@@ -201,16 +208,33 @@ class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints, Breakp
         """vAttach: every thread of running process `pid` traced and stopped (gdbserver: attach_inferior)."""
         if (live := self.live()) is not None:
             raise RspError(E_BAD_PACKET, f"already debugging process {live.pid}")
-        ptrace = self.machine.ptrace  # type: ignore[attr-defined]
         try:
-            threads = ptrace.attach(pid)
+            self._take(pid)
         except MachineError as error:
             self.say(f"kgtp-sim gdbserver: {error}")
             raise RspError(E_BAD_PACKET, str(error)) from None
-        self._drop_all()
-        self.adopt(ProcessTarget(threads[pid], overlay=self.overlay, attached=threads))
         self.say(f"Attached; pid = {pid}")
         return self.current().stop_reason()
+
+    def _take(self, pid: int) -> ProcessTarget:
+        """Every thread of running process `pid` traced and stopped (the kernel's PTRACE_ATTACH); GDB's from now."""
+        threads = self.machine.ptrace.attach(pid)  # type: ignore[attr-defined]
+        self._drop_all()
+        process = ProcessTarget(threads[pid], overlay=self.overlay, attached=threads)
+        self.adopt(process)
+        return process
+
+    def _take_back(self) -> None:
+        """The process kept at a detach under disconnected tracing is this GDB's again, stopped, as it was started
+        or attached to (gdbserver's handle_status clears `gdb_detached` and stops every thread); gone meanwhile, it
+        is not."""
+        (pid, attached), self.kept = self.kept, None
+        try:
+            process = self._take(pid)
+        except MachineError as error:
+            log.info("process %d, kept at the detach: %s", pid, error)
+            return
+        process.was_attached = attached
 
     def kill_process(self, pid: int) -> None:
         """vKill: that process killed (gdbserver's handle_v_kill), E01 for one it does not have."""
@@ -265,7 +289,10 @@ class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints, Breakp
         return self.current().live_memory(address, length)
 
     def stop_reason(self) -> Stop:
-        """gdbserver's handle_status: the first process's stop, or `W00` with none."""
+        """gdbserver's handle_status: the first process's stop (one kept at a detach taken back first), or `W00`
+        with none."""
+        if self.process is None and self.kept is not None:
+            self._take_back()
         if self.process is None:
             return Exited(0)
         return self._reported(self.process.stop_reason())  # type: ignore[return-value]
@@ -275,10 +302,24 @@ class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints, Breakp
 
     def detach(self, process: int | None = None) -> None:
         """`D` (the first process), `D;PID` (that one; E01 for one GDB does not debug): it goes on untraced
-        (gdbserver's handle_detach, its line first), and with it its fork children GDB has not heard of yet."""
+        (gdbserver's handle_detach, its line first), and with it its fork children GDB has not heard of yet. The
+        last process GDB debugs ends a trace run, or under disconnected tracing is kept for the next GDB instead
+        (`before_detach`, `kept`)."""
         target = self.processes.get(process) if process is not None else self.current()
         if target is None:
             raise RspError(E_BAD_PACKET, f"no process {process:x}")
+        leaving = {target.pid} | {child for child, parent in self._unreported.items() if parent == target.pid}
+        # the last process GDB debugs: gdbserver's choice for the run (a fork child GDB detaches, its parent still
+        # debugged, leaves the run alone: gdbserver would stop it there)
+        if not set(self.processes) - leaving and self.before_detach():
+            # it goes on without GDB's breakpoints and its signals its own, as gdbserver passes them down to a
+            # process GDB left; the trace run's probes stay in it
+            self.say("Disconnected tracing in effect, leaving gdbserver attached to the process")
+            target.detach()
+            self.kept = (target.pid, target.attached())
+            self._drop(target.pid)
+            self.detached = not self.processes
+            return
         for child, parent in list(self._unreported.items()):
             if parent == target.pid and child in self.processes:
                 self.processes[child].detach()

@@ -14,11 +14,15 @@ import time
 import pytest
 from unicorn import x86_const as X
 
+from kgtp_sim import uc_paging as paging
 from kgtp_sim.machine import KernelImage, Machine
 from kgtp_sim.machine.cpu import EFLAGS_TF, REGISTER_IDS
 from kgtp_sim.machine.watchpoints import COUNT, EXECUTE, READ_WRITE, WRITE, DebugRegisters, WatchpointError
 
 from ..conftest import VMLINUX
+from .test_machine import assemble
+from .test_paging import booted
+from .test_spaces import USER, _map
 
 IMAGE = KernelImage.load(VMLINUX)
 COUNTER = IMAGE.address_of("kgtp_counter")
@@ -228,3 +232,38 @@ def test_clearing_under_a_later_single_step_handler_keeps_that_handler():
     assert machine.cpu.debug_trap == ours and registers._previous_trap is None
     registers.clear_all()
     assert machine.cpu.debug_trap is None
+
+
+def test_an_instruction_breakpoint_cleared_with_another_space_loaded_leaves_no_code_calling_it():
+    """Unicorn compiles the only code hook into translated blocks as a direct call of its callback, and drops
+    a deleted hook's blocks through the loaded CPU's page tables only. An instruction breakpoint at a process's
+    address, cleared while the kernel's space is loaded (the process stopped, another task running), left its
+    block behind calling the freed callback: the server died of a segmentation fault when the process ran
+    there again (GDB's hbreak2.exp). Here the callback is kept alive and counted instead."""
+    machine = booted(IMAGE)
+    uc = machine.uc
+    space = machine.new_space()
+    _map(machine, space, USER, paging.USER_TEXT)
+    machine.write_memory(USER, assemble("mov eax, 0x1; ret", USER), space=space)
+    kernel_cr3 = uc.reg_read(X.UC_X86_REG_CR3)
+
+    def in_space(uc) -> int:
+        uc.reg_write(X.UC_X86_REG_CR3, space.root)
+        try:
+            return machine.call(USER)
+        finally:
+            uc.reg_write(X.UC_X86_REG_CR3, kernel_cr3)
+
+    registers = machine.debug_registers
+    called: list[int] = []
+    on_execute = registers._on_execute
+    registers._on_execute = lambda *args: (called.append(args[1]), on_execute(*args))[1]
+    hits: list[int] = []
+    machine.run_on_cpu(lambda uc: registers.set(0, USER, 1, EXECUTE, lambda uc, slot: hits.append(slot),
+                                                space=space))
+    assert machine.run_on_cpu(in_space) == 1 and hits == [0] and called == [USER]
+    alive = dict(uc._callbacks)  # the callback stays callable, so that a block left behind shows as a call
+    machine.run_on_cpu(lambda uc: registers.release([0]))  # the kernel's space loaded
+    assert machine.run_on_cpu(in_space) == 1
+    assert hits == [0] and called == [USER], "translated code still calls the cleared breakpoint's hook"
+    del alive

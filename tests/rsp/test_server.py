@@ -127,3 +127,44 @@ def test_a_debugger_arriving_while_the_last_one_leaves_is_served_once_it_has_lef
     finally:
         left.set()
         server.shutdown()
+
+
+class _Busy:
+    """`qAttached` answered only once `release` is set (the serving thread busy with a packet)."""
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    @handles(c.Attached)
+    def attached(self, packet):
+        self.entered.set()
+        self.release.wait(30)
+        return b"1"
+
+
+def test_a_debugger_arriving_after_the_last_one_hung_up_unseen_is_served_once_it_has_left():
+    """GDB's `disconnect` sends nothing: it closes its socket, and its next `target remote` can be accepted before
+    the serving thread has read the end of file (here: busy with the first debugger's last packet). The newcomer
+    waits for the slot instead of being refused as a second debugger."""
+    busy = _Busy()
+    dispatcher = Dispatcher((busy,))
+    server = RspServer(lambda: Session(dispatcher), port=0)
+    _, port = server.bind()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        first = socket.create_connection(("127.0.0.1", port), timeout=10)
+        first.sendall(encode_packet(b"qAttached"))
+        assert busy.entered.wait(10)
+        first.close()
+        answer: list[bytes] = []
+        second = threading.Thread(target=lambda: answer.append(_connect_and_ask(port, b"?")))
+        second.start()
+        second.join(0.5)
+        assert not answer, answer  # waiting for the slot, not refused
+        busy.release.set()
+        second.join(30)
+        assert answer and b"another debugger" not in answer[0], answer
+        assert server.connections == 2 and server.refused == 0
+    finally:
+        busy.release.set()
+        server.shutdown()
