@@ -161,6 +161,8 @@ class Cpu:
         #: the single-step trap (#DB after an instruction run with EFLAGS.TF): the stub's while-stepping, never the
         #: kernel's (it sets no TF); handler(uc) runs with RIP at the next instruction
         self.debug_trap: BreakpointHandler | None = None
+        #: asked first at every #DB: is it a single step inside the code behind a call gate, to be let go (gates.py)
+        self.gate_step: Callable[[Uc], bool] | None = None
         #: called on the CPU thread when a run ends, outside emulation, before `run` returns (the hardware
         #: breakpoints finish an instruction the stop cut in two there: watchpoints.py)
         self.after_run: BreakpointHandler | None = None
@@ -296,6 +298,8 @@ class Cpu:
             observer = self.observer
             if observer is not None:
                 observer.fault_at(self.regs.read(X.UC_X86_REG_RIP))
+            if intno == 1 and self.gate_step is not None and self.gate_step(uc):
+                return
             if intno == 1 and self.debug_trap is not None:
                 self._handle(self.debug_trap, uc)
                 return

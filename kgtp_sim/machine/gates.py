@@ -18,7 +18,16 @@ never freed: a thread preempted in a pad before its `lcall` (user code, where th
 later, so a location that goes sends its gate to `RETURN_ONLY` (a bare `lretq`) instead, and the same pad made
 again (the same instruction at the same address) takes its gate back (`retarget`).
 
-Owns the LDT and its gates. Runs on the CPU thread (through `Machine.run_on_cpu`); `selector` answers on any.
+A debugger's single step of the `lcall` (a task it stopped inside a pad) keeps TF through the gate, as the CPU's far
+call does: the #DB comes in ring 0 at the gate's target, before its first instruction, with the program's GS base
+still loaded. The CPU's #DB goes to `step_through` before any other handler, whether a run has the pad or the run
+ended and the gate is a bare return: the code behind the gate runs on, each of its #DBs let go, back to the pad in
+ring 3, where the step ends as after any instruction (or, in a pad a run still has, goes on through it:
+tracing/engines/userprobes.py). Handed to the kernel, the #DB ran its handler with the program's GS and the machine
+stopped.
+
+Owns the LDT, its gates and a step through them. Runs on the CPU thread (through `Machine.run_on_cpu`, and inside
+the #DB hook).
 """
 
 from __future__ import annotations
@@ -26,9 +35,10 @@ from __future__ import annotations
 import struct
 from typing import Callable
 
-from unicorn import Uc
+from unicorn import Uc, UcError
 from unicorn import x86_const as X
 
+from .cpu import EFLAGS_TF
 from .errors import MachineError
 
 GATE_SIZE = 16  #: a long-mode call gate: two descriptor slots
@@ -57,6 +67,8 @@ class CallGates:
         self._ldt = 0
         self._count = 0
         self.return_only = 0  #: the `lretq` a gate of a location that went leads to
+        self._targets: dict[int, int] = {}  #: selector -> where its gate leads now
+        self._stepping = False  #: a single step is inside the code behind a gate (`step_through`)
 
     def add(self, uc: Uc, target: int) -> int:
         """A new gate to `target` (on the CPU thread); its selector, for the program's `lcall`."""
@@ -75,4 +87,27 @@ class CallGates:
     def retarget(self, uc: Uc, selector: int, target: int | None) -> None:
         """The gate now leads to `target` (None: back to its caller, `RETURN_ONLY`). The CPU reads the descriptor at
         each `lcall`: nothing is cached to drop."""
-        uc.mem_write(self._ldt + (selector & ~7), gate_descriptor(self.return_only if target is None else target))
+        target = self.return_only if target is None else target
+        self._targets[selector] = target
+        uc.mem_write(self._ldt + (selector & ~7), gate_descriptor(target))
+
+    def step_through(self, uc: Uc) -> bool:
+        """Is this #DB a single step inside the code behind a gate (then let go: True)? The first comes at a gate's
+        target in ring 0, TF set, the gate's frame on the stack (the return into ring 3); the code runs on from
+        there, each #DB of it let go, until the first #DB back in ring 3, which is the step's own."""
+        if not self._targets:  # (no gate yet: every #DB goes on to the others)
+            return False
+        if uc.reg_read(X.UC_X86_REG_CS) & 3:
+            self._stepping = False
+            return False
+        if self._stepping:
+            return True
+        if not uc.reg_read(X.UC_X86_REG_EFLAGS) & EFLAGS_TF or \
+                uc.reg_read(X.UC_X86_REG_RIP) not in self._targets.values():
+            return False
+        try:
+            _, cs = struct.unpack("<QQ", bytes(uc.mem_read(uc.reg_read(X.UC_X86_REG_RSP), 16)))
+        except UcError:
+            return False
+        self._stepping = cs & 3 == 3
+        return self._stepping

@@ -105,6 +105,7 @@ class Machine:
         self._call_frame: tuple[int, int] | None = None  # (stack top, return sentinel) for call()
         #: call gates by which a program's code enters the stub's (a compiled hit in a program: gates.py)
         self.gates = CallGates(self.alloc_data, self.alloc_code, self._sched.every_cpu)
+        self.cpu.gate_step = self.gates.step_through
 
         self.hz = 0
         self.set_hz(hz)

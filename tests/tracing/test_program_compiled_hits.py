@@ -313,3 +313,43 @@ def test_a_task_stopped_inside_a_pad_steps_out_of_it_after_the_probed_instructio
         assert int.from_bytes(bytes.fromhex(w.ask(b"m%x,8" % w.result_at).decode()), "little") == 1
     finally:
         w.close()
+
+
+@pytest.mark.parametrize("kind", ["int3", "jump"])
+def test_a_task_left_at_a_pads_gate_after_the_run_steps_back_into_the_pad(workload, kind):
+    """The debugger's breakpoint on a compiled pad's `lcall` stops the task there; the run stops (the pad stays,
+    its gate now a bare return) and the task single-steps: the step ends after the `lcall`, at the pad's relocated
+    instruction, nothing collected, and the program goes on. (A step of the `lcall` keeps TF through the gate; the
+    #DB in ring 0 at the gate's target was let go only while the run had the pad, and after it the kernel took it
+    with the program's GS base loaded: the machine stopped.)"""
+    from kgtp_sim.tools.program_hits import definition
+    from kgtp_sim.tracing.patching.userpad import LCALL_SIZE
+
+    w = _thesis(workload, "opt", kind)
+
+    def pc() -> int:
+        return int.from_bytes(bytes.fromhex(w.ask(b"p10").decode()), "little")
+
+    try:
+        for packet in [b"QTinit", *definition(w.function, kind, "cond+expr", w.insn_length), b"QTStart"]:
+            w.ok(packet)
+        site = w.server.tracer.probes.program.sites[w.function]
+        tail = site.tail
+        at = tail - LCALL_SIZE
+        w.ok(b"M%x,8:%s" % (w.calls_at, (1).to_bytes(8, "little").hex().encode()))
+        w.ok(b"z0,%x,1" % w.sync)
+        w.ok(b"Z0,%x,1" % at)
+        w.resume(b"vCont;c")
+        assert pc() == at
+        w.ok(b"z0,%x,1" % at)
+        w.ok(b"QTStop")
+        w.resume(b"vCont;s")
+        assert pc() == tail
+        assert w.counts() == (0, 0)
+        w.ok(b"Z0,%x,1" % w.sync)
+        w.resume(b"vCont;c")
+        assert pc() == w.sync
+        assert int.from_bytes(bytes.fromhex(w.ask(b"m%x,8" % w.result_at).decode()), "little") == 1
+    finally:
+        w.close()
+

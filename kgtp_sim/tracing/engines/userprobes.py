@@ -25,7 +25,8 @@ instruction relocated and jumps back after it. No Python runs per hit. A debugge
 own code from its start: a step of the jump, or of the int3, takes the hit in Python and goes on at the relocated
 instruction. A task the debugger stopped inside a pad (its breakpoint there) steps out of it in one step, ending
 after the probed instruction (`_debug_trap`: the pad's popfq keeps the step's TF, and a step of the `lcall` runs the
-detour to its return, `_step_through_gate`).
+detour to its return, machine/gates.py's `step_through`). Once the run took the pad out, a step there is one
+instruction, as anywhere in the program, the gate's bare return included (gates.py).
 
 While-stepping (hits.Stepper) steps the program the same way: its steps run the instruction in place (the step in
 place here stands aside), in ring 3, with the program's own byte lifted and the int3 put back in the program's
@@ -70,11 +71,10 @@ exec notices inside the kernel's port write.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from unicorn import Uc, UcError
+from unicorn import Uc
 from unicorn import x86_const as X
 
 from ...machine import MachineError, MemoryFault, smp
@@ -146,9 +146,6 @@ class ProgramProbes:
         #: compiled pads: (space root, address, instruction, condition) -> (pad, end, gate, fired counter, tail)
         self._compiled_pads: dict[tuple, tuple[int, int, int, int, int]] = {}
         self._counters_used: dict[int, int] = {}  #: pad area -> bytes of its last page given to pads' counters
-        #: a debugger's single step that ran a compiled pad's `lcall` is inside its detour, in ring 0
-        #: (`_step_through_gate`)
-        self._gate_step = False
 
     def install(self, item: Installed, compiled: Compiled | None = None) -> None:
         address = item.site.address
@@ -556,8 +553,6 @@ class ProgramProbes:
         through it (its hit taken at the pad's int3), ending after the relocated instruction; anything else is
         what it was without us (the trap before ours, or the kernel's #DB)."""
         rip = uc.reg_read(X.UC_X86_REG_RIP)
-        if self._step_through_gate(uc):
-            return
         for pad, (end, site) in self._live_pads.items():
             if pad <= rip < end and uc.reg_read(X.UC_X86_REG_CS) & 3:
                 space = site.items[0].space if site.items else None
@@ -578,26 +573,6 @@ class ProgramProbes:
             previous(uc)
         else:
             self.machine.cpu.deliver(1)
-
-    def _step_through_gate(self, uc: Uc) -> bool:
-        """Is this #DB a debugger's single step inside a compiled pad's gate? A task the debugger stopped at a
-        pad's `lcall` (its breakpoint there) steps it: the call gate keeps TF, so the #DB comes in ring 0, at the
-        gate's target before its first instruction (the CPU's frame of the gate on the stack: the return into the
-        pad, in ring 3). Each #DB of the detour is then let go, the detour running on (its hit collected there,
-        once) to its `lretq` back into the pad, where the step goes on as in any pad: it ends after the probed
-        instruction. Without this the kernel would take the #DB in the middle of the stub's code."""
-        if uc.reg_read(X.UC_X86_REG_CS) & 3:
-            self._gate_step = False
-            return False
-        if self._gate_step:
-            return True
-        try:
-            back, cs = struct.unpack("<QQ", bytes(uc.mem_read(uc.reg_read(X.UC_X86_REG_RSP), 16)))
-        except UcError:
-            return False
-        tails = {tail for _, _, _, _, tail in self._compiled_pads.values()}
-        self._gate_step = cs & 3 == 3 and back in tails and bool(uc.reg_read(X.UC_X86_REG_EFLAGS) & EFLAGS_TF)
-        return self._gate_step
 
     def _hit(self, uc: Uc, address: int, site: _Site) -> None:
         space = site.items[0].space if site.items else None
