@@ -21,6 +21,7 @@ examples:
   kgtp-sim bench --quick            # about 30 s: each probe kind, case, engine
   kgtp-sim bench --json rows.json --chart chart.png --no-peer
   kgtp-sim bench --record --quick   # recording and reading traces at pace
+  kgtp-sim bench --program-tracepoints  # a program's tracepoints, gdbserver's
 """
 
 
@@ -51,6 +52,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="instead: recording and reading traces at the kernel's pace (kgtp-sim record, export, "
                              "follow, babeltrace2; several minutes, --quick about one)")
     parser.add_argument("--record-json", type=Path, default=None, metavar="FILE", help="recording rows as JSON")
+    parser.add_argument("--program-tracepoints", action="store_true",
+                        help="instead: tracepoints in a program, the thesis workload as a user program under "
+                             "`kgtp-sim gdbserver` (opt engine) and under gdbserver (--no-peer: ours only)")
+    parser.add_argument("--program-tracepoints-json", type=Path, default=None, metavar="FILE",
+                        help="program-tracepoint rows as JSON")
     parser.add_argument("--no-probe-effect", action="store_true",
                         help="leave out the probe effect of tracing every function (entry, entry and return)")
     parser.add_argument("--probe-effect-json", type=Path, default=None, metavar="FILE",
@@ -75,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.record or args.record_json:
         return _recording(args)
+    if args.program_tracepoints or args.program_tracepoints_json:
+        return _program_tracepoints(args)
     calls, reps = QUICK if args.quick else FULL
     calls = args.calls or calls
     reps = args.repetitions or reps
@@ -174,6 +182,48 @@ def _recording(args: argparse.Namespace) -> int:
         print(f"kgtp-sim bench: {r['tracepoint']} recording: {r['recorded']} recorded + {r['lost']} lost != "
               f"{r['created']} created", file=sys.stderr)
     return 1 if uncounted else 0
+
+
+def _program_tracepoints(args: argparse.Namespace) -> int:
+    """The stub's rows (kgtp_sim/tools/program_hits.py, in a process of its own: it serves the program as the
+    gdbserver role, a layer above the benchmark) and gdbserver's (peer.py), one table."""
+    import json
+    import os
+    import subprocess
+    import tempfile
+
+    from .report import program_markdown
+
+    started = time.monotonic()
+    calls, reps = QUICK if args.quick else FULL
+    windows = 10 if args.quick else 20
+    with tempfile.TemporaryDirectory(prefix="kgtp-bench-") as tmp:
+        out = Path(tmp) / "rows.json"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                              os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        proc = subprocess.run([sys.executable, "-m", "kgtp_sim.tools.program_hits", "--windows", str(windows),
+                               "--json", str(out)], env=env, stdout=subprocess.DEVNULL)
+        if proc.returncode or not out.exists():
+            print("kgtp-sim bench: the program-tracepoint rows failed", file=sys.stderr)
+            return 1
+        rows = json.loads(out.read_text())
+    if not args.no_peer:
+        from .peer import PeerUnavailable, peer_rows
+
+        try:
+            rows += peer_rows(calls=args.calls or calls, repetitions=args.repetitions or reps, install=False)
+        except PeerUnavailable as error:
+            print(f"kgtp-sim bench: gdbserver rows skipped: {error}", file=sys.stderr)
+    print(program_markdown(rows))
+    if args.program_tracepoints_json:
+        args.program_tracepoints_json.write_text(json.dumps(rows, indent=2) + "\n")
+    print(f"({time.monotonic() - started:.0f} s)", file=sys.stderr)
+    bad = [r for r in rows if r["probe"] not in ("stub-none", "gdbserver-none")
+           and (r["frames"] != (0 if r["case"] == "false-cond" else r["calls"]) or r.get("python_hits"))]
+    for r in bad:
+        print(f"kgtp-sim bench: {r['probe']} {r['case']}: {r['frames']} frames in {r['calls']} calls, "
+              f"{r.get('python_hits')} Python hits", file=sys.stderr)
+    return 1 if bad else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,6 +56,30 @@ def markdown(rows: list[dict], calls: int, repetitions: int, speed: tuple[float,
     return "\n".join(lines) + "\n"
 
 
+def program_markdown(rows: list[dict]) -> str:
+    """Tracepoints in a program (bench/cli.py's --program-tracepoints): the stub's rows (tools/program_hits.py)
+    beside gdbserver's (peer.py)."""
+    lines = [
+        "Thesis workload as a user program (fixtures/peer/thesis_workload.c: kgtp_bench_loop calling "
+        "kgtp_test_function), a tracepoint at kgtp_test_function; `trap` is `trace`, `fast` is `ftrace`.",
+        "stub rows: `kgtp-sim gdbserver` (the role, in process, one CPU, opt engine), the program static; insns/hit: "
+        "emulated instructions per call minus the untraced program's (exact, from windows around the calls no "
+        "interrupt entered, on a counting machine); ns/hit: host ns per call minus the untraced median, median and "
+        "range over the clean windows of one run on a machine that never counts. The `none` rows are absolute, "
+        "per call.",
+        "gdbserver rows: Debian's gdbserver with its in-process agent, driven by GDB 13.1, the program -no-pie; "
+        "host ns per call minus the untraced median over the repetitions; native code, no instruction count.",
+        "",
+        "| probe | case | engine | insns/hit | ns/hit median | ns/hit min..max | frames | calls | Python hits |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        lines.append(f"| {row['probe']} | {row['case']} | {row['engine']} | {_num(row['insns_per_hit'], 3)} "
+                     f"| {_num(row['ns_per_hit_median'])} | {_num(row['ns_per_hit_min'])}..{_num(row['ns_per_hit_max'])} "
+                     f"| {row['frames']:,} | {row['calls']:,} | {_num(row.get('python_hits'))} |")
+    return "\n".join(lines) + "\n"
+
+
 def write_json(rows: list[dict], path: Path) -> None:
     path.write_text(json.dumps([{k: row[k] for k in FIELDS} for row in rows], indent=2) + "\n")
 

@@ -161,6 +161,8 @@ class Cpu:
         #: the single-step trap (#DB after an instruction run with EFLAGS.TF): the stub's while-stepping, never the
         #: kernel's (it sets no TF); handler(uc) runs with RIP at the next instruction
         self.debug_trap: BreakpointHandler | None = None
+        #: asked first at every #DB: is it a single step inside the code behind a call gate, to be let go (gates.py)
+        self.gate_step: Callable[[Uc], bool] | None = None
         #: called on the CPU thread when a run ends, outside emulation, before `run` returns (the hardware
         #: breakpoints finish an instruction the stop cut in two there: watchpoints.py)
         self.after_run: BreakpointHandler | None = None
@@ -168,6 +170,10 @@ class Cpu:
         #: (counters.Counters; None otherwise, so that counting costs nothing when no counter is)
         self.observer: CpuObserver | None = None
         self.fault_fixups = FaultFixups()
+        #: (start, end, page-table root) of code the stub placed in a process where, as in module space, the CPU is
+        #: neither interrupted nor switched out (a compiled hit's pad, from the hit to the end of the probed
+        #: instruction: tracing/engines/userprobes.py)
+        self.process_stub_code: list[tuple[int, int, int]] = []
         self.delivered: Counter[int] = Counter()  # vector -> times delivered through the IDT
         self.breakpoint_hits = 0
         self.fixup_hits = 0
@@ -292,6 +298,8 @@ class Cpu:
             observer = self.observer
             if observer is not None:
                 observer.fault_at(self.regs.read(X.UC_X86_REG_RIP))
+            if intno == 1 and self.gate_step is not None and self.gate_step(uc):
+                return
             if intno == 1 and self.debug_trap is not None:
                 self._handle(self.debug_trap, uc)
                 return

@@ -67,10 +67,18 @@ class _JumpCell(ctypes.Structure):
                 ("hits", ctypes.c_uint64), ("mask", ctypes.c_uint64)]
 
 
+_SLOT_WORDS = 4  #: a table slot: the int3's address, its target, the address space it is for (0: any), unused
+
+
 class InterruptDispatch:
     """The CPU's one UC_HOOK_INTR callback, in machine code: an int3 at an address of the jump table goes on at that
     address's target without any Python (the compiled engines' int3 probes enter their detours this way, as the
     jump probes do); anything else is handed to the Python handler, with the same arguments.
+
+    An entry may name an address space (its page-table root): a program's int3 (a compiled hit of a tracepoint in a
+    program, tracing/engines/userprobes.py) goes on natively only when the CPU has that space loaded and is not
+    single-stepping (EFLAGS.TF: a debugger's step, which the Python handler finishes); another space's int3 at that
+    address, or a stepped one, goes to the Python handler.
 
     The table is open addressing with linear probing in host memory (address 0: empty slot), indexed by the int3's
     address modulo its size; entries change only on the CPU thread between runs (`set`, `remove`), when no
@@ -79,6 +87,8 @@ class InterruptDispatch:
     """
 
     SLOTS = 0x2000  # a power of two: ten thousand probes stay well under half full
+    #: the registers SOURCE names by unicorn's numbers
+    REGISTERS = ("RIP", "CR3", "EFLAGS")
     #: AT&T, hex only (see docs/DESIGN.md, the assembler trap); rdi = uc, esi = intno, rdx = the cell
     SOURCE = """
         cmp $0x3, %esi
@@ -98,16 +108,34 @@ class InterruptDispatch:
         and 0x20(%r12), %rcx
     probe:
         mov %rcx, %r13
-        shl $0x4, %r13
+        shl $0x5, %r13
         lea 0x28(%r12,%r13), %r13
         mov (%r13), %rdx
         test %rdx, %rdx
         je miss
         cmp %rax, %rdx
-        je hit
+        je found
         inc %rcx
         and 0x20(%r12), %rcx
         jmp probe
+    found:
+        cmpq $0x0, 0x10(%r13)
+        je hit
+        mov %rbx, %rdi
+        mov $CR3, %esi
+        lea 0x8(%rsp), %rdx
+        call *0x8(%r12)
+        mov 0x8(%rsp), %rax
+        and $-0x1000, %rax
+        cmp 0x10(%r13), %rax
+        jne miss
+        movq $0x0, 0x8(%rsp)
+        mov %rbx, %rdi
+        mov $EFLAGS, %esi
+        lea 0x8(%rsp), %rdx
+        call *0x8(%r12)
+        testl $0x100, 0x8(%rsp)
+        jne miss
     hit:
         mov 0x8(%r13), %rax
         mov %rax, (%rsp)
@@ -133,17 +161,18 @@ class InterruptDispatch:
     python:
         jmp *(%rdx)
     """
-    #: SOURCE assembled (`hook_source(SOURCE, ("RIP",))`; tests/machine/test_interrupt_dispatch.py checks them)
+    #: SOURCE assembled (`hook_source(SOURCE, REGISTERS)`; tests/machine/test_interrupt_dispatch.py checks them)
     CODE = bytes.fromhex(
-        "83fe030f859100000053415441554883ec104889fb4989d4be290000004889e241ff542408488b042448ffc84889c149234c"
-        "24204989cd49c1e5044f8d6c2c28498b55004885d2743d4839c2740a48ffc149234c2420ebdc498b45084889042449ff4424"
-        "184889dfbe290000004889e241ff542410c683ffffff7f004883c410415d415c5bc34889dfbe030000004c89e24883c41041"
-        "5d415c5bff22"
+        "83fe030f85e400000053415441554883ec104889fb4989d4be290000004889e241ff542408488b042448ffc84889c149234c"
+        "24204989cd49c1e5054f8d6c2c28498b55004885d20f848c0000004839c2740a48ffc149234c2420ebd849837d1000744848"
+        "89dfbe35000000488d54240841ff542408488b442408482500f0ffff493b4510755348c7442408000000004889dfbe190000"
+        "00488d54240841ff542408f744240800010000752e498b45084889042449ff4424184889dfbe290000004889e241ff542410"
+        "c683ffffff7f004883c410415d415c5bc34889dfbe030000004c89e24883c410415d415c5bff22"
     )
 
     def __init__(self, uc: Uc, handler: Callable[[Uc, int, object], None]) -> None:
         self.table: dict[int, int] = {}
-        memory = (ctypes.c_uint64 * (5 + 2 * self.SLOTS))()
+        memory = (ctypes.c_uint64 * (5 + _SLOT_WORDS * self.SLOTS))()
         self._memory = memory
         self._cell = _JumpCell.from_buffer(memory)
         self._slots = ctypes.cast(ctypes.addressof(memory) + ctypes.sizeof(_JumpCell),
@@ -173,12 +202,14 @@ class InterruptDispatch:
     def target(self, address: int) -> int | None:
         return self.table.get(address)
 
-    def set(self, address: int, target: int) -> None:
+    def set(self, address: int, target: int, space: int = 0) -> None:
+        """An int3 at `address` goes on at `target`; with `space` (a page-table root), only in that address space
+        and not under single-stepping (else to the Python handler)."""
         if address not in self.table and len(self.table) >= self.SLOTS // 2:
             raise MachineError(f"more than {self.SLOTS // 2} int3 probes")
         self.table[address] = target
-        slot = self._find(address)
-        self._slots[2 * slot], self._slots[2 * slot + 1] = address, target
+        at = _SLOT_WORDS * self._find(address)
+        self._slots[at], self._slots[at + 1], self._slots[at + 2] = address, target, space
 
     def remove(self, address: int) -> None:
         if self.table.pop(address, None) is None:
@@ -189,19 +220,21 @@ class InterruptDispatch:
         index = hole
         while True:
             index = (index + 1) & mask
-            key = self._slots[2 * index]
+            key = self._slots[_SLOT_WORDS * index]
             if key == 0:
                 break
             home = key & mask
             if (index - home) & mask >= (index - hole) & mask:
-                self._slots[2 * hole], self._slots[2 * hole + 1] = key, self._slots[2 * index + 1]
+                for word in range(_SLOT_WORDS):
+                    self._slots[_SLOT_WORDS * hole + word] = self._slots[_SLOT_WORDS * index + word]
                 hole = index
-        self._slots[2 * hole] = self._slots[2 * hole + 1] = 0
+        for word in range(_SLOT_WORDS):
+            self._slots[_SLOT_WORDS * hole + word] = 0
 
     def _find(self, address: int) -> int:
         """The slot holding `address`, or the empty slot where it goes."""
         index = address & (self.SLOTS - 1)
-        while self._slots[2 * index] not in (0, address):
+        while self._slots[_SLOT_WORDS * index] not in (0, address):
             index = (index + 1) & (self.SLOTS - 1)
         return index
 

@@ -23,7 +23,9 @@ detach_breakpoints does for a fork child it does not follow (the child, untraced
 into); a traced child (the debugger asked for fork events) keeps the debugger's, held in its own space as
 gdbserver's clone_all_breakpoints copies a parent's breakpoints, for the debugger to take out or keep. The tracer's
 are never the child's. An exec's old space is gone (`gone`): its records with it, never written again. Other layers
-that change a process's memory beyond its int3s (the tracer's fast tracepoint jumps) hear of both (`watchers`).
+that change a process's memory beyond its int3s (the tracer's fast tracepoint jumps) hear of both (`watchers`), and
+of each change of who holds an int3 (a compiled hit of the tracer's int3 goes on natively only while the debugger
+holds none there).
 
 Runs on the CPU thread (the tracer's hits inside emulation; the debugger's changes through `Machine.run_on_cpu`).
 """
@@ -59,6 +61,9 @@ class MemoryWatcher(Protocol):
     def gone(self, space: Any) -> None:
         """`space` is going (an exec replaced it): nothing of it is to be written again."""
 
+    def holders_changed(self, space: Any, address: int) -> None:
+        """Someone took or let go of the int3 at `address` of `space` (`holders` tells who holds it now)."""
+
 
 class Int3s:
     """(space root, address) -> the byte under the int3 there and who holds it."""
@@ -86,11 +91,17 @@ class Int3s:
         held = self._valid(space, address, physical)
         if held is not None:
             held.owners.add(owner)
+            self._changed(space, address)
             return held.under
         under = bytes(Uc.mem_read(space.uc, physical, 1))[0]
         Uc.mem_write(space.uc, physical, INT3)
         self._held[(space.root, address)] = _Held(under, {owner})
+        self._changed(space, address)
         return under
+
+    def _changed(self, space: Any, address: int) -> None:
+        for watcher in list(self.watchers):
+            watcher.holders_changed(space, address)
 
     def release(self, space: Any, address: int, owner: str) -> bool:
         """`owner` lets go of `address`; True when it was the last, and the byte under is back in memory."""
@@ -101,10 +112,12 @@ class Int3s:
             return False
         held.owners.discard(owner)
         if held.owners:
+            self._changed(space, address)
             return False
         del self._held[key]
         if physical is not None:
             Uc.mem_write(space.uc, physical, bytes([held.under]))
+        self._changed(space, address)
         return True
 
     def holders(self, space: Any, address: int) -> frozenset[str]:

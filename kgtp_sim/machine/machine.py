@@ -26,6 +26,7 @@ from .cpu import ARGUMENT_REGISTERS, REGISTER_IDS, Cpu, CpuObserver, Stop
 from .devices import Devices
 from .errors import MachineError, MemoryFault
 from .image import KernelImage
+from .gates import CallGates
 from .int3s import Int3s
 from .layout import MODULE_BASE, MODULE_SIZE, PAGE_SIZE, VMALLOC_BASE, VMALLOC_SIZE, RegionAllocator, page_ceil
 from .process import Processes
@@ -102,6 +103,9 @@ class Machine:
         self._aligned: dict[int, int] = {}  # alloc_code(data_pages=...) address -> the allocation
         self._data = RegionAllocator(VMALLOC_BASE, VMALLOC_SIZE, 16)
         self._call_frame: tuple[int, int] | None = None  # (stack top, return sentinel) for call()
+        #: call gates by which a program's code enters the stub's (a compiled hit in a program: gates.py)
+        self.gates = CallGates(self.alloc_data, self.alloc_code, self._sched.every_cpu)
+        self.cpu.gate_step = self.gates.step_through
 
         self.hz = 0
         self.set_hz(hz)

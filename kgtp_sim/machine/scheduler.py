@@ -218,6 +218,22 @@ class Scheduler:
             uc.reg_write(X.UC_X86_REG_RDI, index)
             slot.start_at = None
 
+    def every_cpu(self, fn: Callable[[Uc], None]) -> None:
+        """fn(uc) with each CPU's registers loaded in turn (on the CPU thread, between runs: a register only the
+        stub sets, such as the call gates' LDTR); the loaded CPU stays loaded, nothing runs meanwhile."""
+        if self.cpu.in_emulation:
+            raise MachineError("every CPU's registers change only between emulation runs, not from a hook")
+        uc = self.cpu.uc
+        current = self.slots[self.current_cpu]
+        uc.context_update(current.context)
+        for slot in self.slots:
+            if slot is not current:
+                uc.context_restore(slot.context)
+                fn(uc)
+                uc.context_update(slot.context)
+        uc.context_restore(current.context)
+        fn(uc)
+
     def port_out(self, port: int, value: int, rdi: int) -> None:
         """The SMP ports' `out` (smp.py), from a hook on the CPU thread."""
         if port == smp.PORT_SMP_START:
@@ -251,8 +267,15 @@ class Scheduler:
         self._kick()
 
     def _in_module_code(self) -> bool:
-        """Is the loaded CPU's RIP in module space (the stub's code: detours, out-of-line copies)?"""
-        return MODULE_BASE <= self.cpu.regs.read(X.UC_X86_REG_RIP) < MODULE_BASE + MODULE_SIZE
+        """Is the loaded CPU's RIP in module space (the stub's code: detours, out-of-line copies), or in the stub's
+        code in a process (`Cpu.process_stub_code`)?"""
+        rip = self.cpu.regs.read(X.UC_X86_REG_RIP)
+        if MODULE_BASE <= rip < MODULE_BASE + MODULE_SIZE:
+            return True
+        for start, end, root in self.cpu.process_stub_code:
+            if start <= rip < end and self.cpu.regs.read(X.UC_X86_REG_CR3) & ~0xFFF == root:
+                return True
+        return False
 
     def _in_stub_code(self) -> bool:
         """Is the loaded CPU running the stub's code (or single-stepping), where it must not be switched out nor
@@ -281,19 +304,26 @@ class Scheduler:
         return None
 
     def _deliver_pending(self, slot: _Slot) -> bool:
-        """The loaded CPU's waiting tick or IPI, if it takes interrupts now (one: the handler runs with IF off).
-        True when one was delivered."""
+        """The loaded CPU's waiting tick or IPI, if it takes interrupts now (one: the handler runs with IF off):
+        the highest vector first, as the local APIC serves its pending interrupts by priority (the vector's
+        class), so the kernel's IPIs (0xf0 and up) go before the timer's tick (TIMER_VECTOR). With the tick always
+        first, a CPU that seldom takes interrupts (a program whose every call is a hit stepped in place or a
+        while-stepping hit, run with IF off) found a new tick waiting at each chance, and the debugger's reschedule
+        IPI, which stops a thread asleep there, waited behind the ticks for tenths of a second while the program
+        ran on. True when one was delivered."""
         if not (slot.tick_pending or slot.vectors):
             return False
         if self.cpu.interrupts_enabled():
             with self._cond:
-                if slot.tick_pending:
+                highest = max(slot.vectors, default=0)
+                if highest > TIMER_VECTOR or not slot.tick_pending:
+                    slot.vectors.remove(highest)
+                    vector = highest
+                else:
                     vector, slot.tick_pending = TIMER_VECTOR, False
                     slot.ticks += 1
                     if slot.index == 0:
                         self.ticks += 1
-                else:
-                    vector = slot.vectors.pop(0)
             self.cpu.deliver(vector)
             slot.halted = False
             return True

@@ -208,7 +208,8 @@ class ProgramSpace:
     def space(self) -> Any:
         return self._space
 
-    def prepare(self, addresses: list[int], fast: list[int] = (), data: list[tuple[int, int]] = ()) -> None:
+    def prepare(self, addresses: list[int], fast: list[int] = (), data: list[tuple[int, int]] = (),
+                pads: list[int] = ()) -> None:
         """Their pages present: the process faults them in itself (it must be stopped, as GDB has it at
         tstart). A fast tracepoint's address gets a jump pad area within its jump's reach, mapped by the process
         (Tracee.map_jump_pad) the first time one is needed there and kept for the process's life. The pages of
@@ -232,7 +233,10 @@ class ProgramSpace:
                 except MachineError as error:
                     raise TraceError(f"fast tracepoint at {address:#x}: {error}") from None
         for address in addresses:  # an instruction entering the kernel runs out of line, in a pad (userprobes.py)
-            if self.pad_area(address) is None and enters_kernel(self.tracee.read_memory(address, 2, hide_int3s=True)):
+            # and so does a compiled hit's instruction (`pads`)
+            if self.pad_area(address) is None and (address in pads or
+                                                   enters_kernel(self.tracee.read_memory(address, 2,
+                                                                                         hide_int3s=True))):
                 try:
                     self._pads.append(self.tracee.map_jump_pad(address, PAD_PAGES))
                 except MachineError:

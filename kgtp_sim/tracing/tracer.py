@@ -280,7 +280,8 @@ class Tracer:
 
     def start(self) -> None:
         if self.user_space is not None:  # the program's pages present before the run changes anything
-            prepare_program(self.user_space, [tp for tp in self.definitions.tracepoints.values() if tp.enabled])
+            prepare_program(self.user_space, [tp for tp in self.definitions.tracepoints.values() if tp.enabled],
+                            compiled=self.engine != "interp")
         self._between_hits(self._start_now)
 
     def _start_now(self) -> None:
@@ -457,7 +458,7 @@ class Tracer:
         the CPU thread with no hit in flight, as every change to the run's probes (`_between_hits`); hits read the
         probe set and the machine's int3 table there."""
         if self.user_space is not None and self.running and tp.enabled:
-            prepare_program(self.user_space, [tp])
+            prepare_program(self.user_space, [tp], compiled=self.engine != "interp")
         self._between_hits(lambda: self._arm_now(tp))
 
     def _arm_now(self, tp: Tracepoint) -> None:

@@ -355,3 +355,44 @@ def test_a_watchpoint_on_data_nothing_maps_is_accepted_as_gdbserver_accepts_it(p
     text, _, _ = session(GDB13, programs["static"], ["watch *(int *) 0x10000", "continue", "continue"])
     assert "Hardware watchpoint 1: *(int *) 0x10000" in text, text
     assert "Could not insert" not in text and re.search(r"exited with code 024\]", text), text
+
+
+@pytest.mark.parametrize("gdb", GDB_CLIENTS, ids=lambda g: f"gdb{g.version}")
+def test_compiled_trace_and_ftrace_in_the_program_under_the_opt_engine(programs, gdb):
+    """The optimizing engine's compiled hits in the program (tracing/engines/userprobes.py): a `trace` whose
+    condition reads the program's memory (an argument: its detour decides, behind the call gate), a `trace` at
+    add's first instruction whose condition reads a register only (decided in the pad, in ring 3) and an `ftrace`
+    at counter++ with a condition on a local, each collecting program variables and a register. `tstatus` and
+    `info tracepoints` count what each collected, `monitor probes` what each saw (the pad's false conditions
+    too), and `tdump` shows each frame's values."""
+    text, _, _ = session(gdb, programs["static"], [
+        "trace add if b >= 2", "actions", "collect a", "collect b", "collect $rsp", "end",
+        "trace *add if $rsi == 3", "actions", "collect $rdi", "end",
+        "ftrace 26 if i >= 3", "actions", "collect i", "collect counter", "collect $rip", "end",
+        "break 29", "tstart", "continue", "tstop", "tstatus", "info tracepoints", "monitor probes",
+        "tfind start", "tdump", *["tfind", "tdump"] * 5, "tfind none", "info registers rsp", "kill",
+    ], "--engine", "opt", "--cpus", "2")
+    assert "Collected 6 trace frames." in text, text
+    # add(1, 2), add(3, 3) and add(6, 4) pass b >= 2; add(3, 3) alone has 3 in %rsi; rounds 3 and 4 pass i >= 3
+    assert re.findall(r"tracepoint already hit (\d+) times?", text) == ["3", "1", "2"], text
+    # (after tstop: the locations removed, their counts kept; the jump is the ftrace's, compiled)
+    probes = re.findall(r"^\s*(\d+)\s+0x[0-9a-f]+\s+(\w+)\s+removed\s+fired (\d+)\s+hits (\d+)", text, re.M)
+    assert probes == [("1", "int3", "5", "3"), ("2", "int3", "5", "1"), ("3", "jump", "5", "2")], text
+    dumps = re.findall(r"^Data collected at tracepoint (\d+), trace frame (\d+):$|"
+                       r"^(a|b|\$rsp|\$rdi|i|counter|\$rip) = (?:\(.*\) )?(\S+)", text, re.M)
+    frames = [(int(tp), int(frame)) for tp, frame, _, _ in dumps if tp]
+    # in time order: add(1, 2); add(3, 3) at its first instruction, then after its prologue; round 3's counter++;
+    # add(6, 4); round 4's counter++
+    assert frames == [(1, 0), (2, 1), (1, 2), (3, 3), (1, 4), (3, 5)], text
+    values = [(name, value) for tp, _, name, value in dumps if not tp]
+    assert [v for v in values if v[0] in ("a", "b")] == [("a", "1"), ("b", "2"), ("a", "3"), ("b", "3"),
+                                                         ("a", "6"), ("b", "4")], text
+    assert [v for v in values if v[0] in ("$rdi", "i", "counter")] == [
+        ("$rdi", "3"), ("i", "3"), ("counter", "3"), ("i", "4"), ("counter", "4")], text
+    rsps = [int(v, 16) for n, v in values if n == "$rsp"]
+    live = int(re.search(r"^rsp\s+(0x[0-9a-f]+)", text, re.M).group(1), 16)  # main's, stopped at line 29
+    assert len(rsps) == 3 and all(live - 0x40 < rsp < live for rsp in rsps), (rsps, hex(live), text)
+    line = re.search(r"^3\s+fast tracepoint\s+keep y\s+(0x[0-9a-f]+) in main", text, re.M)
+    rips = [int(v, 16) for n, v in values if n == "$rip"]
+    assert line and rips == [int(line.group(1), 16)] * 2, text  # the ftrace's address, not its pad's
+    assert "killed]" in text, text

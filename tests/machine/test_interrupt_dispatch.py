@@ -31,15 +31,15 @@ def test_table_entries_survive_collisions_and_removals():
     keys = [base + InterruptDispatch.SLOTS * rng.randrange(64) + rng.randrange(8) for _ in range(300)]
     keys = list(dict.fromkeys(keys))
     for i, key in enumerate(keys):
-        jumps.set(key, 0x1000 + i)
+        jumps.set(key, 0x1000 + i, space=0x2000 * (i % 2))
     for key in keys[::3]:
         jumps.remove(key)
     kept = {key: 0x1000 + i for i, key in enumerate(keys) if i % 3}
     assert jumps.table == kept
     for key, target in kept.items():  # what the machine code finds: the slot its probe run reaches
-        slot = jumps._find(key)
-        assert (jumps._slots[2 * slot], jumps._slots[2 * slot + 1]) == (key, target)
-    occupied = sum(1 for i in range(InterruptDispatch.SLOTS) if jumps._slots[2 * i])
+        at = 4 * jumps._find(key)
+        assert tuple(jumps._slots[at:at + 3]) == (key, target, 0x2000 * ((target - 0x1000) % 2))
+    occupied = sum(1 for i in range(InterruptDispatch.SLOTS) if jumps._slots[4 * i])
     assert occupied == len(kept)
 
 
@@ -91,7 +91,7 @@ def test_the_committed_code_is_its_source_assembled():
     from kgtp_sim.machine.dispatch import PC_SYNC_SLOT, PC_SYNC_SLOT_SOURCE, assemble, fill_pc_sync_slot, hook_source
     from kgtp_sim.uc_native import pc_sync_flag_offset
 
-    assert InterruptDispatch.CODE == assemble(hook_source(InterruptDispatch.SOURCE, ("RIP",)))
+    assert InterruptDispatch.CODE == assemble(hook_source(InterruptDispatch.SOURCE, InterruptDispatch.REGISTERS))
     assert assemble(PC_SYNC_SLOT_SOURCE) == PC_SYNC_SLOT and InterruptDispatch.CODE.count(PC_SYNC_SLOT) == 1
     filled = fill_pc_sync_slot(InterruptDispatch.CODE)
     at = InterruptDispatch.CODE.index(PC_SYNC_SLOT)

@@ -15,6 +15,8 @@ import pytest
 
 from kgtp_sim.machine import KernelImage, Machine, smp
 from kgtp_sim.machine.dwarf import CType, KernelDwarf
+from kgtp_sim.machine.scheduler import TIMER_VECTOR
+from kgtp_sim.machine.tracee import RESCHEDULE_VECTOR
 
 from ..conftest import VMLINUX
 
@@ -266,6 +268,39 @@ def test_ipis_are_delivered_and_counted(boot, cpus):
         return sent == received == kernel.machine.stats(count=False).ipis
 
     kernel.wait(counts_agree, "IPIs sent, received and counted by the machine differ")
+
+
+def test_an_ipi_waiting_beside_a_tick_is_taken_first(boot):
+    """A CPU with a tick and a reschedule IPI waiting takes the IPI first, as a local APIC serves the highest
+    vector first; the tick went first once, and a CPU that seldom takes interrupts (a program stepped at every
+    call) took a new tick at each chance while the debugger's IPI, which stops a thread asleep there, waited
+    behind them for tenths of a second. Both are queued at once on the CPU thread, the tick before the IPI (in the
+    order they came, the tick would go first too); the timer's own ticks come meanwhile."""
+    machine = boot(1).machine
+    queued: list[bool] = []
+    taken: list[int] = []
+    deliver = machine.cpu.deliver
+
+    def noting_deliver(vector, error_code=None):
+        if queued and vector in (TIMER_VECTOR, RESCHEDULE_VECTOR):
+            taken.append(vector)
+        deliver(vector, error_code)
+
+    def queue(uc) -> None:
+        machine.send_interrupt(0, TIMER_VECTOR)
+        machine.send_interrupt(0, RESCHEDULE_VECTOR)
+        queued.append(True)
+
+    machine.cpu.deliver = noting_deliver
+    try:
+        machine.run_on_cpu(queue)
+        deadline = time.monotonic() + DEADLINE_S
+        while RESCHEDULE_VECTOR not in taken:
+            assert time.monotonic() < deadline, f"the IPI never taken (taken: {taken})"
+            time.sleep(0.01)
+    finally:
+        machine.cpu.deliver = deliver
+    assert taken[0] == RESCHEDULE_VECTOR, f"taken in this order: {taken[:4]}"
 
 
 @pytest.mark.parametrize("cpus", [1, 2, 4])

@@ -201,7 +201,7 @@ def replace_path(path: str) -> Combination:
 # ---- the process space ----------------------------------------------------------------------------------------
 
 PROGRAM = Sites(function=0x401700, counter=0x4BB320, marker=0x401707, stepper=0x401720, watched=(),
-                bench=(range(0x401730, 0x401800),), relocated=0x7FFF_F000_0001)
+                bench=(range(0x401730, 0x401800),), relocated=(0x7FFF_F000_0001,))
 P = Combination(space="process", engine="opt", path="int3", cpus=1, action="global")
 
 
@@ -251,17 +251,35 @@ def test_gdbservers_one_buffer_numbers_every_cpus_frames_in_one_sequence():
 def test_a_call_left_in_a_fast_tracepoints_pad_was_probed_and_is_counted_later():
     """A thread stopped between a pad's int3 and its relocated count holds a call probed and not yet counted:
     at a window's end one more hit than calls; at its start one fewer; at both ends (it never ran) neither."""
-    inside, jump, trap = PROGRAM.relocated, replace(P, path="jump"), replace(P, path="int3")
+    inside, jump, trap = PROGRAM.relocated[0], replace(P, path="jump"), replace(P, path="int3")
     assert expected_fired(jump, Window(10, 20, [0, 0], [inside, 0]), PROGRAM) == 11
     assert expected_fired(jump, Window(10, 20, [inside, 0], [0, 0]), PROGRAM) == 9
     assert expected_fired(trap, Window(10, 20, [0, inside], [0, inside]), PROGRAM) == 10
     assert expected_fired(jump, Window(10, 20, [PROGRAM.function + 3, 0], [0, 0]), PROGRAM) == 10  # no pad there
-    assert expected_fired(jump, Window(10, 20, [inside, 0], [0, 0]), replace(PROGRAM, relocated=0)) == 10
+    assert expected_fired(jump, Window(10, 20, [inside, 0], [0, 0]), replace(PROGRAM, relocated=())) == 10
     # a probe in flight at the end read the last count: 100..103 and 104 of the thread left in the pad
     seen = _process_run([100, 101, 102, 103, 104], last=104, after=[0, inside])
     assert check(jump, seen, PROGRAM) == []
     seen.hits = seen.fired = {MAIN: 4}
     assert any("hits (qTP): 4, expected 5" in p for p in check(jump, seen, PROGRAM))
+
+
+def test_a_call_left_in_any_pad_of_the_process_is_counted_whichever_path_runs_now():
+    """A process keeps every pad the stub made for the counted instruction (a fast tracepoint's, a compiled hit's
+    for each condition it decided in ring 3), and a run that ended itself may leave a thread at any one's relocated
+    count, probed by that run: the next combination counts its call, whatever its own path (an interpreted int3's
+    run, with no pad of its own, one fewer hit than calls)."""
+    python_pad, compiled_pad = 0x7FFF_F000_0001, 0x7FFF_F000_0093
+    sites = replace(PROGRAM, relocated=(python_pad, compiled_pad))
+    interp = replace(P, engine="interp", path="int3", cpus=2)
+    assert expected_fired(interp, Window(10, 20, [0, compiled_pad], [0, 0]), sites) == 9
+    assert expected_fired(interp, Window(10, 20, [python_pad, compiled_pad], [0, 0]), sites) == 8
+    # a compiled run that reached its pass count left its last hit's thread at the relocated count: probed, not counted
+    passcount = replace(P, path="int3", cpus=2, passcount=3)
+    seen = _process_run([100, 101, 102], last=102, after=[0, compiled_pad])
+    seen.status = {"tpasscount": "1", "tframes": "3", "tcreated": "3", "running": "0"}
+    assert check(passcount, seen, sites) == []
+    assert any("hits with a pass count: 3, expected 2" in p for p in check(passcount, seen, PROGRAM))
 
 
 @pytest.mark.parametrize("path, reason", [

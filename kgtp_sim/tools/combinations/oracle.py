@@ -10,10 +10,12 @@ refuses must be refused with KGTP's reason.
 
 In a process the same rules hold where they apply. A call's probe and its count are one step at a trap tracepoint
 (the int3's hit and the probed instruction run together, interrupts off); after the count at the marker's place, as
-in the kernel; and before it at a fast tracepoint, whose pad runs the probe, then the relocated count: a thread
-stopped between them (its pc at `Sites.relocated`) holds a call probed and not yet counted, which the next window
-counts. Every thread's pc is seen at a stop (the process stops as a whole), and GDB's leaving finds it stopped, so
-nothing runs uncounted. The program must never see the debugger: none of its sleeps ends early.
+in the kernel; and before it at a fast tracepoint, or a compiled hit (an int3's or a jump's), whose pad runs the
+probe, then the relocated count: a thread stopped between them (its pc at one of `Sites.relocated`: a run that ends
+itself takes its pads out under a thread in its detour, which then goes on unguarded) holds a call probed and not
+yet counted, which the next window counts, whichever combination's (a pad stays the program's, its thread too).
+Every thread's pc is seen at a stop (the process stops as a whole), and GDB's leaving finds it stopped, so nothing
+runs uncounted. The program must never see the debugger: none of its sleeps ends early.
 
 Pure functions, on the caller's thread.
 """
@@ -31,14 +33,14 @@ from .space import ADDED, MAIN, SHARED, STEPS, Combination, Sites, refusal
 
 def in_flight(c: Combination, s: Sites) -> Callable[[int], bool] | None:
     """Whether a pc is between a call's count and the combination's probed place: after the count and before the
-    probe (a marker, a return), or, in a process, probed and not yet counted (a fast tracepoint's pad between its
-    int3 and the relocated count, `counted_first` False); None when the probe fires with the count."""
+    probe (a marker, a return), or, in a process, probed and not yet counted (in a pad, fast or compiled, between its
+    hit and its relocated count, `counted_first` False); None when the probe fires with the count."""
     if c.path == "marker":
         return lambda pc: pc == s.marker
     if c.path == "kret" and c.space == "kernel":
         return lambda pc: s.function < pc < s.function + 16  # past the add, before ret ran
-    if c.space == "process" and s.relocated:  # a pad, the only one: every path may find a thread left there
-        return lambda pc: pc == s.relocated
+    if c.space == "process" and s.relocated:  # the pads: every path may find a thread left in any of them
+        return lambda pc: pc in s.relocated
     return None
 
 

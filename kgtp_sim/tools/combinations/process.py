@@ -13,7 +13,7 @@ Ctrl-C every POLL_S until `counter` has moved enough (events, never a time windo
 lets the process go on again); then `counter` and the pcs again. Then QTStop (or GDB leaves: the process stays
 stopped) and every frame is read back as in the kernel (QTFrame, `g`, `m`, qTV). A stop that is not the Ctrl-C's
 (a SIGTRAP from an int3 left behind, the program's end) is a failure. A fast tracepoint's pad is where the stub put
-it (no packet tells GDB): read from the run's probe once it is installed (`Sites.relocated`).
+it (no packet tells GDB), and so is a compiled hit's: read from the run's probes once installed (`Sites.relocated`).
 
 Runs on the caller's thread (a test's, or the command's main thread), which feeds the sessions in place of the
 servers' connection threads, while each machine's CPU and tick threads run its kernel and the program.
@@ -103,8 +103,8 @@ class ProcessRunner(Driver):
                            watched(self.image), (range(symbols["caller"], symbols["caller"] + symbols["caller_size"]),))
         self.interrupted_sleeps = symbols["interrupted_sleeps"]
         self.rounds = symbols["rounds"]
-        #: CPU count -> the relocated count in its process's jump pad, once a fast tracepoint made one
-        self.relocated: dict[int, int] = {}
+        #: CPU count -> the relocated counts in its process's pads (`_learn_pads`)
+        self.relocated: dict[int, set[int]] = {}
 
     def close(self) -> None:
         super().close()
@@ -148,6 +148,7 @@ class ProcessRunner(Driver):
             pcs.append(registers["rip"] or 0)
             calls.append((int(thread, 16), (registers["rdi"] or 0) & 0xFFFFFFFF))
         self._ok(h, b"Hg0")
+        self._learn_pads(h, cpus)  # (a tracepoint added during the run may have made one)
         return Halt(self._count(h), pcs, [], calls)
 
     def _run_until(self, h: Harness, done: Callable[[], bool], what: str) -> None:
@@ -174,20 +175,25 @@ class ProcessRunner(Driver):
     # -- one combination --
 
     def _started(self, h: Harness, c: Combination, seen: Observed) -> None:
-        """A fast tracepoint's pad: where its relocated count is (the stub chose the place; it stays the pad of that
-        instruction for the process's life)."""
-        if c.path in ("jump", "shared"):
-            installed = h.stub.tracer.probes.installed.get((MAIN, address_of(c, self.sites)))
-            if installed is not None and installed.out_of_line:
-                self.relocated[c.cpus] = installed.out_of_line
+        self._learn_pads(h, c.cpus)
         seen.sites = self.sites_of(c.cpus)
+
+    def _learn_pads(self, h: Harness, cpus: int) -> None:
+        """The pads of the counted function's first instruction among the run's installed locations: where each's
+        relocated count is (the stub chose the place, a fast tracepoint's pad or a compiled hit's: the location's
+        `out_of_line` when it is not the instruction's own place; a pad stays the program's for the process's
+        life, and a thread may be left in any)."""
+        known = self.relocated.setdefault(cpus, set())
+        for installed in list(h.stub.tracer.probes.installed.values()):
+            if installed.site.address == self.sites.function and installed.out_of_line not in (0, self.sites.function):
+                known.add(installed.out_of_line)
 
     def _ended(self, h: Harness, c: Combination, seen: Observed) -> None:
         seen.sites = self.sites_of(c.cpus)
         seen.interrupted_sleeps = self._u32(h, self.interrupted_sleeps)
 
     def sites_of(self, cpus: int) -> Sites:
-        return replace(self.sites, relocated=self.relocated.get(cpus, 0))
+        return replace(self.sites, relocated=tuple(sorted(self.relocated.get(cpus, ()))))
 
     def healthy(self, cpus: int) -> None:
         """The kernel's checks (the stub serves, the kernel runs, nothing logged as an error), and the program

@@ -186,8 +186,9 @@ class Sites:
     counted_function), its count (kgtp_counter, `counter`), the place after the count (the kernel's marker, the
     program's second instruction), where the while-stepping tracepoint beside goes (load_module, round_end), the
     kernel's variables the watches beside watch, and the code the counted function returns into (the benchmark's
-    loops, the program's caller). `relocated`: in a process whose counted function had a fast tracepoint, the
-    relocated `addl` in its jump pad (a pc there: a call probed and not yet counted); 0 before any."""
+    loops, the program's caller). `relocated`: in a process, every pad the stub made for the counted function's
+    first instruction (a fast tracepoint's, a compiled hit's: one per condition it decides), each's relocated
+    `addl` (a pc there: a call probed and not yet counted); none before any."""
 
     function: int
     counter: int
@@ -195,7 +196,7 @@ class Sites:
     stepper: int
     watched: tuple[int, ...]
     bench: tuple[range, ...]
-    relocated: int = 0
+    relocated: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, image: KernelImage) -> Sites:

@@ -35,9 +35,11 @@ class UserSpace(Protocol):
         """Is `address` one of the program's (its user half)?"""
         ...
 
-    def prepare(self, addresses: list[int], fast: list[int] = (), data: list[tuple[int, int]] = ()) -> None:
+    def prepare(self, addresses: list[int], fast: list[int] = (), data: list[tuple[int, int]] = (),
+                pads: list[int] = ()) -> None:
         """Before tstart, on the server thread: make the pages of `addresses` present (the program stopped), and
-        map a jump pad area within reach of each address in `fast` (its fast tracepoints) that has none yet; the
+        map a jump pad area within reach of each address in `fast` (its fast tracepoints) that has none yet, and
+        where there is room of each address in `pads` (a compiled hit's pad: without one it takes the Python path); the
         pages of the `data` ranges (address, length) the actions collect at fixed addresses present where the
         program maps them (a hit reads memory as it is and cannot fault a page in; a range nothing maps is left
         alone: collected as unavailable)."""
@@ -52,12 +54,14 @@ class UserSpace(Protocol):
         ...
 
 
-def prepare_program(user: UserSpace, tracepoints: list[Tracepoint]) -> None:
+def prepare_program(user: UserSpace, tracepoints: list[Tracepoint], compiled: bool = False) -> None:
     """`UserSpace.prepare` for these tracepoints: their code's pages in the program, jump pad areas for its fast
-    tracepoints, the pages of the program's globals any of them collects."""
+    tracepoints (for every one of them when the run's engine is `compiled`: their hits' pads), the pages of the
+    program's globals any of them collects."""
     mine = [tp for tp in tracepoints if user.holds(tp.address)]
     user.prepare([tp.address for tp in mine], fast=[tp.address for tp in mine if tp.fast_insn_length is not None],
-                 data=[r for tp in tracepoints for r in tp.absolute_ranges() if user.holds(r[0])])
+                 data=[r for tp in tracepoints for r in tp.absolute_ranges() if user.holds(r[0])],
+                 pads=[tp.address for tp in mine] if compiled else [])
 
 
 class Run(Protocol):

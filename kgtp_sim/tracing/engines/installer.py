@@ -32,7 +32,7 @@ from ..patching.detour import COUNTERS
 from ..patching.placement import Installed, fails_that_way
 from ..patching.probes import INT3, ProbeSite, jump, relocate, relocated_size_bound
 from .hits import HitContext, interpreted_hit
-from .userprobes import ProgramProbes
+from .userprobes import Compiled, ProgramProbes
 
 
 #: Computed built-in variables the compiled engines can refresh at a hit (builtins.native_refresh_asm); a location
@@ -89,17 +89,27 @@ class ProbeSet:
         computes, one whose action only Python performs (printk.attach), or a return probe (its entry hijacks the
         return in Python: kret.py)."""
         return self.tracer.native is None or bool(item.tracepoint.step_count) or item.hit_context is not None \
-            or item.space is not None \
             or item.kret is not None or not runs_natively(self.tracer, item.programs(), NATIVE_BUILTINS)
 
     def plan(self, items: list[Installed]) -> None:
         """tstart, before installing `items`: at an address shared with a location that needs Python, every
         location there runs in Python (one int3 for all); the others of a shared address form a chain."""
         self.python_at = {item.site.address for item in items if item.shared and self._needs_python(item)}
+        # a program's tracepoints sharing an address share its int3 on the Python path (userprobes.py)
+        program = [item.site.address for item in items if item.space is not None]
+        self.python_at |= {address for address in program if program.count(address) > 1}
 
     def install(self, item: Installed) -> None:
-        if item.space is not None:  # a program's: an int3 in its memory (userprobes.py)
-            self.program.install(item)
+        if item.space is not None:  # a program's: a pad and a call gate, else an int3 in its memory (userprobes.py)
+            compiled = None
+            native = self.tracer.native
+            if native is not None and not item.shared and item.site.address not in self.python_at \
+                    and not self._needs_python(item):
+                condition = native.pad_condition(item.condition, self._slots(item))
+                # a condition the pad decides is true in the detour: it records the frame at once (the short path)
+                compiled = Compiled(native, lambda: self._build(item, from_user=True,
+                                                                condition_in_pad=condition is not None), condition)
+            self.program.install(item, compiled)
             self.installed[item.tracepoint.key] = item
             return
         address = item.site.address
@@ -169,17 +179,23 @@ class ProbeSet:
         probe.kind = chain.kind
         self.installed[item.tracepoint.key] = item
 
-    def _build(self, item: Installed, continue_to: int | None = None):
-        """The location's detour and its hypercalls (not yet reachable from the site)."""
+    def _slots(self, item: Installed) -> tuple[tuple[int, str], ...]:
+        """The computed built-in and per-CPU variables the location's detour refreshes at a hit."""
+        return native_slots(self.tracer, builtin_slots(item.programs())) + percpu_slots(self.tracer, item.programs())
+
+    def _build(self, item: Installed, continue_to: int | None = None, from_user: bool = False,
+               condition_in_pad: bool = False):
+        """The location's detour and its hypercalls (not yet reachable from the site; `from_user`: a program's,
+        entered from its pad through a call gate; `condition_in_pad`: only once the pad found its condition
+        true)."""
         native = self.tracer.native
         assert native is not None
         tp = item.tracepoint
-        slots = native_slots(self.tracer, builtin_slots(item.programs())) + percpu_slots(self.tracer,
-                                                                                         item.programs())
         probe = native.build(
-            item.site, tp.number, item.condition, item.actions, tp.pass_count, slots,
+            item.site, tp.number, None if condition_in_pad else item.condition, item.actions, tp.pass_count,
+            self._slots(item),
             lambda code: verify(code), marker=item.marker,
-            frame_room=self.tracer.frame_room(), continue_to=continue_to,
+            frame_room=self.tracer.frame_room(), continue_to=continue_to, from_user=from_user,
         )
         item.native = probe
         self._hypercalls(item)
@@ -202,7 +218,7 @@ class ProbeSet:
         or shared its address, or another location now has its address."""
         native = self.tracer.native
         address = item.site.address
-        if native is None or item.native is None or item.shared or address in self.chains or \
+        if native is None or item.native is None or item.shared or item.space is not None or address in self.chains or \
                 address in self.int3_sites or any(i.site.address == address for i in self.installed.values()):
             return False
         self._hypercalls(item)
@@ -268,7 +284,9 @@ class ProbeSet:
 
     def _remove_probe(self, item: Installed) -> None:
         if item.space is not None:
-            self.program.remove(item)
+            self.program.remove(item)  # a compiled one's counters kept in the item
+            if item.native is not None:
+                self._drop_hypercalls(item.native)
             return
         if item.kret is not None:
             self.tracer.kret.remove(item)  # pending returns go on natively
@@ -282,12 +300,7 @@ class ProbeSet:
                 native.release(probe)
             else:
                 native.unpatch(item.site, probe)
-            calls = (probe.detour.error_call, probe.detour.full_call, probe.detour.pass_call, *probe.detour.sdata_calls)
-            if self.machine.cpu.in_emulation:  # asked by a hit, which may be in this detour or before it
-                self.lingering += calls
-            else:
-                for address in calls:
-                    self.machine.breakpoints.pop(address, None)
+            self._drop_hypercalls(probe)
             item.fired, item.hits, item.usage = native.counters(probe)
             return
         group = self.int3_sites.get(item.site.address)
@@ -301,6 +314,15 @@ class ProbeSet:
         self.machine.breakpoints.pop(item.site.address, None)
         if group is not None:  # a preempted task may still be inside the copy
             self.tracer.retired.add([(group[0], group[1])])
+
+    def _drop_hypercalls(self, probe) -> None:
+        detour = probe.detour
+        calls = (detour.error_call, detour.full_call, detour.pass_call, *detour.sdata_calls)
+        if self.machine.cpu.in_emulation:  # asked by a hit, which may be in this detour or before it
+            self.lingering += calls
+        else:
+            for address in calls:
+                self.machine.breakpoints.pop(address, None)
 
     def _unchain(self, chain: Chain, item: Installed) -> None:
         """The link that led to this detour now leads where its own link led; an empty chain frees the site.
@@ -331,6 +353,8 @@ class ProbeSet:
     def counters(self, item: Installed) -> tuple[int, int, int]:
         """(fired, hits, bytes) of a location, live from native memory while it is armed."""
         native = self.tracer.native
+        if item.space is not None and item.tracepoint.key in self.installed:
+            return self.program.counters(item)
         if item.native is not None and native is not None and item.tracepoint.key in self.installed:
             return native.counters(item.native)
         return item.fired, item.hits, item.usage

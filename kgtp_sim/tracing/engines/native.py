@@ -38,6 +38,7 @@ from ..patching import detour as d
 from ..patching import fastpath
 from ..patching.probes import INT3, JUMP_SIZE, ProbeSite, jump, relocate, relocated_size_bound
 from ..patching.retire import in_use
+from ..patching.userpad import PadCondition
 
 log = logging.getLogger(__name__)
 
@@ -193,10 +194,13 @@ class CompiledRun:
         marker=None,
         frame_room: int = 0x1000,
         continue_to: int | None = None,
+        from_user: bool = False,
     ) -> NativeProbe:
         """Compile a location's condition and actions and assemble its detour. The detour ends with the site's
         displaced instructions and a jump back, or, with `continue_to` (a location sharing its address with
-        others), with a jump there: the next location's detour, or the shared tail (`chain_link`)."""
+        others), with a jump there: the next location's detour, or the shared tail (`chain_link`). `from_user`: a
+        program's location, entered through a call gate from its pad and going back there (detour.DetourPlan's
+        `from_user`; the pad runs the displaced instruction and the false condition: `pad_condition`)."""
         compiled: list[CompiledExpr] = []
         cond_entry = None
         if condition is not None:
@@ -241,19 +245,19 @@ class CompiledRun:
                 for insn in program.insns
             ),
         )
-        fast = self._fast_path(condition, compiled[0] if condition is not None else None, site, builtin_slots,
-                               flags_recorded=bool(register_mask >> amd64.REGISTER_INDEX["eflags"] & 1)
+        fast = self._fast_path(condition, compiled[0] if condition is not None and not from_user else None, site,
+                               builtin_slots, flags_recorded=bool(register_mask >> amd64.REGISTER_INDEX["eflags"] & 1)
                                or plan.reads_segments or any(
                                    insn.name == "reg" and insn.operands[0] == amd64.REGISTER_INDEX["eflags"]
                                    for program in [p for _, p in actions if p] for insn in program.insns))
         # the short path: a frame of registers and register-built `$_sdata` only, after a condition known true (a
         # fast path that may fail leaves the error to the full path), nothing that could fail, count or call
-        lean = (self.engine == "opt" and not self.shared_ring and register_mask != ALL_GENERAL
+        lean = (self.engine == "opt" and not self.shared_ring and not from_user and register_mask != ALL_GENERAL
                 and bool(register_mask or entries)
                 and all(isinstance(entry, d.SdataPlan) for entry, _, _ in entries) and not pass_count
                 and not builtin_slots and (condition is None or (fast is not None and not fast.can_fail)))
-        plan = replace(plan, ring_ctl=self.ring_ctl, lean=lean)
-        tail_bound = relocated_size_bound(site.displaced) + JUMP_SIZE
+        plan = replace(plan, ring_ctl=self.ring_ctl, lean=lean, from_user=from_user)
+        tail_bound = 0 if from_user else relocated_size_bound(site.displaced) + JUMP_SIZE
         if fast is not None:
             plan = replace(plan, fast=fast)
             # nops hold the tail's place: build finds its hypercalls by decoding, and zeros (`add %al, (%rax)`,
@@ -276,15 +280,34 @@ class CompiledRun:
             base = self._alloc_detour(len(trial.code) + 16 + tail_bound)
             built = d.build(plan, base)
             tail_at = base + len(built.code)
-            tail = self._tail(site, tail_at, continue_to)
+            tail = b"" if from_user else self._tail(site, tail_at, continue_to)
             code = built.code + tail
             end = tail_at + len(tail)
         self.machine.write_memory(base, code)
         regions = [c.base for c in compiled] + [base]
         self.code_regions += [(c.base, c.end) for c in compiled] + [(base, end)]
-        if continue_to is None:
+        if continue_to is None and not from_user:
             self.displaced.append((tail_at, tail_at + len(tail)))
         return NativeProbe("int3", built, built.counters, compiled, regions)
+
+    def pad_condition(self, condition: Program | None, builtin_slots) -> PadCondition | None:
+        """A program's false condition decided in its pad, in ring 3 (patching/userpad.py): for the optimizing
+        engine, a pure condition on registers only that compiles without pointers (no memory, no variables, no
+        context: fastpath.py's inline branch, the same as a kernel detour's). None: the detour decides."""
+        if self.engine != "opt" or condition is None:
+            return None
+        if not fastpath.eligible(condition, {number for number, _ in builtin_slots} | COMPUTED_BUILTINS):
+            return None
+        regnums = fastpath.regnums_read(condition)
+        try:
+            branch = compile_opt(condition, _TRIAL_BASE, regnums, pointerless=True, true_exit=_TRIAL_BASE)
+        except ValueError:
+            return None
+        written, _ = fastpath.code_registers(branch)
+        order = [r.name for r in amd64.GENERAL_REGISTERS[:16]]
+        return PadCondition(
+            lambda at, true_exit: compile_opt(condition, at, regnums, pointerless=True, true_exit=true_exit).code,
+            tuple(n for n in order if n in written))
 
     def _alloc_detour(self, length: int) -> int:
         """`length` bytes of detour (its counters' page first, detour.DATA_PAGE): that page is data, no-execute,

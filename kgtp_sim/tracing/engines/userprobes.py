@@ -10,8 +10,23 @@ the CPU steps that one instruction with interrupts off (EFLAGS.TF set and IF cle
 the scheduler switches no CPU while TF is set and delivers no interrupt while IF is clear, so no other CPU runs
 meanwhile, as the machine runs one CPU at a time, and no tick enters the kernel, which could switch to another
 thread of the program that would run the lifted int3's place unseen), and the #DB after it puts the int3 back and
-IF as it was. The kernel's compiled detours live in supervisor-only module space, which ring 3 cannot run: a program's
-tracepoints always take this path, whatever the engine.
+IF as it was. That is the interpreting engine's path, and the compiled engines' fallback (below).
+
+Under the naive and optimizing engines a location runs compiled (`_install_compiled`) unless it needs Python
+(installer.py: while-stepping, a computed variable the detour cannot refresh, a shared address), its instruction
+enters the kernel or cannot be relocated, or no pad area is within reach. Its pad (patching/userpad.py), in the
+process's jump pad area, is reached by the jump over the instruction (`ftrace`) or by the int3 (`trace`), which the
+machine's native int3 table sends to the pad only in the program's own address space and never under a single
+step (machine/dispatch.py; otherwise `_compiled_trap`, in Python). Under the optimizing engine a condition on
+registers only is decided in the pad, in ring 3 (a false one counted there, on the area's last page); otherwise the
+pad's `lcall` through the location's call gate (machine/gates.py) enters its detour in ring 0 (the condition, the
+actions, the frame, the kernel's detour code built `from_user`), which goes back by `lretq`; the pad then runs the
+instruction relocated and jumps back after it. No Python runs per hit. A debugger's single step never runs the pad's
+own code from its start: a step of the jump, or of the int3, takes the hit in Python and goes on at the relocated
+instruction. A task the debugger stopped inside a pad (its breakpoint there) steps out of it in one step, ending
+after the probed instruction (`_debug_trap`: the pad's popfq keeps the step's TF, and a step of the `lcall` runs the
+detour to its return, machine/gates.py's `step_through`). Once the run took the pad out, a step there is one
+instruction, as anywhere in the program, the gate's bare return included (gates.py).
 
 While-stepping (hits.Stepper) steps the program the same way: its steps run the instruction in place (the step in
 place here stands aside), in ring 3, with the program's own byte lifted and the int3 put back in the program's
@@ -44,8 +59,12 @@ gets the run's tracepoints: it runs its instructions and collects nothing, as gd
 tracepoint jumps. An exec replaces the program's memory: its sites are forgotten (`gone`), never written again
 (the space's tables may soon be another's); their locations stay in the run, hitting nothing.
 
-Owns the program's int3 sites (address -> the byte they replace, the locations sharing them), and which task last
-stopped at its breakpoint over one. Runs on the CPU
+Why this module is long: it is every way a program's tracepoint is hit (an int3 stepped in place, a fast
+tracepoint's pad, a compiled pad and its gate), with the forks, execs and debugger steps each must survive, and
+they share one record of a site, one #DB handler and the pads' areas.
+
+Owns the program's int3 sites (address -> the byte they replace, the locations sharing them), which task last
+stopped at its breakpoint over one, and the compiled pads. Runs on the CPU
 thread: install and remove under the tracer's run changes, the handlers inside the int3 and #DB hooks, the fork and
 exec notices inside the kernel's port write.
 """
@@ -58,14 +77,30 @@ from typing import Any
 from unicorn import Uc
 from unicorn import x86_const as X
 
-from ...machine import MemoryFault, smp
+from ...machine import MachineError, MemoryFault, smp
 from ...machine.int3s import DEBUGGER, TRACER
 from ..core.model import TraceError
 from ..core.run import Run
 from ..patching.placement import Installed
 from ..patching.probes import INT3, JUMP_SIZE, ProbePlacementError, ProbeSite, decode, enters_kernel, jump, relocate
 from ..patching.probes import relocated_size_bound
+from ..patching.detour import COUNTERS
+from ..patching.userpad import PadCondition, build_pad, pad_size_bound
 from .hits import EFLAGS_IF, EFLAGS_TF, interpreted_hit
+
+PAGE = 0x1000
+_POPFQ = b"\x9d"
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """What the installer hands a program's location that may run compiled: the run's compiled engine
+    (native.CompiledRun), how to build the location's detour (entered from its pad: `from_user`), and its condition
+    as the pad's ring-3 branch (or None)."""
+
+    native: Any
+    build: Any  #: () -> native.NativeProbe
+    condition: PadCondition | None
 
 
 @dataclass
@@ -77,6 +112,13 @@ class _Site:
     #: an int3 site's over an instruction that enters the kernel: where that instruction runs after a hit, out of
     #: line in a pad (its relocated copy and a jump back), instead of being stepped in place
     out_of_line: int = 0
+    #: a compiled hit (`_install_compiled`): its pad's call gate (machine/gates.py), the pad's relocated
+    #: instruction, the pad's count of false conditions, and how the program reaches the pad (a jump or the int3)
+    compiled: bool = False
+    gate: int = 0
+    tail: int = 0
+    fired_at: int = 0
+    jump: bool = False
 
 
 class ProgramProbes:
@@ -101,10 +143,19 @@ class ProgramProbes:
         #: pad -> (its end, its site) while the site's jump is in; `_debug_trap` sees them while any is
         self._live_pads: dict[int, tuple[int, _Site]] = {}
         self._previous_trap: Any = None
+        #: compiled pads: (space root, address, instruction, condition) -> (pad, end, gate, fired counter, tail)
+        self._compiled_pads: dict[tuple, tuple[int, int, int, int, int]] = {}
+        self._counters_used: dict[int, int] = {}  #: pad area -> bytes of its last page given to pads' counters
 
-    def install(self, item: Installed) -> None:
+    def install(self, item: Installed, compiled: Compiled | None = None) -> None:
         address = item.site.address
         site = self.sites.get(address)
+        if site is not None and site.compiled:
+            raise TraceError(f"tracepoint {item.tracepoint.number} at {address:#x}: the tracepoint there runs "
+                             "compiled: define this one before tstart")
+        if site is None and compiled is not None and not item.tracepoint.step_count and \
+                self._install_compiled(item, compiled):
+            return
         if site is None and item.want_jump:
             self._install_jump(item)
             return
@@ -161,6 +212,190 @@ class ProgramProbes:
         item.out_of_line = pad + len(INT3)
         site.items.append(item)
 
+    # ---- compiled hits ----------------------------------------------------------------------------------
+
+    def _install_compiled(self, item: Installed, compiled: Compiled) -> bool:
+        """The location's hit compiled: a pad of its own (patching/userpad.py) that the jump over its instruction
+        (`ftrace`) or its int3 (`trace`, sent on by the machine's native int3 table) leads to, whose call gate enters
+        the detour. False when it cannot be (no pad area within reach, an instruction that cannot run elsewhere, no
+        gate): then the Python path serves it."""
+        tp, space, address = item.tracepoint, item.space, item.site.address
+        where = f"tracepoint {tp.number} at {address:#x}"
+        try:
+            code = self.machine.read_memory(address, 15, space=space)
+        except MemoryFault:
+            return False  # the last bytes of the program's code: the Python path reads what is there
+        code = self.int3s.hide(space, address, code)
+        instructions = decode(code, address)
+        if not instructions or (item.want_jump and instructions[0].size < JUMP_SIZE) or enters_kernel(code):
+            return False
+        insn = instructions[0]
+        user = self.tracer.user_space
+        area = user.pad_area(address) if user is not None else None
+        if area is None:
+            return False
+        try:
+            relocate((insn,), area[0])
+        except ProbePlacementError:
+            return False
+        condition = compiled.condition
+        key = (space.root, address, insn.code, item.condition.code if condition is not None else None)
+        uc = self.machine.cpu.uc
+        original = code[:JUMP_SIZE] if item.want_jump else code[:1]
+        if not item.want_jump:
+            first = not self.int3s.holders(space, address)
+            if self.int3s.hold(space, address, TRACER) is None:
+                return False
+            if first:
+                self._drop_code(uc, space, address)
+        probe = compiled.build()
+        probe.kind = "jump" if item.want_jump else "int3"
+        try:
+            cached = self._compiled_pads.get(key)
+            if cached is not None:  # the same instruction again: its pad, its gate to the new detour
+                pad, end, gate, fired_at, tail = cached
+                self.machine.gates.retarget(uc, gate, probe.detour.base)
+                self._write(space, fired_at, bytes(8))
+            else:
+                pad, end, gate, fired_at, tail = self._compiled_pad(item, insn, condition, probe.detour.base, where)
+                self._compiled_pads[key] = (pad, end, gate, fired_at, tail)
+        except (TraceError, MachineError):
+            compiled.native.release(probe)
+            item.native = None
+            if not item.want_jump and self.int3s.release(space, address, TRACER):
+                self._drop_code(uc, space, address)
+            return False
+        site = self.sites[address] = _Site(original, [item], pad=pad, displaced_at=address, compiled=True,
+                                           gate=gate, tail=tail, fired_at=fired_at, jump=item.want_jump)
+        cpu = self.machine.cpu
+        if not self._live_pads and cpu.debug_trap != self._debug_trap:
+            self._previous_trap, cpu.debug_trap = cpu.debug_trap, self._debug_trap
+        self._live_pads[pad] = (end, site)
+        # from the pad's first instruction to the probed instruction's end, no other CPU and no interrupt, as the
+        # Python path's hit and step: a thread is never stopped half way, with its hit counted (in the pad's count,
+        # or the detour's frame) and its call not yet made, nor switched out there while the run changes
+        self.machine.cpu.process_stub_code.append((pad, end, space.root))
+        self._watch()
+        item.out_of_line = tail
+        if item.want_jump:
+            self._write(space, address, jump(address, pad))
+            item.site = ProbeSite(address, "(program)", "jump", (insn,), original)
+        else:
+            self.machine.breakpoints[address] = lambda uc, site=site, address=address: \
+                self._compiled_trap(uc, address, site)
+            item.site = ProbeSite(address, "(program)", "int3", (insn,), original)
+            self._sync_native(site)
+        return True
+
+    def _compiled_pad(self, item: Installed, insn: Any, condition: PadCondition | None, detour: int,
+                      where: str) -> tuple[int, int, int, int, int]:
+        """A new pad (its gate to `detour`, its counter on the area's last page): (pad, end, gate, counter,
+        tail)."""
+        start, size = self.tracer.user_space.pad_area(insn.address)
+        used = self._pad_used.get(start, 0)
+        room = (pad_size_bound(relocated_size_bound((insn,)), condition, start) + 15) & ~15
+        counters = self._counters_used.get(start, 0)
+        if used + room > size - PAGE or counters + 8 > PAGE:
+            raise TraceError(f"{where}: the jump pad area at {start:#x} is full")
+        pad, fired_at = start + used, start + size - PAGE + counters
+        gate = self.machine.gates.add(self.machine.cpu.uc, detour)
+        body = build_pad(pad, insn, gate, fired_at, condition)
+        assert len(body.code) <= room
+        self._write(item.space, pad, body.code)
+        self._write(item.space, fired_at, bytes(8))
+        self._pad_used[start] = used + room
+        self._counters_used[start] = counters + 8
+        return pad, pad + len(body.code), gate, fired_at, body.tail
+
+    def _sync_native(self, site: _Site) -> None:
+        """A compiled int3's entry in the machine's native table: there unless the debugger holds the int3 too
+        (then its hit goes to `_compiled_trap`, which reports the breakpoint after collecting), nor while a task
+        that stopped at that breakpoint has not gone past it yet."""
+        space, address = site.items[0].space, site.displaced_at
+        jumps = self.machine.cpu.jumps
+        if DEBUGGER in self.int3s.holders(space, address) or self._reported.get(address):
+            jumps.remove(address)  # (a task going on from the breakpoint's stop collects nothing: `_compiled_trap`)
+        else:
+            jumps.set(address, site.pad, space.root)
+
+    def holders_changed(self, space: Any, address: int) -> None:
+        site = self.sites.get(address)
+        if site is not None and site.compiled and not site.jump and self._in(site, space):
+            self._sync_native(site)
+
+    def counters(self, item: Installed) -> tuple[int, int, int]:
+        """(fired, hits, bytes) of a program's compiled location: its detour's counters and its pad's count of false
+        conditions."""
+        site = self.sites.get(item.site.address)
+        if site is None or not site.compiled or item not in site.items or item.native is None:
+            return item.fired, item.hits, item.usage
+        fired, hits, usage = self.tracer.native.counters(item.native)
+        try:
+            fired += int.from_bytes(self.machine.read_memory(site.fired_at, 8, space=item.space), "little")
+        except MemoryFault:
+            pass
+        return fired, hits, usage
+
+    def _python_hit(self, uc: Uc, site: _Site) -> None:
+        """A compiled location's hit on the Python path (a debugger's step, its breakpoint at the same place, no
+        native int3 table), counted in its detour's counters; RIP at the pad's relocated instruction."""
+        item = site.items[0]
+        probe = item.native
+        fired, hits, usage, _ = COUNTERS.unpack(bytes(uc.mem_read(probe.counters, COUNTERS.size)))
+        item.fired, item.hits, item.usage = fired, hits, usage
+        interpreted_hit(self.tracer, uc, item, may_step=False)
+        uc.mem_write(probe.counters, COUNTERS.pack(item.fired, item.hits, item.usage, 0))
+
+    def _compiled_trap(self, uc: Uc, address: int, site: _Site) -> None:
+        """The int3 of a compiled location that the native table did not send on: another space's int3 at this
+        address (the kernel's #BP, as without us), a step of the program's (TF), the debugger's breakpoint there
+        too (collected, then reported, as `_hit` does), or a machine without native hooks."""
+        space = site.items[0].space if site.items else None
+        if space is None or uc.reg_read(X.UC_X86_REG_CR3) & ~0xFFF != space.root:
+            uc.reg_write(X.UC_X86_REG_RIP, address + len(INT3))
+            self.machine.cpu.deliver(3)
+            return
+        task = smp.current_task(uc)
+        breakpoint = DEBUGGER in self.int3s.holders(space, address)
+        if task not in self._reported.get(address, ()):
+            self._python_hit(uc, site)
+        if breakpoint:
+            self._reported.setdefault(address, set()).add(task)
+            uc.reg_write(X.UC_X86_REG_RIP, address + len(INT3))
+            self.machine.cpu.deliver(3)
+            return
+        reported = self._reported.get(address, set())
+        if task in reported:
+            reported.discard(task)
+            self._sync_native(site)
+        uc.reg_write(X.UC_X86_REG_RIP, site.tail)  # a step (TF) goes on through the pad: `_debug_trap`
+
+    def _remove_compiled(self, item: Installed, site: _Site, gone: bool = False) -> None:
+        """The location's way into its pad out (not when the space is `gone`), its gate back to its caller: a
+        thread still in the pad runs its instruction and goes on; its counters kept in the item."""
+        address, space = site.displaced_at, item.space
+        item.fired, item.hits, item.usage = self.counters(item)
+        self.sites.pop(address, None)
+        end = self._live_pads.pop(site.pad, (0, None))[0]
+        cpu = self.machine.cpu
+        if not self._live_pads and cpu.debug_trap == self._debug_trap:
+            cpu.debug_trap, self._previous_trap = self._previous_trap, None
+        self.machine.gates.retarget(cpu.uc, site.gate, None)
+        if (site.pad, end, space.root) in cpu.process_stub_code:
+            cpu.process_stub_code.remove((site.pad, end, space.root))
+        if self.tracer.native is not None and item.native is not None:
+            self.tracer.native.release(item.native)
+        if site.jump:
+            if not gone and self._jump_there(space, address, site.pad):
+                self._write(space, address, site.original)
+        else:
+            self.machine.cpu.jumps.remove(address)
+            self.machine.breakpoints.pop(address, None)
+            self._reported.pop(address, None)
+            if not gone and self.int3s.release(space, address, TRACER):
+                self._drop_code(cpu.uc, space, address)
+        self._watch()
+
     def _out_of_line(self, item: Installed, address: int) -> int:
         """Where an instruction that enters the kernel (`syscall`...) runs after its int3's hit: its pad's copy
         (UserSpace.prepare mapped an area within reach for it), as Linux's uprobes run every probed instruction out
@@ -192,7 +427,7 @@ class ProgramProbes:
         start, size = area
         used = self._pad_used.get(start, 0)
         room = (len(INT3) + relocated_size_bound((insn,)) + JUMP_SIZE + 15) & ~15
-        if used + room > size:
+        if used + room > size - PAGE:  # (the last page: compiled pads' counters)
             raise TraceError(f"{where}: the jump pad area at {start:#x} is full")
         pad = start + used
         try:
@@ -210,6 +445,9 @@ class ProgramProbes:
         address = item.site.address
         site = self.sites.get(address)
         if site is None or item not in site.items:
+            return
+        if site.compiled:
+            self._remove_compiled(item, site)
             return
         site.items.remove(item)
         if site.items:
@@ -281,6 +519,10 @@ class ProgramProbes:
         for address, site in list(self.sites.items()):
             if not self._in(site, space):
                 continue
+            if site.compiled:
+                self._remove_compiled(site.items[0], site, gone=True)
+                self._pad_ends.pop(site.pad, None)
+                continue
             del self.sites[address]
             self.machine.breakpoints.pop(site.pad or address, None)
             self._reported.pop(address, None)
@@ -294,6 +536,7 @@ class ProgramProbes:
             if key[0] == space.root:  # the pads went with the space: no handler of theirs stays
                 self.machine.breakpoints.pop(pad, None)
         self._pads = {key: pad for key, pad in self._pads.items() if key[0] != space.root}
+        self._compiled_pads = {key: pad for key, pad in self._compiled_pads.items() if key[0] != space.root}
         self._watch()
 
     # ---- the CPU thread, inside emulation ---------------------------------------------------------------
@@ -314,8 +557,16 @@ class ProgramProbes:
             if pad <= rip < end and uc.reg_read(X.UC_X86_REG_CS) & 3:
                 space = site.items[0].space if site.items else None
                 if space is not None and uc.reg_read(X.UC_X86_REG_CR3) & ~0xFFF == space.root:
-                    if rip == pad:
+                    if rip == pad and site.compiled:  # a step of the jump: the hit here, the gate skipped
+                        self._python_hit(uc, site)
+                    elif rip == pad:
                         self._hit(uc, site.displaced_at, site)
+                    elif site.compiled and rip < site.tail and bytes(uc.mem_read(rip, 1)) == _POPFQ:
+                        # a step that began inside the pad (the debugger stopped the task there): the pad's popfq
+                        # would load the flags it saved before the step, TF clear, and the step would never end
+                        rsp = uc.reg_read(X.UC_X86_REG_RSP)
+                        flags = int.from_bytes(uc.mem_read(rsp, 8), "little")
+                        uc.mem_write(rsp, (flags | EFLAGS_TF).to_bytes(8, "little"))
                     return  # TF still set: the next instruction of the pad traps again
         previous = self._previous_trap
         if previous is not None:

@@ -129,6 +129,15 @@ class DetourPlan:
     #: or eviction
     ring_ctl: int = 0
     lean: bool = False
+    #: a program's location (userprobes.py): entered from ring 3 through a call gate (machine/gates.py), whose
+    #: frame on the kernel stack holds the program's RIP, CS, RSP and SS; the kernel's GS base swapped in and out;
+    #: the detour ends by going back (`lretq`) to the program's pad, which runs the displaced instruction (no
+    #: fast or short path here: the pad runs the false condition in ring 3)
+    from_user: bool = False
+
+
+#: The call gate's frame above the detour's saved flags (machine/gates.py): the program's RIP, CS, RSP, SS.
+GATE_CS, GATE_RSP, GATE_SS = 0x10, 0x18, 0x20
 
 
 @dataclass(frozen=True)
@@ -142,7 +151,7 @@ class Detour:
     counters: int = 0  # the location's COUNTERS (fired, hits, bytes, scratch), on the page before the entry
 
 
-def _save_block(site: int, segments: bool) -> list[str]:
+def _save_block(site: int, segments: bool, from_user: bool = False) -> list[str]:
     lines = ["pushfq", "cli", f"sub ${BLOCK_BYTES:#x}, %rsp"]
     for index, name in enumerate(_GPR):
         if name != "rsp":
@@ -150,7 +159,7 @@ def _save_block(site: int, segments: bool) -> list[str]:
     eflags = amd64.OFFSETS[amd64.REGISTER_INDEX["eflags"]]
     cs = amd64.OFFSETS[amd64.REGISTER_INDEX["cs"]]
     lines += [
-        f"lea {BLOCK_BYTES + 8:#x}(%rsp), %rax",
+        f"mov {BLOCK_BYTES + GATE_RSP:#x}(%rsp), %rax" if from_user else f"lea {BLOCK_BYTES + 8:#x}(%rsp), %rax",
         f"mov %rax, {amd64.OFFSETS[amd64.SP_REGNUM]:#x}(%rsp)",
         f"movabs ${site:#x}, %rax",
         f"mov %rax, {amd64.OFFSETS[amd64.PC_REGNUM]:#x}(%rsp)",
@@ -159,7 +168,11 @@ def _save_block(site: int, segments: bool) -> list[str]:
     ]
     if segments:  # only when something reads them: a register collection or `reg` 18..23
         for index, name in enumerate(("cs", "ss", "ds", "es", "fs", "gs")):
-            lines += [f"mov %{name}, %eax", f"mov %eax, {cs + 4 * index:#x}(%rsp)"]
+            if from_user and name in ("cs", "ss"):  # the program's, from the gate's frame
+                source = f"{BLOCK_BYTES + (GATE_CS if name == 'cs' else GATE_SS):#x}(%rsp)"
+            else:
+                source = f"%{name}"
+            lines += [f"mov {source}, %eax", f"mov %eax, {cs + 4 * index:#x}(%rsp)"]
     return lines
 
 
@@ -268,11 +281,14 @@ def build(plan: DetourPlan, base: int) -> Detour:
     # The location's counters open the allocation on a page of their own (never executed); the detour's entry
     # starts the next page, so any path counts with one RIP-relative instruction and no write lands on code.
     lines = list(_DATA)
+    assert not plan.from_user or (plan.fast is None and not plan.lean)
+    if plan.from_user:
+        lines.append("swapgs")  # the kernel's GS base: %gs:0x8 is the CPU's number again
     if plan.fast is not None:
         lines += _expand(_fast_path(plan), plan.fast)
     if plan.lean:
         lines += _lean_path(plan)
-    lines += _save_block(plan.site, bool(plan.register_mask & _SEGMENTS) or plan.reads_segments)
+    lines += _save_block(plan.site, bool(plan.register_mask & _SEGMENTS) or plan.reads_segments, plan.from_user)
     lines += [f"movabs ${ctx:#x}, %rsi"]
     if plan.fast is None and not plan.lean:  # else the fast or the short path counted the hit already
         lines.append(f"incq counters+{FIRED:#x}(%rip)")
@@ -361,6 +377,8 @@ def build(plan: DetourPlan, base: int) -> Detour:
         "done:",
     ] + _percpu_store(plan) + _restore_block()
     lines.append(_to_tail(plan) if plan.fast is not None else "detour_tail:")
+    if plan.from_user:  # back to the program's pad, its GS base back
+        lines += ["swapgs", "lretq"]
     code = assemble("\n".join(lines), base)
     entry = base + DATA_PAGE
     # The hypercall int3s, in source order: [pass_call,] error_call, full_call (decoded, so an 0xcc inside an
