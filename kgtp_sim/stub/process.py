@@ -873,6 +873,10 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
             unmet = self._forget_gone_threads()
             if self.ended() is not None or not (self._running() or unmet):
                 break
+            if any(not thread.asked_stop for thread in self._running()):
+                # one stopped with a signal GDB passes instead (the kernel takes that stop for the quiet one asked)
+                # and went on with it: asked again before the wait, which its stop, older, would not end
+                continue
             if self._running():
                 ptrace.wait_serial(serial)
                 continue

@@ -14,6 +14,7 @@ import threading
 
 import pytest
 
+from kgtp_sim.arch import signals
 from kgtp_sim.programs import install_program
 from kgtp_sim.stub.process import ProcessTarget
 from kgtp_sim.stub.target import BreakpointType, Exited, ResumeAction, Running, Signal
@@ -23,6 +24,7 @@ from .processes import next_stop, started_machine, symbol
 
 WAIT_S = 60
 SIGTRAP = 5
+SIGUSR1 = 10  #: Linux's number
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +85,38 @@ def test_a_stop_waits_for_the_threads_the_process_made_that_have_not_stopped_at_
     ended = _wait_stop(target)
     assert isinstance(ended, Exited) and ended.code == 0, ended
     assert bytes(machine.written) == b"counter 18\n"
+
+
+def test_a_thread_that_stops_with_a_passed_signal_while_every_thread_is_stopped_is_asked_again(machine, tmp_path):
+    """All-stop's stop of every thread asks each running one to stop quietly; a thread that stops with a signal GDB
+    passes instead (the kernel takes the signal's stop for the quiet one) gets its signal and runs on. Its stop came
+    before the wait for the next stop, so that wait found nothing (sigthread.exp's Ctrl-C: 10 s, then the report of
+    a process still running). Here main's breakpoint stop is reported while the thread's SIGUSR1 stop is seen only
+    once every thread is being stopped, as a busy host orders them."""
+    program = compile_program("passed", "glibc-static", tmp_path)
+    stop_here = symbol(program, "stop_here")
+    inside = install_program(machine, program)
+    ptrace = machine.ptrace
+    target = ProcessTarget(ptrace.spawn(inside, [inside]), exec_path=inside)
+    target.pass_signals = frozenset({signals.to_gdb(SIGUSR1)})
+    stopped_tids = ptrace.stopped_tids
+
+    def looking() -> dict:  # the thread's signal stop shown only while every thread is being stopped
+        stops = stopped_tids()
+        if not target._stopping:
+            stops = {tid: stop for tid, stop in stops.items() if tid == target.pid or stop.signal != SIGUSR1}
+        return stops
+
+    ptrace.stopped_tids = looking
+    try:
+        target.insert_breakpoint(BreakpointType.SOFTWARE, stop_here, 1)
+        assert isinstance(target.resume([ResumeAction(thread=-1)]), Running)
+        stop = _wait_stop(target)
+    finally:
+        del ptrace.stopped_tids
+    assert isinstance(stop, Signal) and stop.signal == SIGTRAP and stop.thread == target.pid, stop
+    made = ptrace.threads_of(target.pid)
+    assert len(made) == 2 and sorted(target.threads()) == sorted(made), made
+    for tid in made:  # every thread stopped: none left running after the report
+        assert ptrace.stop_of(tid) is not None, tid
+    target.kill()
