@@ -74,6 +74,10 @@ def test_stopped_at_a_breakpoint_on_each_cpu_stepped_and_resumed_with_the_counte
         "generation = val('stress_completed') + 1",
         "gdb.execute(f'set var stress_generation = {generation}')",
         "bp = gdb.Breakpoint('stress_step')",
+        # the first of a round's three calls (stress_a = stress_step(a, 1), before it changes stress_a): `finish`
+        # returns to its line, `next` goes to the second call's line, `step` enters stress_step; stopped at the
+        # third, `next` went on to spin_unlock_irqrestore's line
+        "bp.condition = 'stress_b == 2 * stress_a'",
         "seen = {}",
         "deadline = time.monotonic() + 120",
         "while len(seen) < 2:",
