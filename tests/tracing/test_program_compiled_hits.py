@@ -214,6 +214,28 @@ def _recorded(w) -> dict[int, tuple[bytes, bytes]]:
     return out
 
 
+def _pc(w) -> int:
+    return int.from_bytes(bytes.fromhex(w.ask(b"p10").decode()), "little")
+
+
+def _stopped_in_pad(w, kind: str, at) -> int:
+    """The thesis tracepoint compiled (condition + expression) and running, one call of the workload let go, and the
+    task stopped at the debugger's breakpoint on `at(site)`, an address in the pad (the breakpoint taken out
+    again); returns that address."""
+    from kgtp_sim.tools.program_hits import definition
+
+    for packet in [b"QTinit", *definition(w.function, kind, "cond+expr", w.insn_length), b"QTStart"]:
+        w.ok(packet)
+    address = at(w.server.tracer.probes.program.sites[w.function])
+    w.ok(b"M%x,8:%s" % (w.calls_at, (1).to_bytes(8, "little").hex().encode()))
+    w.ok(b"z0,%x,1" % w.sync)
+    w.ok(b"Z0,%x,1" % address)
+    w.resume(b"vCont;c")
+    assert _pc(w) == address
+    w.ok(b"z0,%x,1" % address)
+    return address
+
+
 def _thesis(workload, engine: str, kind: str):
     from kgtp_sim.tools.program_hits import RoleWorkload
 
@@ -282,34 +304,24 @@ def test_a_task_stopped_inside_a_pad_steps_out_of_it_after_the_probed_instructio
     saved before the step, TF clear, and the step would never end; a step of the `lcall` keeps TF through the call
     gate, and its #DB came in ring 0, where the kernel took it in the middle of the detour and the machine
     stopped.)"""
-    from kgtp_sim.tools.program_hits import definition
     from kgtp_sim.tracing.patching.probes import decode
     from kgtp_sim.tracing.patching.userpad import LCALL_SIZE
 
     w = _thesis(workload, "opt", kind)
 
-    def pc() -> int:
-        return int.from_bytes(bytes.fromhex(w.ask(b"p10").decode()), "little")
-
-    try:
-        for packet in [b"QTinit", *definition(w.function, kind, "cond+expr", w.insn_length), b"QTStart"]:
-            w.ok(packet)
-        site = w.server.tracer.probes.program.sites[w.function]
+    def in_pad(site) -> int:
         pad = decode(bytes.fromhex(w.ask(b"m%x,%x" % (site.pad, site.tail - site.pad)).decode()), site.pad)
         assert [i.code[:1] for i in pad[:2]] == [b"\x48", b"\x9c"] and pad[-1].address == site.tail - LCALL_SIZE
-        at = pad[-1].address if where == "gate" else pad[3].address  # (lea, pushfq, push, then here)
-        w.ok(b"M%x,8:%s" % (w.calls_at, (1).to_bytes(8, "little").hex().encode()))
-        w.ok(b"z0,%x,1" % w.sync)
-        w.ok(b"Z0,%x,1" % at)
-        w.resume(b"vCont;c")
-        assert pc() == at
-        w.ok(b"z0,%x,1" % at)
+        return pad[-1].address if where == "gate" else pad[3].address  # (lea, pushfq, push, then here)
+
+    try:
+        _stopped_in_pad(w, kind, in_pad)
         w.resume(b"vCont;s")
-        assert pc() == w.function + w.insn_length
+        assert _pc(w) == w.function + w.insn_length
         assert w.counts() == (1, 1)
         w.ok(b"Z0,%x,1" % w.sync)
         w.resume(b"vCont;c")
-        assert pc() == w.sync and w.counts() == (1, 1)
+        assert _pc(w) == w.sync and w.counts() == (1, 1)
         assert int.from_bytes(bytes.fromhex(w.ask(b"m%x,8" % w.result_at).decode()), "little") == 1
     finally:
         w.close()
@@ -322,33 +334,18 @@ def test_a_task_left_at_a_pads_gate_after_the_run_steps_back_into_the_pad(worklo
     instruction, nothing collected, and the program goes on. (A step of the `lcall` keeps TF through the gate; the
     #DB in ring 0 at the gate's target was let go only while the run had the pad, and after it the kernel took it
     with the program's GS base loaded: the machine stopped.)"""
-    from kgtp_sim.tools.program_hits import definition
     from kgtp_sim.tracing.patching.userpad import LCALL_SIZE
 
     w = _thesis(workload, "opt", kind)
-
-    def pc() -> int:
-        return int.from_bytes(bytes.fromhex(w.ask(b"p10").decode()), "little")
-
     try:
-        for packet in [b"QTinit", *definition(w.function, kind, "cond+expr", w.insn_length), b"QTStart"]:
-            w.ok(packet)
-        site = w.server.tracer.probes.program.sites[w.function]
-        tail = site.tail
-        at = tail - LCALL_SIZE
-        w.ok(b"M%x,8:%s" % (w.calls_at, (1).to_bytes(8, "little").hex().encode()))
-        w.ok(b"z0,%x,1" % w.sync)
-        w.ok(b"Z0,%x,1" % at)
-        w.resume(b"vCont;c")
-        assert pc() == at
-        w.ok(b"z0,%x,1" % at)
+        tail = _stopped_in_pad(w, kind, lambda site: site.tail - LCALL_SIZE) + LCALL_SIZE
         w.ok(b"QTStop")
         w.resume(b"vCont;s")
-        assert pc() == tail
+        assert _pc(w) == tail
         assert w.counts() == (0, 0)
         w.ok(b"Z0,%x,1" % w.sync)
         w.resume(b"vCont;c")
-        assert pc() == w.sync
+        assert _pc(w) == w.sync
         assert int.from_bytes(bytes.fromhex(w.ask(b"m%x,8" % w.result_at).decode()), "little") == 1
     finally:
         w.close()
