@@ -396,3 +396,23 @@ def test_compiled_trace_and_ftrace_in_the_program_under_the_opt_engine(programs,
     rips = [int(v, 16) for n, v in values if n == "$rip"]
     assert line and rips == [int(line.group(1), 16)] * 2, text  # the ftrace's address, not its pad's
     assert "killed]" in text, text
+
+
+@pytest.mark.parametrize("gdb, engine, first, second", [
+    (GDB13, "opt", "trace", "trace"), (GDB13, "opt", "ftrace", "trace"), (GDB13, "opt", "trace", "ftrace"),
+    (GDB13, "naive", "ftrace", "ftrace"), (GDB_CLIENTS[-1] if GDB_CLIENTS else None, "opt", "ftrace", "trace")],
+    ids=lambda v: getattr(v, "version", v))
+def test_a_tracepoint_set_during_the_run_where_one_runs_compiled_collects_beside_it(programs, gdb, engine, first,
+                                                                                   second):
+    """trace-break.exp's fifth case in the program: a tracepoint set during a run at the line where another one
+    already runs compiled (its pad) is installed beside it (both then on the Python path, the first's count going
+    on), and each later round collects a frame of each, the first's first."""
+    text, _, _ = session(gdb, programs["static"], [
+        "break main", "continue", f"{first} 26", "actions", "collect counter", "end", "break 25", "tstart",
+        "continue", "continue", f"{second} 26", "actions", "collect i", "end", "delete 3", "break 29", "continue",
+        "tstop", "tstatus", "info tracepoints", *frames_listing(), "kill",
+    ], "--engine", engine, "--cpus", "2")
+    assert "Target returns error" not in text and "Collected 9 trace frames." in text, text
+    assert re.findall(r"tracepoint already hit (\d+) times?", text) == ["5", "4"], text
+    order = [int(tp) for tp in re.findall(r"^frame \d+ tp (\d+) pc", text, re.M)]
+    assert order == [2] + [2, 4] * 4, text

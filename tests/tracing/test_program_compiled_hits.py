@@ -350,3 +350,59 @@ def test_a_task_left_at_a_pads_gate_after_the_run_steps_back_into_the_pad(worklo
     finally:
         w.close()
 
+
+
+def _run_until(gdb: Gdb, counter: int, calls: int) -> None:
+    """Runs the program until `calls` more calls have been counted (a busy host runs fewer in a while)."""
+    first = gdb.u32(counter)
+    for _ in range(40):
+        stop = gdb.run_a_while(0.2)
+        assert stop.startswith(b"T02"), stop
+        if gdb.u32(counter) - first >= calls:
+            return
+    raise AssertionError(f"fewer than {calls} calls")
+
+
+@pytest.mark.parametrize("second", ["trace", "ftrace"])
+@pytest.mark.parametrize("first", ["trace", "ftrace"])
+@pytest.mark.parametrize("engine", ["naive", "opt"])
+def test_a_tracepoint_added_during_the_run_joins_the_compiled_one_at_its_address(program, engine, first, second):
+    """GDB defines a tracepoint during a run where one already runs compiled (trace-break.exp's fifth case): the
+    compiled one leaves its pad for the Python path with its counts, and from then on every call collects a frame
+    of each, the first's before the second's."""
+    binary, symbols = program
+    function, counter = symbols["counted_function"], symbols["counter"]
+    gdb = EngineGdb(binary, 2, engine)
+    fast = {"trace": b"", "ftrace": b":F7"}  # counted_function's first instruction: 7 bytes
+    try:
+        assert gdb.run_a_while(0.3).startswith(b"T02")
+        gdb.ok(b"QTinit")
+        gdb.ok(b"QTDP:1:%x:E:0:0%s-" % (function, fast[first]))
+        gdb.ok(b"QTDP:-1:%x:M-1,%x,4" % (function, counter))
+        machine = gdb.server.machine
+        gdb.ok(b"QTStart")
+        python_before = machine.cpu.breakpoint_hits
+        _run_until(gdb, counter, 16)
+        compiled_hits = int(gdb.ask(b"qTP:1:%x" % function)[1:].split(b":")[0], 16)
+        assert machine.cpu.breakpoint_hits - python_before < compiled_hits // 4  # it ran compiled
+        gdb.ok(b"QTDP:2:%x:E:0:0%s-" % (function, fast[second]))
+        gdb.ok(b"QTDP:-2:%x:M-1,%x,4" % (function, counter))
+        _run_until(gdb, counter, 16)
+        hits = [int(gdb.ask(b"qTP:%x:%x" % (n, function))[1:].split(b":")[0], 16) for n in (1, 2)]
+        gdb.ok(b"QTStop")
+        frames = []
+        count = int(gdb.ask(b"qTStatus").split(b"tframes:")[1].split(b";")[0], 16)
+        for n in range(count):
+            reply = gdb.ask(b"QTFrame:%x" % n)
+            assert reply.startswith(b"F"), reply
+            frames.append((int(reply.split(b"T")[1], 16), gdb.u32(counter)))
+        gdb.ok(b"QTFrame:ffffffff")
+    finally:
+        gdb.close()
+    numbers = [number for number, _ in frames]
+    assert hits == [numbers.count(1), numbers.count(2)], (hits, numbers)  # the first's count went on from its pad's
+    assert compiled_hits <= numbers.index(2) and hits[1] >= 16, (compiled_hits, hits)
+    joined = frames[numbers.index(2) - 1:]
+    # from the join on, each hit runs both in order (one Python hit, no other CPU meanwhile): the same call's value
+    assert [number for number, _ in joined] == [1, 2] * (len(joined) // 2), numbers
+    assert all(a[1] == b[1] for a, b in zip(joined[::2], joined[1::2])), joined

@@ -59,12 +59,13 @@ def on_cpu(uc, cpu: int) -> None:
 
 
 def short_fields(ring) -> bytes:
-    """CTL_PHYS and CTL_LIMIT as short_path_fields gives them; a native writer's `base + size` at the end of a
-    lap (ring.py: unusable there, CTL_LIMIT being head) reads as `base`."""
+    """CTL_PHYS and CTL_LIMIT as short_path_fields gives them. A native writer's entry ending a lap leaves them
+    at `base + size` and `head` (ring.py: no entry placed by them, the next writer takes the slow path, which
+    writes both): that state reads as the fields it stands for."""
     phys, limit = (int.from_bytes(ring.memory.read(ring.field(f), 8), "little") for f in (CTL_PHYS, CTL_LIMIT))
     state = ring.state()
     if phys == state.base + state.size and state.head % state.size == 0 and limit == state.head:
-        phys = state.base
+        return short_path_fields(state.base, state.size, state.head, state.tail)
     return phys.to_bytes(8, "little") + limit.to_bytes(8, "little")
 
 
@@ -178,11 +179,16 @@ def test_padding_shorter_than_an_entry_header_is_read_back(left):
 #: again: the writer after `consume` must place its entry at the ring's start, not past its end
 LAP_ENDS_NATIVELY = [(False, n, 0) for n in (1, 1, 8, 40, 56, 72, 96, 104, 160, 184, 200, 232, 240, 248, 256, 272,
                                             280, 288, 296)] + [(True, 104, 1), (True, 1, 0), (False, 1, 0)]
+#: the same end of a lap, its oldest frame consumed before (the tail past the ring's start): the native writer
+#: leaves CTL_LIMIT at head, below tail + size, until the next writer's slow path
+LAP_ENDS_AFTER_CONSUME = [(False, n, 0) for n in (88, 120, 136, 152, 152, 168, 176, 184, 200, 200, 232, 240, 240, 264,
+                                                  288)] + [(False, 288, 1), (True, 152, 0), (True, 80, 0)]
 
 
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.integers(1, 300), st.integers(0, 3)), min_size=1, max_size=80))
 @example(LAP_ENDS_NATIVELY)
+@example(LAP_ENDS_AFTER_CONSUME)
 def test_consuming_keeps_the_short_path_fields(steps):
     """Consumed frames free their room: the limit the detours' short path checks follows the tail, and every
     entry stays inside the ring."""

@@ -89,17 +89,37 @@ def test_a_location_needing_python_takes_its_address_with_it():
     assert [f.tracepoint for f in frames] == [1, 2, 2, 1, 2, 2]  # the hit of each, then tracepoint 2's step
 
 
-def test_a_second_tracepoint_cannot_join_a_single_compiled_probe_during_a_run():
-    from kgtp_sim.tracing import TraceError
-
-    machine, tracer = _tracer("opt", 1)
+@pytest.mark.parametrize("stepping", [False, True], ids=["compiled", "while-stepping"])
+@pytest.mark.parametrize("engine", ["naive", "opt"])
+def test_a_tracepoint_added_during_a_run_joins_the_one_compiled_alone_there(engine, stepping):
+    """The lone compiled probe becomes the head of a chain, the newcomer after it; or, when the newcomer steps
+    (Python), both share the int3. Either way the first's counts go on from its own detour's, every later hit
+    collects both in order, and the kernel's bytes come back when both leave."""
+    machine, tracer = _tracer(engine, 1)
     tracer.start()
-    tracer.definitions.define(t.DefineTracepoint.parse(b"2:%x:E:0:0" % SITE))
-    with pytest.raises(TraceError, match="define both before tstart"):
-        tracer.arm(tracer.definitions.tracepoints[(2, SITE)])
-    machine.call("kgtp_bench_loop", 1)
-    assert [f.tracepoint for f in tracer.frames()] == [1]  # the armed one goes on
+    machine.call("kgtp_bench_loop", 2)
+    assert [row.kind for row in tracer.probe_rows()] == ["jump"]
+    tracer.definitions.define(t.DefineTracepoint.parse(b"2:%x:E:%x:0-" % (SITE, 1 if stepping else 0)))
+    tracer.definitions.add_actions(t.TracepointActions.parse(b"2:%x:M-1,%x,4%s" % (SITE, COUNTER,
+                                                                                 b"-" if stepping else b"")))
+    if stepping:
+        tracer.definitions.add_actions(t.TracepointActions.parse(b"2:%x:SR01" % SITE))
+    tracer.arm(tracer.definitions.tracepoints[(2, SITE)])
+    kinds = [row.kind for row in tracer.probe_rows()]
+    machine.call("kgtp_bench_loop", 3)
+    rows = [(row.number, row.hits) for row in tracer.probe_rows()]
+    frames = tracer.frames()
+    tracer.disarm((1, SITE))
+    tracer.disarm((2, SITE))
+    restored = machine.read_memory(SITE, 8)
     tracer.stop(t.StopReason.STOP_COMMAND)
+    assert kinds == (["int3", "int3"] if stepping else ["jump", "jump"])
+    assert rows == [(1, 5), (2, 3)]
+    order = [f.tracepoint for f in frames]
+    assert order == [1, 1] + ([1, 2, 2] * 3 if stepping else [1, 2] * 3)  # (a stepping hit: its step's frame too)
+    values = [v for _, v in _counters([f for f in frames if f.tracepoint == 1])]
+    assert values == sorted(set(values)) and len(values) == 5  # every call seen once by the first
+    assert restored == IMAGE.read_code(SITE, 8)
 
 
 @pytest.mark.parametrize("engine", ["naive", "opt"])
@@ -128,3 +148,25 @@ def test_a_hit_that_ends_the_run_goes_on_through_the_rest_of_its_chain(engine, s
     machine.call("kgtp_bench_loop", 2)
     tracer.stop(t.StopReason.STOP_COMMAND)
     assert "panic" not in machine.console_text().lower()
+
+
+@pytest.mark.parametrize("engine", ["naive", "opt"])
+def test_a_stepping_tracepoint_added_during_a_run_takes_a_chain_to_python(engine):
+    """A chain of two compiled detours, then a while-stepping tracepoint at their address: all three share the
+    int3, in the order they came, the chained ones' counts going on."""
+    machine, tracer = _tracer(engine, 1, 3)
+    tracer.start()
+    machine.call("kgtp_bench_loop", 1)
+    tracer.definitions.define(t.DefineTracepoint.parse(b"2:%x:E:1:0-" % SITE))
+    tracer.definitions.add_actions(t.TracepointActions.parse(b"2:%x:M-1,%x,4-" % (SITE, COUNTER)))
+    tracer.definitions.add_actions(t.TracepointActions.parse(b"2:%x:SR01" % SITE))
+    tracer.arm(tracer.definitions.tracepoints[(2, SITE)])
+    kinds = [row.kind for row in tracer.probe_rows()]
+    machine.call("kgtp_bench_loop", 2)
+    rows = [(row.number, row.hits) for row in tracer.probe_rows()]
+    order = [f.tracepoint for f in tracer.frames()]
+    tracer.stop(t.StopReason.STOP_COMMAND)
+    assert kinds == ["int3", "int3", "int3"]
+    assert sorted(rows) == [(1, 3), (2, 2), (3, 3)]
+    assert order == [1, 3] + [1, 3, 2, 2] * 2
+    assert machine.read_memory(SITE, 8) == IMAGE.read_code(SITE, 8)

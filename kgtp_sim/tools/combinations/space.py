@@ -288,8 +288,9 @@ def definitions(c: Combination, s: Sites) -> list[bytes]:
 
 def added_address(c: Combination, s: Sites) -> int:
     """Where the tracepoint added during the run goes: the marker (the place after the count), or the function when
-    the combination's own is at the marker (the stub refuses a second location at a compiled probe once the run
-    started)."""
+    the combination's own is at the marker: never the combination's own address, whose location would change path
+    when joined (a lone compiled probe becomes a chain's head, a program's leaves its pad for the Python path);
+    that join is tested apart (tests/tracing/test_shared_address.py, test_program_compiled_hits.py)."""
     return s.function if c.path == "marker" else s.marker
 
 

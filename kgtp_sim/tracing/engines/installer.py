@@ -25,7 +25,7 @@ from ...arch import amd64
 from ..core import model as t
 from ..core.builtins import builtin_slots, native_slots, percpu_slots, runs_natively
 from ..core.frames import StaticBlock, encode_block
-from ..core.model import ProbeRow, TraceError
+from ..core.model import ProbeRow
 from ..core.run import Run
 from ..core.sdata import build_entry
 from ..patching.detour import COUNTERS
@@ -101,6 +101,7 @@ class ProbeSet:
 
     def install(self, item: Installed) -> None:
         if item.space is not None:  # a program's: a pad and a call gate, else an int3 in its memory (userprobes.py)
+            self._join_program(item)
             compiled = None
             native = self.tracer.native
             if native is not None and not item.shared and item.site.address not in self.python_at \
@@ -113,12 +114,10 @@ class ProbeSet:
             self.installed[item.tracepoint.key] = item
             return
         address = item.site.address
+        if item.shared:
+            self._join_kernel(item)
         python = self._needs_python(item) or address in self.python_at
         if item.shared and (python or address in self.int3_sites):
-            if address in self.chains:
-                raise TraceError(f"tracepoint {item.tracepoint.number} at {address:#x} needs the Python hit path "
-                                 "(while-stepping, a variable only Python computes, a return probe) but the "
-                                 "tracepoints at this address run compiled: define it before tstart")
             python = True
         if not python:
             if item.shared:
@@ -144,6 +143,56 @@ class ProbeSet:
         item.out_of_line = group[0]
         group[2].append(item)
         self.installed[item.tracepoint.key] = item
+
+    def _join_kernel(self, item: Installed) -> None:
+        """A kernel tracepoint added during the run at an address whose tracepoints run compiled (resolve_overlaps
+        gave it their site): when it needs Python they all leave their detours for the int3 they then share with
+        it (counters kept); a location running compiled alone becomes the head of a chain, the site patched from
+        its detour to the chain's over it (text_poke's way, no hit passing unprobed), its counters carried over."""
+        address = item.site.address
+        chain = self.chains.get(address)
+        if chain is not None:
+            compiled = [member for member, _ in chain.members]
+        else:
+            compiled = [i for i in self.installed.values() if i.space is None and i.site.address == address
+                        and i.native is not None and i is not item]
+        if not compiled:
+            return
+        native = self.tracer.native
+        assert native is not None
+        if self._needs_python(item):
+            for joined in compiled:
+                self._remove_probe(joined)
+                joined.native, joined.shared = None, True
+            self.python_at.add(address)
+            for joined in compiled:
+                self.install(joined)
+            return
+        if chain is not None:
+            return  # the newcomer goes last in the chain (`_install_chained`)
+        alone = compiled[0]
+        old = alone.native
+        alone.shared = True
+        self._install_chained(alone)  # its new detour ends in the chain's link; the site sent to the chain
+        native.release(old)
+        self._drop_hypercalls(old)
+        fired, hits, usage = native.counters(old)
+        moved = native.counters(alone.native)
+        self.machine.write_memory(alone.native.counters, COUNTERS.pack(fired + moved[0], hits + moved[1],
+                                                                        usage + moved[2], 0))
+
+    def _join_program(self, item: Installed) -> None:
+        """A program's tracepoint added during the run where another runs compiled: that one leaves its pad for
+        the Python path (its counters kept), where both then share the int3 or the fast tracepoint's pad, as
+        tracepoints sharing an address from tstart do (`plan`)."""
+        address = item.site.address
+        joined = self.program.compiled_at(address)
+        if joined is None:
+            return
+        self._remove_probe(joined)
+        joined.native = None
+        self.python_at.add(address)
+        self.program.install(joined)
 
     def _hit_all(self, uc: Uc, items: list[Installed]) -> None:
         for item in list(items):

@@ -14,7 +14,8 @@ IF as it was. That is the interpreting engine's path, and the compiled engines' 
 
 Under the naive and optimizing engines a location runs compiled (`_install_compiled`) unless it needs Python
 (installer.py: while-stepping, a computed variable the detour cannot refresh, a shared address), its instruction
-enters the kernel or cannot be relocated, or no pad area is within reach. Its pad (patching/userpad.py), in the
+enters the kernel or cannot be relocated, or no pad area is within reach; a tracepoint added during the run at
+its address moves it to the Python path, beside the newcomer (installer.py). Its pad (patching/userpad.py), in the
 process's jump pad area, is reached by the jump over the instruction (`ftrace`) or by the int3 (`trace`), which the
 machine's native int3 table sends to the pad only in the program's own address space and never under a single
 step (machine/dispatch.py; otherwise `_compiled_trap`, in Python). Under the optimizing engine a condition on
@@ -150,9 +151,7 @@ class ProgramProbes:
     def install(self, item: Installed, compiled: Compiled | None = None) -> None:
         address = item.site.address
         site = self.sites.get(address)
-        if site is not None and site.compiled:
-            raise TraceError(f"tracepoint {item.tracepoint.number} at {address:#x}: the tracepoint there runs "
-                             "compiled: define this one before tstart")
+        assert site is None or not site.compiled, "a compiled location leaves its pad first (installer)"
         if site is None and compiled is not None and not item.tracepoint.step_count and \
                 self._install_compiled(item, compiled):
             return
@@ -317,6 +316,11 @@ class ProgramProbes:
             jumps.remove(address)  # (a task going on from the breakpoint's stop collects nothing: `_compiled_trap`)
         else:
             jumps.set(address, site.pad, space.root)
+
+    def compiled_at(self, address: int) -> Installed | None:
+        """The location running compiled at `address`, if one does."""
+        site = self.sites.get(address)
+        return site.items[0] if site is not None and site.compiled else None
 
     def holders_changed(self, space: Any, address: int) -> None:
         site = self.sites.get(address)

@@ -99,7 +99,7 @@ def resolve_overlaps(image: KernelImage, new: list[Installed], armed: list[Insta
     Several tracepoints at one address (GDB allows it) share one probe, as kprobes aggregates probes: they are
     marked `shared` and get the same site, a jump when every one of them wants it, and run in definition order
     (compiled: a chain of detours; else one int3 in Python). A tracepoint added during a run joins the probe
-    already at its address, unless that is a compiled probe of a single tracepoint (define both before tstart).
+    already at its address (ProbeSet.install: a lone compiled probe becomes a chain's head).
     A jump whose window covers another probe's address becomes an int3 (re-planned: its detour then runs only
     the one instruction); a probe inside an armed jump's window is refused with a message. A program's
     tracepoints are not the kernel's concern here: they share their int3 in the program (engines/userprobes.py).
@@ -117,12 +117,8 @@ def resolve_overlaps(image: KernelImage, new: list[Installed], armed: list[Insta
         others = armed_at.get(address, [])
         if len(items) + len(others) < 2:
             continue
-        if others:  # join the armed probe: its site, its kind
+        if others:  # join the armed probe: its site, its kind (installer.py turns a lone compiled one into a chain)
             first = others[0]
-            if first.native is not None and not first.shared:
-                where = f"tracepoint {items[0].tracepoint.number} at {address:#x}"
-                raise TraceError(f"{where}: tracepoint {first.tracepoint.number} already has a compiled "
-                                 "probe here; define both before tstart")
             site, jumps = first.site, first.want_jump
         else:
             site, jumps = None, all(item.want_jump for item in items)
