@@ -120,6 +120,27 @@ class Ramfs:
 
         return self._machine.run_on_cpu(find)
 
+    def is_directory(self, path: bytes) -> bool:
+        """Whether `path` (normalized) is a directory as the kernel's ramfs_is_dir finds one: "/", or what a file's
+        path goes through."""
+        wanted = path.strip(b"/")
+        return not wanted or any(name.lstrip(b"/").startswith(wanted + b"/") for name in self._names())
+
+    def _names(self) -> list[bytes]:
+        layout = self._layout
+        if layout is None:
+            layout = self._layout = _Layout.read(self._machine.image.path)
+
+        def names(uc: Any) -> list[bytes]:
+            space = self._machine.kernel_space
+            count = min(struct.unpack("<I", bytes(space.read(layout.count, 4)))[0], layout.capacity)
+            raw = bytes(space.read(layout.table, count * layout.size))
+            found = (_name(space, struct.unpack_from("<Q", raw, index * layout.size + layout.name)[0], PATH_MAX)
+                     for index in range(count))
+            return [name for name in found if name is not None]
+
+        return self._machine.run_on_cpu(names)
+
     def read(self, file: RamfsFile, offset: int, length: int) -> bytes:
         """Up to `length` bytes of `file` from `offset` (fewer at its end, none past it)."""
         length = max(0, min(length, file.size - offset))

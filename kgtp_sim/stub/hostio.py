@@ -9,7 +9,8 @@ Nothing here opens a host file: a path the machine has no file at is ENOENT, wha
 are read-only to GDB: opening one to write or create is EACCES, as is `vFile:pwrite`; `vFile:unlink` is EPERM. The
 machine has one file system, every process's: `vFile:setfs` of any pid answers 0 and changes nothing. A descriptor
 GDB did not open here (or closed) is EINVAL, as gdbserver answers one it does not know (require_valid_fd); a new
-connection starts with none open. `fstat` tells what the machine's kernel tells a process (fs.c: fill_stat).
+connection starts with none open. `fstat`, `stat` and `lstat` (GDB 16's, which asks whether a separate debug file's
+build-id link exists on the target) tell what the machine's kernel tells a process (fs.c: fill_stat, path_stat).
 
 Not announced in qSupported (gdbserver announces no host I/O either: GDB finds it by trying `vFile:open`); only the
 gdbserver role has these handlers, KGTP mode answers every `vFile:` packet with the empty reply.
@@ -49,9 +50,16 @@ def _fitting(header: bytes, data: bytes) -> bytes:
     return data[:count]
 
 
+def _file_stat(file: RamfsFile) -> bytes:
+    """The protocol's `struct stat` of a machine's file as its kernel fills one (fs.c: fill_stat)."""
+    return h.encode_stat(dev=1, ino=file.data, mode=file.mode, nlink=1, size=file.size, blksize=4096,
+                         blocks=(file.size + 511) // 512)
+
+
 @dataclass
 class HostIOHandlers:
-    """`vFile:setfs`, `open`, `pread`, `pwrite`, `close`, `fstat`, `unlink`, `readlink` over the machine's files."""
+    """`vFile:setfs`, `open`, `pread`, `pwrite`, `close`, `fstat`, `stat`, `lstat`, `unlink`, `readlink` over the
+    machine's files."""
 
     files: Ramfs
     _open: dict[int, RamfsFile] = field(default_factory=dict)  #: GDB's descriptors
@@ -124,8 +132,34 @@ class HostIOHandlers:
         file = self._open.get(packet.fd)
         if file is None:
             return h.error(h.FILEIO_EINVAL)
-        stat = h.encode_stat(dev=1, ino=file.data, mode=file.mode, nlink=1, size=file.size, blksize=4096,
-                             blocks=(file.size + 511) // 512)
+        stat = _file_stat(file)
+        return Binary(b"F%x;" % len(stat) + stat)
+
+    @handles(h.Lstat)
+    def lstat(self, packet: h.Lstat) -> Reply:
+        return self.stat(packet)
+
+    @handles(h.Stat)
+    def stat(self, packet: h.Stat) -> Reply:
+        """What the machine's kernel's stat tells a process of the path (fs.c: path_stat): its file's, as `fstat`
+        answers, or its directory's (fill_dir_stat); ENOENT for neither. The machine has no links: `lstat` is
+        `stat`."""
+        try:
+            path = normalize(packet.path)
+        except PathTooLong:
+            return h.error(h.FILEIO_ENAMETOOLONG)
+        file = self.files.lookup(path)
+        if file is not None:
+            stat = _file_stat(file)
+        elif self.files.is_directory(path):
+            inode = 5381
+            for byte in path:
+                inode = (inode * 33 + byte) & (1 << 64) - 1
+            stat = h.encode_stat(dev=1, ino=inode | 1 << 63, mode=0o040755, nlink=2, size=4096, blksize=4096,
+                                 blocks=8)
+        else:
+            log.info("host I/O: the machine has no file %r", path)
+            return h.error(h.FILEIO_ENOENT)
         return Binary(b"F%x;" % len(stat) + stat)
 
     @handles(h.Unlink)

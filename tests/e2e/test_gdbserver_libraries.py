@@ -195,3 +195,37 @@ def test_remote_get_fetches_the_machines_files_and_refuses_the_hosts(build, serv
     assert re.search(r"^\$1 = 42$", out, re.M), out
     assert program.exists() and local.read_bytes() == b"stays here"
     assert "root:" not in out
+
+
+@pytest.mark.parametrize("gdb", GDB_CLIENTS, ids=lambda c: f"gdb{c.version}")
+def test_a_separate_debug_file_on_the_target_is_found_by_its_build_id(servers, gdb, tmp_path):
+    """The program stripped, its debugging information in a separate file the machine holds (`--with`) under a
+    build-id debug directory the host does not have (removed once the server packed it): GDB finds it on the
+    target, GDB 18 asking first whether the build-id link exists there (`vFile:lstat`, which the server answers),
+    and reads the program's lines and locals from it."""
+    from elftools.elf.elffile import ELFFile
+
+    program = tmp_path / "debugme-stripped"
+    subprocess.run([*MODES[MAIN_MODE], "-g", "-O0", "-Wl,--build-id", str(SOURCES / "debugme.c"), "-o", str(program)],
+                   check=True, capture_output=True)
+    with program.open("rb") as f:
+        note = next(n for section in ELFFile(f).iter_sections() if section.name == ".note.gnu.build-id"
+                    for n in section.iter_notes())
+    build_id = note["n_desc"]
+    debug_dir = tmp_path / "debug"
+    debug_file = debug_dir / ".build-id" / build_id[:2] / f"{build_id[2:]}.debug"
+    debug_file.parent.mkdir(parents=True)
+    subprocess.run(["objcopy", "--only-keep-debug", str(program), str(debug_file)], check=True, capture_output=True)
+    subprocess.run(["strip", "--strip-debug", str(program)], check=True, capture_output=True)
+    server = servers("kgtp-sim", program, "exit", options=("--once", "--with", str(debug_file)))
+    port = server.listening()
+    debug_file.unlink()  # the host has it no more: only the machine's copy can be found
+    lstat = ["show remote hostio-lstat-packet"] if gdb.version != "13" else []
+    out = gdb_session(gdb, port, ["break add", "continue", "info locals", *lstat, "kill"], program=None,
+                      before=(f"set debug-file-directory {debug_dir}",))
+    assert re.search(rf"^Breakpoint 1, add \(step=1\) at \S*debugme\.c:{LINE['add']}", out, re.M), out
+    assert re.search(rf"^Reading symbols from target:{re.escape(str(debug_file))}\.\.\.$", out, re.M), out
+    assert re.search(r"^before = -?\d+$", out, re.M), out  # add's local, from the debug file
+    if lstat:  # GDB 16 and later ask first
+        assert re.search(r"vFile:lstat.* is \"auto\", currently enabled", out), out
+    server.stop()

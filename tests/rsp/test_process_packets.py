@@ -43,7 +43,8 @@ def test_pread_pwrite_close_fstat_setfs_readlink_unlink():
                                                                                  h.SetFs(0x7B68))
     assert h.Readlink.parse(PASSWD) == h.Readlink(b"/etc/passwd")
     assert h.Unlink.parse(PASSWD) == h.Unlink(b"/etc/passwd")
-    for packet, body in ((h.Pread, b"3,10"), (h.Pread, b"80000000,10,0"), (h.Close, b""), (h.Close, b"-1"),
+    assert (h.Stat.parse(PASSWD), h.Lstat.parse(PASSWD)) == (h.Stat(b"/etc/passwd"), h.Lstat(b"/etc/passwd"))
+    for packet, body in ((h.Stat, b"2f6"), (h.Lstat, b"zz"), (h.Pread, b"3,10"), (h.Pread, b"80000000,10,0"), (h.Close, b""), (h.Close, b"-1"),
                          (h.Fstat, b"3,"), (h.SetFs, b"-1"), (h.SetFs, b""), (h.Pwrite, b"3,10"),
                          (h.Readlink, b"2f6"), (h.Unlink, b"zz")):
         with pytest.raises(PacketError):

@@ -195,3 +195,43 @@ def test_descriptors_are_bounded_and_a_new_connection_starts_with_none(server):
     handlers.forget_session()
     assert dispatch(b"vFile:fstat:3") == EINVAL
     assert open_file(dispatch, LIBC) == b"F3"
+
+
+def test_stat_and_lstat_say_what_the_machines_kernel_tells_a_process(machine, server, tmp_path):
+    """vFile:stat and vFile:lstat (GDB 16 and later) of files, directories and missing paths: the fields a program
+    inside the machine reads from stat() and lstat() of the same paths (tests/programs/statpaths.c), as the
+    protocol carries them (32-bit fields truncated), or its errno."""
+    booted, _program, inside = machine
+    _handlers, dispatch = server
+    statpaths = install_program(booted, compile_program("statpaths", "glibc-dynamic", tmp_path))
+    paths = [inside, LIBC, "/lib/../lib64/ld-linux-x86-64.so.2", "/", "/lib", "/lib/x86_64-linux-gnu/", "/etc/passwd",
+             "/lib/x86_64-linux-gnu/libc.so"]
+    before = len(booted.processes.output[1])
+    pid = booted.processes.spawn(statpaths, ["statpaths", *paths])
+    ended = booted.processes.wait(pid, timeout=120)
+    assert ended is not None and ended.code == 0
+    lines = bytes(booted.processes.output[1][before:]).decode().splitlines()
+    assert len(lines) == 2 * len(paths), lines
+    for line in lines:
+        call, path, *fields = line.split(" ")
+        reply = dispatch(b"vFile:%s:%s" % (call.encode(), _hex(path)))
+        if fields[0] == "errno":
+            assert reply == h.error(int(fields[1])), (line, reply)
+            continue
+        seen = dict(zip(fields[::2], fields[1::2]))
+        size, raw = _result(reply)
+        assert size == h.STAT_SIZE == len(raw)
+        dev, ino, mode, nlink, uid, gid, rdev, st_size, blksize, blocks, *times = struct.unpack(">7I3Q3I", raw)
+        assert (dev, ino, mode, nlink, st_size, blksize, blocks) == (
+            int(seen["dev"]), int(seen["ino"]) & 0xFFFF_FFFF, int(seen["mode"], 8), int(seen["nlink"]),
+            int(seen["size"]), int(seen["blksize"]), int(seen["blocks"])), (line, reply)
+        assert (uid, gid, rdev, times) == (0, 0, 0, [0, 0, 0])
+    kinds = [int(dict(zip(f[::2], f[1::2]))["mode"], 8) & 0o170000 for f in (l.split(" ")[2:] for l in lines)
+             if f[0] != "errno"]
+    assert kinds.count(stat.S_IFDIR) == 6 and kinds.count(stat.S_IFREG) == 6, lines  # both kinds were compared
+
+
+def test_stat_of_a_path_too_long_for_the_kernel(server):
+    _handlers, dispatch = server
+    for call in (b"stat", b"lstat"):
+        assert dispatch(b"vFile:%s:%s" % (call, _hex("/" + "a" * 5000))) == h.error(h.FILEIO_ENAMETOOLONG)

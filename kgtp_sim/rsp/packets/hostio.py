@@ -164,6 +164,27 @@ class Unlink(HostIO):
 
 
 @dataclass(frozen=True)
+class Stat(HostIO):
+    """`vFile:stat:<path>` (GDB 16 and later): the `struct stat` of the file at the path, links followed, after the
+    result, as `vFile:fstat` answers."""
+
+    PREFIX = b"vFile:stat:"
+    path: bytes = b""
+
+    @classmethod
+    def parse(cls, body: bytes) -> Self:
+        return cls(_path(body))
+
+
+@dataclass(frozen=True)
+class Lstat(Stat):
+    """`vFile:lstat:<path>`: as `vFile:stat`, a link's own (GDB asks it whether a separate debug file's build-id
+    link exists on the target)."""
+
+    PREFIX = b"vFile:lstat:"
+
+
+@dataclass(frozen=True)
 class Readlink(HostIO):
     """`vFile:readlink:<path>`: the link's target after the result."""
 
