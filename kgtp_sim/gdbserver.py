@@ -267,6 +267,7 @@ class Server:
 
     def start(self) -> None:
         from .arch import amd64
+        from .machine.procfs import ProcFiles
         from .machine.ramfs import Ramfs
         from .rsp.dispatch import Dispatcher
         from .stub.core import TargetHandlers
@@ -313,7 +314,8 @@ class Server:
         self.trace = TraceHandlers(self.tracer, self.target.overlay, layout=amd64.LINUX)
         process = ProcessHandlers(self.target, self.handlers.threads)
         self.extended = ExtendedHandlers(self.target, self.handlers.threads, extended=False)
-        self.hostio = HostIOHandlers(Ramfs(self.machine))  # vFile: the machine's files, never the host's
+        # vFile: the machine's files and its processes' /proc, never the host's
+        self.hostio = HostIOHandlers(Ramfs(self.machine), ProcFiles(self.machine))
         self.dispatcher = Dispatcher((*self.handlers.families, process, self.extended, OsdataHandlers(self.machine),
                                       self.trace, monitor, self.hostio),
                                      extra_features=("swbreak+", "hwbreak+", "multiprocess+", *EVENTS),
@@ -341,8 +343,9 @@ class Server:
             self.tracer.inferior_pid = process.pid
 
     def _ended(self, pid: int) -> None:
-        """The program ended (CPU thread): gdbserver's line on its own terminal."""
-        if pid == self.target.process_id():
+        """A process GDB debugs ended (CPU thread): gdbserver's line on its own terminal, for each one it waits for
+        (target.cc: mywait)."""
+        if pid == self.target.process_id() or pid in self.target.processes:
             status = self.machine.processes.exited()[pid]
             if status & 0x7F:  # server.cc names it as gdb_signal_to_name does
                 number = status & 0x7F

@@ -12,8 +12,9 @@ server, as gdbserver's extended_protocol lets it (gdbserver/server.cc: handle_v_
   all-stop, an event of one process stops every other's threads (gdbserver's stop_all_lwps); a fork child GDB has
   not heard of yet is resumed by no wildcard (gdbserver's fork_relative). With none, the thread list is empty, `?`
   answers `W00` and what needs a process is refused with E01, as gdbserver's require_running. A vRun or vAttach
-  while a process lives is refused (gdbserver's answer outside multiprocess mode; GDB kills the old process before
-  it runs a new one). Signals GDB passes (QPassSignals, QProgramSignals), the events it asked for (qSupported's
+  while a process lives adds one when GDB speaks multiprocess (another inferior: `add-inferior`, then `run` or
+  `attach`, as gdbserver's multi_process allows), and is refused otherwise (gdbserver's "Already debugging a
+  process"). Signals GDB passes (QPassSignals, QProgramSignals), the events it asked for (qSupported's
   fork-events+, vfork-events+, exec-events+), non-stop mode (QNonStop) and trace-frame selection outlive the
   processes, as GDB sends them once.
 - `ExtendedHandlers`: `!`, `vRun`, `vAttach` and `R`; whether the server stays up once a process is killed or
@@ -91,6 +92,7 @@ class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints, Breakp
         self.program_signals: frozenset[int] | None = None
         #: the events GDB asked for in qSupported, as ptrace options (EVENT_OPTIONS)
         self.events = 0
+        self.multiprocess = False  #: GDB speaks multiprocess (qSupported): a vRun or vAttach may add a process
         self._non_stop = False
         self._notify: Callable[[], None] | None = None
         #: told of each new first process (or None when the last one went), and again when it exec'd (its program
@@ -182,17 +184,26 @@ class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints, Breakp
             self._tell(self.process)
         return outcome
 
-    def run(self, program: str, args: Sequence[str]) -> Stop:
-        """vRun: `program` (a host path; empty: the last one) started traced, stopped at its first instruction."""
-        if (live := self.live()) is not None:
+    def _another(self) -> ProcessTarget | None:
+        """The live process a vRun or vAttach finds: refused unless GDB speaks multiprocess (gdbserver's answer:
+        "Already debugging a process"), else the new one joins it (another inferior of GDB's: `add-inferior`)."""
+        live = self.live()
+        if live is not None and not self.multiprocess:
             raise RspError(E_BAD_PACKET, f"already debugging process {live.pid}: kill it first")
+        return live
+
+    def run(self, program: str, args: Sequence[str]) -> Stop:
+        """vRun: `program` (a host path; empty: the last one) started traced, stopped at its first instruction,
+        beside the processes GDB debugs already when it speaks multiprocess."""
+        live = self._another()
         if not program:
             if self.program is None:
                 raise RspError(E_BAD_PACKET, "vRun without a program, and none was run before")
             program = self.program[0]
         if self._start is None:
             raise RspError(E_BAD_PACKET, "this server starts no programs")
-        self._drop_all()
+        if live is None:
+            self._drop_all()
         self.program = (program, tuple(args))
         try:
             tracee, inside = self._start(program, list(args))
@@ -200,28 +211,38 @@ class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints, Breakp
             reason = getattr(error, "strerror", None) or str(error)
             self.say(f"kgtp-sim gdbserver: cannot run {program}: {reason}")
             raise RspError(E_BAD_PACKET, f"{program}: {reason}") from None
-        self.adopt(ProcessTarget(tracee, inside, overlay=self.overlay))
+        process = ProcessTarget(tracee, inside, overlay=self.overlay)
+        if live is None:
+            self.adopt(process)
+        else:
+            self._add(process)
         self.say(f"Process {program} created; pid = {tracee.pid}")
-        return self.current().stop_reason()
+        return process.stop_reason()
 
     def attach(self, pid: int) -> Stop:
-        """vAttach: every thread of running process `pid` traced and stopped (gdbserver: attach_inferior)."""
-        if (live := self.live()) is not None:
-            raise RspError(E_BAD_PACKET, f"already debugging process {live.pid}")
+        """vAttach: every thread of running process `pid` traced and stopped (gdbserver: attach_inferior), beside
+        the processes GDB debugs already when it speaks multiprocess."""
+        live = self._another()
+        if pid in self.processes:
+            raise RspError(E_BAD_PACKET, f"already debugging process {pid}")
         try:
-            self._take(pid)
+            process = self._take(pid, alone=live is None)
         except MachineError as error:
             self.say(f"kgtp-sim gdbserver: {error}")
             raise RspError(E_BAD_PACKET, str(error)) from None
         self.say(f"Attached; pid = {pid}")
-        return self.current().stop_reason()
+        return process.stop_reason()
 
-    def _take(self, pid: int) -> ProcessTarget:
-        """Every thread of running process `pid` traced and stopped (the kernel's PTRACE_ATTACH); GDB's from now."""
+    def _take(self, pid: int, alone: bool = True) -> ProcessTarget:
+        """Every thread of running process `pid` traced and stopped (the kernel's PTRACE_ATTACH); GDB's from now,
+        `alone` or beside the others."""
         threads = self.machine.ptrace.attach(pid)  # type: ignore[attr-defined]
-        self._drop_all()
         process = ProcessTarget(threads[pid], overlay=self.overlay, attached=threads)
-        self.adopt(process)
+        if alone:
+            self._drop_all()
+            self.adopt(process)
+        else:
+            self._add(process)
         return process
 
     def _take_back(self) -> None:
@@ -248,6 +269,7 @@ class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints, Breakp
         """The events GDB asked for (gdbserver's report_fork_events and the others, its ptrace options set in every
         thread anew at each connection: handle_new_gdb_connection), for every process, and every one to come."""
         self.events = sum(bits for name, bits in EVENT_OPTIONS.items() if name in features)
+        self.multiprocess = "multiprocess+" in features
         for process in list(self.processes.values()):
             process.set_events(self.events)
 

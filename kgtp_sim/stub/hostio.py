@@ -3,8 +3,9 @@ as gdbserver's hostio.cc serves the target's, so that GDB's default sysroot `tar
 libraries from the target and `remote get` fetches one.
 
 The only files are the machine's (machine/ramfs.py: the regular files of the archives it loaded: the program the
-user named, its interpreter and libraries, each under its path inside the machine), and paths are resolved as the
-machine's kernel resolves them (`..` by name: `/lib/../../etc/passwd` is `/etc/passwd`, which the machine has not).
+user named, its interpreter and libraries, each under its path inside the machine) and its processes' /proc files
+(machine/procfs.py: `maps`, `cmdline`, `environ`, `comm`, the links `exe` and `cwd`, which GDB's `info proc` and
+`gcore` read, as gdbserver's are the host kernel's), and paths are resolved as the machine's kernel resolves them (`..` by name: `/lib/../../etc/passwd` is `/etc/passwd`, which the machine has not).
 Nothing here opens a host file: a path the machine has no file at is ENOENT, whatever the host has there. The files
 are read-only to GDB: opening one to write or create is EACCES, as is `vFile:pwrite`; `vFile:unlink` is EPERM. The
 machine has one file system, every process's: `vFile:setfs` of any pid answers 0 and changes nothing. A descriptor
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 
 from ..machine import MachineError, MemoryFault
+from ..machine.procfs import DIRECTORY, LINK, ProcEntry, ProcFiles
 from ..machine.ramfs import PathTooLong, Ramfs, RamfsFile, normalize
 from ..rsp.dispatch import PACKET_SIZE, Binary, Reply, handles
 from ..rsp.packets import hostio as h
@@ -56,29 +58,62 @@ def _file_stat(file: RamfsFile) -> bytes:
                          blocks=(file.size + 511) // 512)
 
 
+def _directory_stat(path: bytes) -> bytes:
+    """A directory's, as the machine's kernel fills one (fs.c: fill_dir_stat): its inode from its path."""
+    inode = 5381
+    for byte in path:
+        inode = (inode * 33 + byte) & (1 << 64) - 1
+    return h.encode_stat(dev=1, ino=inode | 1 << 63, mode=0o040755, nlink=2, size=4096, blksize=4096, blocks=8)
+
+
+@dataclass(frozen=True)
+class _Generated:
+    """A /proc file opened by GDB: its bytes as they were at the open (Linux renders them at each read; GDB reads
+    one from its start to its end at once)."""
+
+    path: bytes
+    data: bytes
+
+
+#: what stat tells of a /proc file (Linux's proc_pid_... inodes: regular, read-only, no size) and of a link
+_PROC_FILE_STAT = h.encode_stat(dev=0, ino=0, mode=0o100444, nlink=1, size=0, blksize=1024, blocks=0)
+
+
 @dataclass
 class HostIOHandlers:
     """`vFile:setfs`, `open`, `pread`, `pwrite`, `close`, `fstat`, `stat`, `lstat`, `unlink`, `readlink` over the
-    machine's files."""
+    machine's files and its processes' /proc files (`procfs`: machine/procfs.py; None: no /proc)."""
 
     files: Ramfs
-    _open: dict[int, RamfsFile] = field(default_factory=dict)  #: GDB's descriptors
+    procfs: ProcFiles | None = None
+    _open: dict[int, RamfsFile | _Generated] = field(default_factory=dict)  #: GDB's descriptors
 
     def forget_session(self) -> None:
         """A new connection: the last one's descriptors are closed."""
         self._open.clear()
 
-    def _lookup(self, raw: bytes) -> RamfsFile | bytes:
-        """The machine's file at `raw`, or the error reply (ENAMETOOLONG, ENOENT)."""
+    def _resolve(self, raw: bytes, follow: bool = True) -> tuple[bytes, RamfsFile | ProcEntry | None] | bytes:
+        """(the normalized path, what is there: a machine's file, a /proc entry, or None for a directory of the
+        machine's files), links followed unless not `follow`; or the error reply (ENAMETOOLONG, ENOENT)."""
         try:
             path = normalize(raw)
         except PathTooLong:
             return h.error(h.FILEIO_ENAMETOOLONG)
-        found = self.files.lookup(path)
-        if found is None:
-            log.info("host I/O: the machine has no file %r", path)
-            return h.error(h.FILEIO_ENOENT)
-        return found
+        for _ in range(8):  # (links lead to a file or a directory: never further than one step)
+            entry = self.procfs.lookup(path) if self.procfs is not None else None
+            if entry is not None and entry.kind == LINK and follow:
+                path = normalize(entry.data)
+                continue
+            if entry is not None:
+                return path, entry
+            file = self.files.lookup(path)
+            if file is not None:
+                return path, file
+            if self.files.is_directory(path):
+                return path, None
+            break
+        log.info("host I/O: the machine has no file %r", path)
+        return h.error(h.FILEIO_ENOENT)
 
     @handles(h.SetFs)
     def setfs(self, packet: h.SetFs) -> Reply:
@@ -89,13 +124,16 @@ class HostIOHandlers:
         if packet.flags & h.O_WRITING:
             log.info("host I/O: %r opened to write (flags %#x): refused", packet.path, packet.flags)
             return h.error(h.FILEIO_EACCES)
-        found = self._lookup(packet.path)
+        found = self._resolve(packet.path)
         if isinstance(found, bytes):
             return found
+        path, entry = found
+        if entry is None or isinstance(entry, ProcEntry) and entry.kind == DIRECTORY:
+            return h.error(h.FILEIO_ENOENT)  # no directory can be opened (fs.c: sys_openat)
         if len(self._open) >= MAX_FDS:
             return h.error(h.FILEIO_EMFILE)
         fd = next(n for n in range(FIRST_FD, FIRST_FD + MAX_FDS + 1) if n not in self._open)
-        self._open[fd] = found
+        self._open[fd] = _Generated(path, entry.data) if isinstance(entry, ProcEntry) else entry
         return h.reply(fd)
 
     @handles(h.Pread)
@@ -106,7 +144,10 @@ class HostIOHandlers:
         header = b"F%x;" % PACKET_SIZE  # the longest header: what gdbserver leaves room for
         count = min(packet.count, PACKET_SIZE - len(header))
         try:
-            data = self.files.read(file, packet.offset, count)
+            if isinstance(file, _Generated):
+                data = file.data[packet.offset:packet.offset + count]
+            else:
+                data = self.files.read(file, packet.offset, count)
         except (MachineError, MemoryFault) as error:
             log.info("host I/O: reading %r: %s", file.path, error)
             return h.error(h.FILEIO_EIO)
@@ -128,38 +169,39 @@ class HostIOHandlers:
     @handles(h.Fstat)
     def fstat(self, packet: h.Fstat) -> Reply:
         """What the machine's kernel tells a process of the file (fs.c: fill_stat): device 1, its bytes' address as
-        its inode, the archive's mode, one link, blocks of 512 bytes, 4096-byte I/O, no owner and no times."""
+        its inode, the archive's mode, one link, blocks of 512 bytes, 4096-byte I/O, no owner and no times; a
+        /proc file's as Linux's (regular, read-only, no size)."""
         file = self._open.get(packet.fd)
         if file is None:
             return h.error(h.FILEIO_EINVAL)
-        stat = _file_stat(file)
+        stat = _PROC_FILE_STAT if isinstance(file, _Generated) else _file_stat(file)
         return Binary(b"F%x;" % len(stat) + stat)
 
     @handles(h.Lstat)
     def lstat(self, packet: h.Lstat) -> Reply:
-        return self.stat(packet)
+        return self._stat(packet.path, follow=False)
 
     @handles(h.Stat)
     def stat(self, packet: h.Stat) -> Reply:
+        return self._stat(packet.path, follow=True)
+
+    def _stat(self, raw: bytes, follow: bool) -> Reply:
         """What the machine's kernel's stat tells a process of the path (fs.c: path_stat): its file's, as `fstat`
-        answers, or its directory's (fill_dir_stat); ENOENT for neither. The machine has no links: `lstat` is
-        `stat`."""
-        try:
-            path = normalize(packet.path)
-        except PathTooLong:
-            return h.error(h.FILEIO_ENAMETOOLONG)
-        file = self.files.lookup(path)
-        if file is not None:
-            stat = _file_stat(file)
-        elif self.files.is_directory(path):
-            inode = 5381
-            for byte in path:
-                inode = (inode * 33 + byte) & (1 << 64) - 1
-            stat = h.encode_stat(dev=1, ino=inode | 1 << 63, mode=0o040755, nlink=2, size=4096, blksize=4096,
-                                 blocks=8)
+        answers, or its directory's (fill_dir_stat); ENOENT for neither. /proc's entries as Linux's: its
+        directories, its files, its links (`lstat`: the link itself; `stat`: what it leads to)."""
+        found = self._resolve(raw, follow)
+        if isinstance(found, bytes):
+            return found
+        path, entry = found
+        if isinstance(entry, RamfsFile):
+            stat = _file_stat(entry)
+        elif entry is None or entry.kind == DIRECTORY:
+            stat = _directory_stat(path)
+        elif entry.kind == LINK:
+            stat = h.encode_stat(dev=0, ino=0, mode=0o120777, nlink=1, size=len(entry.data), blksize=1024,
+                                 blocks=0)
         else:
-            log.info("host I/O: the machine has no file %r", path)
-            return h.error(h.FILEIO_ENOENT)
+            stat = _PROC_FILE_STAT
         return Binary(b"F%x;" % len(stat) + stat)
 
     @handles(h.Unlink)
@@ -169,6 +211,12 @@ class HostIOHandlers:
 
     @handles(h.Readlink)
     def readlink(self, packet: h.Readlink) -> Reply:
-        """The machine's files are regular files, none a link: EINVAL for one of them, as readlink(2) answers."""
-        found = self._lookup(packet.path)
-        return found if isinstance(found, bytes) else h.error(h.FILEIO_EINVAL)
+        """A /proc link's target (`exe`, `cwd`); the machine's files and directories are no links: EINVAL for one,
+        as readlink(2) answers."""
+        found = self._resolve(packet.path, follow=False)
+        if isinstance(found, bytes):
+            return found
+        _path, entry = found
+        if isinstance(entry, ProcEntry) and entry.kind == LINK:
+            return Binary(b"F%x;" % len(entry.data) + entry.data)
+        return h.error(h.FILEIO_EINVAL)

@@ -167,6 +167,65 @@ def test_detach_leaves_the_program_running_and_attach_takes_it_again(workers, mu
     assert events(outs["kgtp-sim"]) == events(outs["gdbserver"])
 
 
+def _inferiors(out: str) -> list[str]:
+    """GDB's lines about processes and stops, process ids and stack addresses made equal (each server numbers its
+    own; the environment's size differs)."""
+    keep = re.compile(r"^(\[Inferior|\[Switching to inferior|Thread \S+ .*hit Breakpoint|Breakpoint \d|\*? +\d+ +"
+                      r"(process|<null>)|\$\d+ = )")
+    return [re.sub(r"process \d+|Thread \d+\.\d+|id=\d|0x0*7ff[0-9a-f]{9}\b", "…", line).split(" 1 (extended-remote")[0]
+            .rstrip() for line in out.splitlines() if keep.match(line)]
+
+
+@pytest.mark.parametrize("version", ["13", "18"])
+def test_a_second_inferior_is_run_beside_the_first_as_under_gdbserver(build, multi, version):
+    """`add-inferior` and `run` while the first process is stopped at main (vRun in multiprocess mode): both are
+    GDB's, each stops at main's breakpoint, runs to its end on its own `continue` and exits with its code; as under
+    gdbserver, whose lines (a process created, a child exited) the server prints for each."""
+    gdb = _gdb(version)
+    program = build(MAIN_MODE)
+    commands = [f"set remote exec-file {program}", "break main", "run", f"add-inferior -exec {program}",
+                "inferior 2", "run", "info inferiors", "continue", "info inferiors", "inferior 1", "continue",
+                "info inferiors"]
+    outs = {}
+    for kind in KINDS:
+        out, server = _session(multi, kind, gdb, program, commands)
+        assert_in_order(out, rf"^Breakpoint 1, main \(.*debugme\.c:{LINE['main']}",
+                        rf"hit Breakpoint 1\.2, main \(.*debugme\.c:{LINE['main']}",
+                        r"^  1 +process \d+ ", r"^\* 2 +process \d+ ",
+                        r"\[Inferior 2 \(process \d+\) exited with code 012\]",
+                        r"\[Inferior 1 \(process \d+\) exited with code 012\]", r"^\* 1 +<null> ")
+        assert_in_order(server.text(), r"^Process .*debugme.* created; pid = \d+$",
+                        r"^Process .*debugme.* created; pid = \d+$", r"^Child exited with status 10$",
+                        r"^Child exited with status 10$")
+        outs[kind] = _inferiors(out)
+    assert outs["kgtp-sim"] == outs["gdbserver"]
+
+
+@pytest.mark.parametrize("version", ["13", "18"])
+def test_a_second_inferior_attaches_beside_the_first_as_under_gdbserver(build, workers, multi, version):
+    """A threaded program run, detached (it goes on), then another run to main; `add-inferior` and `attach` to the
+    first (vAttach in multiprocess mode): its breakpoint hit in its threads, it ends once told to, and the other
+    inferior then runs to its end; as under gdbserver."""
+    gdb = _gdb(version)
+    program = build(MAIN_MODE)
+    commands = [f"set remote exec-file {workers}", "break work", "run forever", "delete",
+                "python pid = gdb.selected_inferior().pid", "detach", f"set remote exec-file {program}",
+                f"file {program}", "break main", "run", "add-inferior", "inferior 2", f"file {workers}",
+                "python gdb.execute(f'attach {pid}')", "break work", "continue", "print counter > 0",
+                "set var stop_all = 1", "delete", "continue", "inferior 1", "continue", "info inferiors"]
+    outs = {}
+    for kind in KINDS:
+        out, server = _session(multi, kind, gdb, workers, commands)
+        assert_in_order(out, r"\[Inferior 1 \(process \d+\) detached\]", r"^Breakpoint 2, main \(",
+                        r"hit Breakpoint 3(\.\d)?, work \(id=\d\)", r"^\$1 = 1$",
+                        r"\[Inferior 2 \(process \d+\) exited normally\]",
+                        r"\[Inferior 1 \(process \d+\) exited with code 012\]")
+        assert_in_order(server.text(), r"^Detaching from process \d+$", r"^Process .*debugme.* created",
+                        r"^Attached; pid = \d+$")
+        outs[kind] = _inferiors(out)
+    assert outs["kgtp-sim"] == outs["gdbserver"]
+
+
 def test_info_os_processes_lists_the_machines_processes(build, multi):
     """gdbserver's table (pid, user, command, cores): the kernel's threads as [comm], the program with its
     arguments."""

@@ -229,3 +229,48 @@ def test_a_separate_debug_file_on_the_target_is_found_by_its_build_id(servers, g
     if lstat:  # GDB 16 and later ask first
         assert re.search(r"vFile:lstat.* is \"auto\", currently enabled", out), out
     server.stop()
+
+
+#: a row of `info proc mappings`: start, end, size, offset, perms and the object (none for an anonymous area)
+MAPPING = re.compile(r"^\s*(0x[0-9a-f]+)\s+(0x[0-9a-f]+)\s+(0x[0-9a-f]+)\s+(0x[0-9a-f]+)\s+([r-][w-][x-][ps])[ \t]*(\S*)[ \t]*$",
+                     re.M)
+
+
+@pytest.mark.parametrize("gdb", GDB_CLIENTS, ids=lambda c: f"gdb{c.version}")
+def test_info_proc_and_gcore_read_the_processes_proc_files_as_under_gdbserver(build, servers, gdb, tmp_path):
+    """`info proc` (cmdline, exe, cwd), `info proc mappings` and `gcore` read /proc/PID through vFile: the
+    program's command line and path as under gdbserver, its areas the same (the program's at the same addresses,
+    each library's the same sizes, offsets and permissions), and the core file `gcore` wrote shows the stop it
+    was taken at. The differences are the host's: its working directory (the machine's processes run in "/"), the
+    libraries' real paths (/usr/lib behind /lib's link), the areas only Linux maps (vDSO, vvar, vsyscall) and the
+    anonymous areas each C library's start leaves."""
+    program = build(MAIN_MODE)
+    outs = {}
+    for kind in KINDS:
+        core = tmp_path / f"core-{kind}"
+        outs[kind] = served(servers, kind, gdb, program, [
+            "break add", "continue", "info proc", "info proc mappings", f"gcore {core}", "kill"], args=("exit",))
+        assert re.search(rf"^Saved corefile {re.escape(str(core))}$", outs[kind], re.M), outs[kind]
+        loaded = subprocess.run([gdb_path(gdb), "-nx", "-batch", str(program), str(core), "-ex", "bt",
+                                 "-ex", "print step"], capture_output=True, text=True, env=gdb_environment(),
+                                timeout=WAIT_S)
+        assert re.search(rf"^#0  add \(step=1\) at \S*debugme\.c:{LINE['add']}$", loaded.stdout, re.M), loaded
+        assert re.search(r"^#1 .* in main \(", loaded.stdout, re.M) and "$1 = 1" in loaded.stdout, loaded
+    ours, theirs = outs["kgtp-sim"], outs["gdbserver"]
+    for line in (rf"cmdline = '{re.escape(str(program))} exit'", rf"exe = '{re.escape(str(program))}'"):
+        assert re.search("^" + line + "$", ours, re.M) and re.search("^" + line + "$", theirs, re.M), (ours, theirs)
+    assert re.search(r"^cwd = '/'$", ours, re.M), ours
+
+    def areas(out: str) -> dict[str, list[tuple[int, ...]]]:
+        """Each object's areas: the program's (start, size, offset, perms), a library's (size, offset, perms)."""
+        found: dict[str, list[tuple]] = {}
+        for start, _end, size, offset, perms, name in MAPPING.findall(out):
+            if name.startswith("/"):
+                base = Path(name).name
+                key = (int(start, 16),) if name == str(program) else ()
+                found.setdefault(base, []).append((*key, int(size, 16), int(offset, 16), perms))
+        return found
+
+    assert areas(ours) == areas(theirs), (ours, theirs)
+    assert set(areas(ours)) == {program.name, "libc.so.6", "ld-linux-x86-64.so.2"}, ours
+    assert re.search(r"^\s*0x0*7ff[0-9a-f]+\s+0x0*7ff[0-9a-f]+\s+.*rw-p\s+\[stack\]\s*$", ours, re.M), ours

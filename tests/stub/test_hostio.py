@@ -6,6 +6,7 @@ GDB did not open refused as gdbserver refuses them (EINVAL); replies that fit in
 
 from __future__ import annotations
 
+import re
 import stat
 import struct
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from kgtp_sim.client import VMLINUX
 from kgtp_sim.machine import KernelImage, Machine
+from kgtp_sim.machine.procfs import ProcFiles
 from kgtp_sim.machine.ramfs import Ramfs
 from kgtp_sim.programs import install_program
 from kgtp_sim.rsp import codec
@@ -120,12 +122,20 @@ def test_only_what_fits_escaped_is_sent():
 
 @pytest.mark.parametrize("path", [
     "/etc/passwd", "/lib/../../etc/passwd", "/lib/x86_64-linux-gnu/../../../etc/passwd", "just probing",
-    "/proc/self/exe", "/proc/1/maps", "/", "/lib", "/lib/x86_64-linux-gnu/", "/usr/lib/debug/.build-id/00/00.debug",
+    "/proc/self/exe", "/proc/1/maps", "/usr/lib/debug/.build-id/00/00.debug",
 ])
 def test_a_path_the_machine_has_no_file_at_is_enoent(server, path):
     _handlers, dispatch = server
     assert open_file(dispatch, path) == ENOENT
     assert dispatch(b"vFile:readlink:" + _hex(path)) == ENOENT
+
+
+@pytest.mark.parametrize("path", ["/", "/lib", "/lib/x86_64-linux-gnu/"])
+def test_a_directory_cannot_be_opened_and_is_no_link(server, path):
+    """As the machine's kernel answers a process (fs.c: no directory can be opened), and readlink(2) of one."""
+    _handlers, dispatch = server
+    assert open_file(dispatch, path) == ENOENT
+    assert dispatch(b"vFile:readlink:" + _hex(path)) == EINVAL
 
 
 def test_a_host_file_next_to_the_program_is_not_served(machine, server):
@@ -235,3 +245,101 @@ def test_stat_of_a_path_too_long_for_the_kernel(server):
     _handlers, dispatch = server
     for call in (b"stat", b"lstat"):
         assert dispatch(b"vFile:%s:%s" % (call, _hex("/" + "a" * 5000))) == h.error(h.FILEIO_ENAMETOOLONG)
+
+
+# ---- /proc: the machine's processes as a debugger on the host reads them (machine/procfs.py) -------------------
+
+
+@pytest.fixture(scope="module")
+def running(machine, tmp_path_factory):
+    """tests/programs/counted.c (static, not PIE: its segments where its program headers say) running with
+    arguments and an environment of its own."""
+    booted = machine[0]
+    program = compile_program("counted", "glibc-static", tmp_path_factory.mktemp("proc"))
+    inside = install_program(booted, program)
+    pid = booted.processes.spawn(inside, [inside, "one", "two words"], ["HOME=/", "KGTP=yes"])
+    return program, inside, pid
+
+
+@pytest.fixture
+def proc(machine):
+    handlers = HostIOHandlers(Ramfs(machine[0]), ProcFiles(machine[0]))
+    return Dispatcher((handlers,)).dispatch
+
+
+def _read(dispatch, path: str) -> bytes:
+    reply = open_file(dispatch, path)
+    assert reply.startswith(b"F") and b"," not in reply, (path, reply)
+    fd = int(reply[1:], 16)
+    try:
+        return read_whole(dispatch, fd, 0x100)  # small reads: a file longer than one
+    finally:
+        assert dispatch(b"vFile:close:%x" % fd) == b"F0"
+
+
+def test_proc_maps_lists_the_programs_segments_and_its_stack(running, proc):
+    """Each PT_LOAD segment of the program is an area with its permissions and its file offset, named by its path
+    inside the machine, device 00:01 and the file's inode, in address order; the stack's area is `[stack]`."""
+    from elftools.elf.elffile import ELFFile
+
+    program, inside, pid = running
+    lines = _read(proc, f"/proc/{pid}/maps").decode().splitlines()
+    areas = [re.match(r"^([0-9a-f]+)-([0-9a-f]+) ([r-][w-][x-]p) ([0-9a-f]{8}) (\d\d:\d\d) (\d+) +(\S*)$", line)
+             for line in lines]
+    assert all(areas), lines
+    rows = [(int(a[1], 16), int(a[2], 16), a[3], int(a[4], 16), a[5], int(a[6]), a[7]) for a in areas]
+    assert [r[0] for r in rows] == sorted(r[0] for r in rows)
+    ours = [(start, perms, offset) for start, _end, perms, offset, device, _inode, path in rows if path == inside]
+    assert {device for *_, device, _inode, path in rows if path == inside} == {"00:01"}
+    with program.open("rb") as f:
+        segments = list(ELFFile(f).iter_segments())
+    relro = next(s for s in segments if s["p_type"] == "PT_GNU_RELRO")
+    relro_pages = range(relro["p_vaddr"] & ~0xFFF, relro["p_vaddr"] + relro["p_memsz"] & ~0xFFF)
+
+    def perms(segment) -> str:  # what the C library left: read-only after relocation (RELRO), else the segment's
+        if segment["p_vaddr"] & ~0xFFF in relro_pages:
+            return "r--p"
+        flags = segment["p_flags"]
+        return ("r" if flags & 4 else "-") + ("w" if flags & 2 else "-") + ("x" if flags & 1 else "-") + "p"
+
+    expected = [(s["p_vaddr"] & ~0xFFF, perms(s), s["p_offset"] & ~0xFFF) for s in segments if s["p_type"] == "PT_LOAD"]
+    assert all(area in ours for area in expected), (ours, expected)  # (RELRO split its segment in two)
+    assert rows[-1][6] == "[stack]" and rows[-1][2] == "rw-p", lines
+    stat = _result(proc(b"vFile:stat:" + _hex(inside)))[1]
+    assert {inode & 0xFFFF_FFFF for *_, inode, path in rows if path == inside} == {int.from_bytes(stat[4:8], "big")}
+
+
+def test_proc_cmdline_environ_comm_and_the_links(running, proc):
+    _program, inside, pid = running
+    assert _read(proc, f"/proc/{pid}/cmdline") == inside.encode() + b"\0one\0two words\0"
+    assert _read(proc, f"/proc/{pid}/environ") == b"HOME=/\0KGTP=yes\0"
+    assert _read(proc, f"/proc/{pid}/comm") == Path(inside).name[:15].encode() + b"\n"
+    assert proc(b"vFile:readlink:" + _hex(f"/proc/{pid}/exe")) == Binary(b"F%x;%s" % (len(inside), inside.encode()))
+    assert proc(b"vFile:readlink:" + _hex(f"/proc/{pid}/cwd")) == Binary(b"F1;/")
+    # the link itself (lstat), what it leads to (stat, open): the program's file, the root directory
+    lstat = _result(proc(b"vFile:lstat:" + _hex(f"/proc/{pid}/exe")))[1]
+    fields = struct.unpack(">7I3Q3I", lstat)
+    assert (fields[2], fields[7]) == (0o777, len(inside))  # (the protocol's mode names no link: its bits only)
+    assert proc(b"vFile:stat:" + _hex(f"/proc/{pid}/exe")) == proc(b"vFile:stat:" + _hex(inside))
+    assert proc(b"vFile:stat:" + _hex(f"/proc/{pid}/cwd")) == proc(b"vFile:stat:" + _hex("/"))
+    assert _read(proc, f"/proc/{pid}/exe")[:4] == b"\x7fELF"
+    for directory in ("/proc", f"/proc/{pid}", f"/proc/{pid}/"):
+        mode = struct.unpack(">7I3Q3I", _result(proc(b"vFile:stat:" + _hex(directory)))[1])[2]
+        assert stat.S_ISDIR(mode), directory
+        assert open_file(proc, directory) == ENOENT  # no directory can be opened here
+    assert proc(b"vFile:readlink:" + _hex(f"/proc/{pid}/maps")) == EINVAL
+
+
+@pytest.mark.parametrize("path", ["/proc/self/maps", "/proc/999999/maps", "/proc/0/maps", "/proc/{pid}/mem",
+                                  "/proc/{pid}/maps/x", "/proc/-1/maps", "/proc/{pid}x/maps", "/proc/1/maps"])
+def test_proc_paths_that_name_nothing_are_enoent(running, proc, path):
+    """`self` (the host's own process is no process of the machine's), no such pid, a kernel thread's (no address
+    space), files this /proc does not have."""
+    path = path.format(pid=running[2])
+    assert open_file(proc, path) == ENOENT
+    assert proc(b"vFile:stat:" + _hex(path)) == ENOENT
+
+
+def test_without_procfs_there_is_no_proc(running, server):
+    _handlers, dispatch = server
+    assert open_file(dispatch, f"/proc/{running[2]}/maps") == ENOENT

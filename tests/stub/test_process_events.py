@@ -121,3 +121,41 @@ def test_an_exec_makes_the_process_anew_and_tells_the_listeners(machine, tmp_pat
     assert process.tracee.space().root != old_space.root and process.leader.task == old_task  # one thread: its slot
     assert _continue(inferior, process.pid) == Exited(0)  # the old image's breakpoint is none of the new one's
     assert bytes(machine.written) == b"image 1\nimage 0\n"
+
+
+@pytest.mark.parametrize("multiprocess", [True, False])
+def test_a_second_vrun_and_vattach_join_the_first_only_in_multiprocess(machine, tmp_path, multiprocess):
+    """vRun and vAttach while a process lives: beside it when GDB speaks multiprocess (each process then resumed,
+    ended or killed on its own, the others untouched), refused otherwise as gdbserver refuses them ("Already
+    debugging a process"), the first process going on as GDB's (tests/programs/hello.c run, counted.c attached)."""
+    hello = install_program(machine, compile_program("hello", "glibc-static", tmp_path))
+    counted = install_program(machine, compile_program("counted", "glibc-static", tmp_path))
+    del machine.written[:]
+    inferior = Inferior(machine, start=lambda path, args: (machine.ptrace.spawn(hello, [hello, *args]), hello))
+    inferior.gdb_features(("multiprocess+",) if multiprocess else ())
+    first = inferior.run(hello, [])
+    other = machine.processes.spawn(counted, [counted])  # a process of the machine's, running, to attach to
+    if not multiprocess:
+        with pytest.raises(RspError, match="already debugging"):
+            inferior.run(hello, [])
+        with pytest.raises(RspError, match="already debugging"):
+            inferior.attach(other)
+        assert inferior.threads() == (first.thread,)
+        assert _continue(inferior, first.thread) == Exited(3)
+        assert inferior.attach(other).thread == other  # none lives now: taken
+        inferior.kill_process(other)
+        return
+    second = inferior.run("", [])  # the last program again, as GDB's vRun with no name
+    attached = inferior.attach(other)
+    with pytest.raises(RspError, match="already debugging"):
+        inferior.attach(other)
+    pids = (first.thread, second.thread, other)
+    assert len(set(pids)) == 3 and attached.thread == other and inferior.process.pid == first.thread
+    assert set(inferior.threads()) == set(pids)
+    inferior.kill_process(other)
+    assert set(inferior.threads()) == set(pids[:2])
+    for pid in (second.thread, first.thread):  # each to its end alone, the first last
+        ended = _continue(inferior, pid)
+        assert ended == Exited(3) and ended.process == pid, ended
+        assert pid not in inferior.processes
+    assert inferior.process is None
