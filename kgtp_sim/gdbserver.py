@@ -336,10 +336,13 @@ class Server:
     def _process_changed(self, process) -> None:
         """The process GDB debugs changed (vRun, vAttach, its end): KGTP's $inferior_pid and the tracer's user
         space follow it."""
-        from .stub.program import ProgramSpace
+        from .machine.ramfs import Ramfs
+        from .stub.program import ProgramSpace, program_sdt_markers
 
         if process is not None:
-            self.tracer.user_space = ProgramSpace(process.leader)
+            files = Ramfs(self.machine)
+            self.tracer.user_space = ProgramSpace(process.leader,
+                                                  markers=lambda: program_sdt_markers(process, files))
             self.tracer.inferior_pid = process.pid
 
     def _ended(self, pid: int) -> None:

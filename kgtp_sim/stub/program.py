@@ -23,11 +23,13 @@ from xml.sax.saxutils import escape
 
 from ..machine import MachineError
 from ..machine.layout import PAGE_SIZE
+from ..machine.ramfs import normalize
 from ..machine.tracee import TASK_SIZE_MAX, Tracee
 from ..rsp.dispatch import E_BAD_PACKET, Binary, Reply, RspError, handles
 from ..rsp.packets import connect as c
 from ..rsp.packets import run as v
 from ..tracing.core.model import TraceError
+from ..tracing.core.sdt import SdtMarker, program_markers
 from ..tracing.patching.probes import enters_kernel
 from .extended import Inferior
 from .process import ProcessTarget
@@ -196,11 +198,19 @@ class ProgramSpace:
     """The process as the tracer's `UserSpace` (tracing/core/run.py): tracepoints at its addresses go into its
     memory."""
 
-    def __init__(self, tracee: Tracee) -> None:
+    def __init__(self, tracee: Tracee, markers: Callable[[], tuple[SdtMarker, ...]] = lambda: ()) -> None:
         self.tracee = tracee
         self._space = tracee.space()
         self.root = self._space.root
         self._pads: list[int] = []  #: the jump pad areas it mapped (Tracee.map_jump_pad)
+        self._load_markers = markers
+        self._markers: tuple[SdtMarker, ...] | None = None
+
+    def markers(self) -> tuple[SdtMarker, ...]:
+        """The program's SDT probes, read from its file once (`program_sdt_markers`)."""
+        if self._markers is None:
+            self._markers = self._load_markers()
+        return self._markers
 
     def holds(self, address: int) -> bool:
         return 0 <= address < TASK_SIZE_MAX
@@ -248,6 +258,29 @@ class ProgramSpace:
             if start - address + size < JUMP_REACH and address - start < JUMP_REACH - size:
                 return start, size
         return None
+
+
+AT_ENTRY, ET_DYN = 9, 3
+
+
+def program_sdt_markers(process: ProcessTarget, files: Any) -> tuple[SdtMarker, ...]:
+    """The SDT probes of `process`'s program (tracing/core/sdt.py), read from its file as the machine holds it
+    (`files`: machine/ramfs.Ramfs), at their addresses in the process: a PIE's moved by where the kernel loaded it
+    (its AT_ENTRY less the file's entry point). None for a program the machine has no file of."""
+    try:
+        path = normalize(process.exec_path.encode())
+    except ValueError:
+        return ()
+    file = files.lookup(path)
+    if file is None:
+        return ()
+    elf = files.read(file, 0, file.size)
+    bias = 0
+    if elf[16:18] == struct.pack("<H", ET_DYN):
+        auxv = process.auxv
+        entries = dict(struct.iter_unpack("<QQ", auxv[:len(auxv) // 16 * 16]))
+        bias = entries.get(AT_ENTRY, 0) - struct.unpack_from("<Q", elf, 24)[0] if AT_ENTRY in entries else 0
+    return program_markers(elf, bias)
 
 
 @dataclass

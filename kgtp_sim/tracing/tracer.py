@@ -30,6 +30,7 @@ from .core.builtins import (BUILTIN_VARIABLES, CLOCK, CPU_ID, EINVAL, IGNORE_ERR
                             gdb_value, setting, tsc_to_clock)
 from .core.clock import Tsc
 from .core.frames import CompactRegisters, StaticBlock, TraceFrame, TsvBlock, encode_frame, whole_register_blocks
+from .core.sdt import SdtMarker
 from .core.model import Definitions, ProbeRow, StopReason, TraceError, Tracepoint, TraceStatus, requested_buffer_size
 from .core.percpu import PerCpuVariables
 from .core.perf import PerfEvents
@@ -353,7 +354,7 @@ class Tracer:
         space = user.space() if user is not None and user.holds(tp.address) else None
         item = self.kret.prepare(prepare(tp, self.machine.image, self._tsv_slots(),
                                          compiled=self.engine != "interp", probe=self.probe,
-                                         marker=None if space is not None else self.marker_at(tp.address),
+                                         marker=self.marker_at(tp.address),
                                          space=space))
         self.perf.check_access(item.programs(), f"tracepoint {tp.number} at {tp.address:#x}")
         if self.gdbserver:  # gdbserver's `R`: every register
@@ -627,11 +628,16 @@ class Tracer:
         return encode_frame(frame.tracepoint, blocks + tuple(TsvBlock(number, value) for number, value in stamps
                                                              if number not in collected), regblock_size)
 
-    def markers(self) -> list[Marker]:
-        return list(self.machine.image.markers)
+    def markers(self) -> list[Marker | SdtMarker]:
+        """The kernel's markers, then the program's SDT probes (the gdbserver role's process, `user_space`)."""
+        return [*self.machine.image.markers, *self._program_markers()]
 
-    def marker_at(self, address: int) -> Marker | None:
-        return next((m for m in self.machine.image.markers if m.site == address), None)
+    def _program_markers(self) -> tuple[SdtMarker, ...]:
+        user = self.user_space
+        return user.markers() if user is not None else ()
+
+    def marker_at(self, address: int) -> Marker | SdtMarker | None:
+        return next((m for m in self.markers() if m.site == address), None)
 
     def marker_of_frame(self, frame: TraceFrame) -> Marker | None:
         """The marker a frame's tracepoint enabled (None for dynamic tracepoints)."""

@@ -11,7 +11,7 @@ type. Everything is used on the CPU thread, inside a hit or a run change (`Trace
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...agent.errors import EvalError
 from ...agent.verify import Program
@@ -22,6 +22,9 @@ from .percpu import PerCpuVariables
 from .perf import PerfEvents
 from .predefined import PredefinedVariables
 from .ring import Rings
+
+if TYPE_CHECKING:
+    from .sdt import SdtMarker
 
 
 class UserSpace(Protocol):
@@ -51,6 +54,10 @@ class UserSpace(Protocol):
 
     def space(self) -> Any:
         """The uc_paging.AddressSpace of the program's page tables."""
+        ...
+
+    def markers(self) -> tuple[SdtMarker, ...]:
+        """The program's static tracepoint markers (its SDT probes, sdt.py), where the process has them."""
         ...
 
 

@@ -13,8 +13,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from typing import TYPE_CHECKING
+
 from ...arch import amd64
 from ...machine import FieldKind, Marker, MarkerField
+
+if TYPE_CHECKING:
+    from .sdt import SdtMarker
 
 # register operand text as the compiler printed it -> (GDB register number, width in bytes)
 _REGISTER_WIDTHS: dict[str, tuple[int, int]] = {}
@@ -44,9 +49,12 @@ def argument_register(location: str) -> tuple[int, int]:
     return _REGISTER_WIDTHS[name]
 
 
-def build_entry(marker: Marker, registers: list[int], read: Callable[[int, int], bytes | None]) -> bytes:
+def build_entry(marker: Marker | SdtMarker, registers: list[int], read: Callable[[int, int], bytes | None]) -> bytes:
     """The entry structure of `marker` at a hit with `registers` (GDB order); `read` returns None when memory
-    cannot be read, and such a field is left zero (like a tracer reading through a NULL pointer)."""
+    cannot be read, and such a field is left zero (like a tracer reading through a NULL pointer). A program's
+    SDT probe (sdt.py) builds its own: its arguments' values."""
+    if not isinstance(marker, Marker):
+        return marker.entry(registers, read)
     args = []
     for location in marker.arg_locations:
         number, width = argument_register(location)
@@ -75,8 +83,10 @@ _SPEC = re.compile(r"%(?P<flags>[-+ #0]*)(?P<width>\d*)(?:\.(?P<precision>\d+))?
 _ENTRY_ARG = re.compile(r"^__entry->(\w+)(?:\[(\d+)\])?$|^__get_str\((\w+)\)$")
 
 
-def render(marker: Marker, entry: bytes) -> str:
-    """The entry as TP_printk prints it: `counter1=5 counter2=4`."""
+def render(marker: Marker | SdtMarker, entry: bytes) -> str:
+    """The entry as TP_printk prints it: `counter1=5 counter2=4` (a program's SDT probe: as sdt.py renders it)."""
+    if not isinstance(marker, Marker):
+        return marker.render(entry)
     fields = {f.name: f for f in marker.fields}
     values = [_value(fields, entry, text) for text in split_top_level(marker.print_args)]
     out = []

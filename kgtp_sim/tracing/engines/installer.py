@@ -86,10 +86,11 @@ class ProbeSet:
 
     def _needs_python(self, item: Installed) -> bool:
         """Interpreted engine, while-stepping (single-stepping lives in Python), a variable only Python
-        computes, one whose action only Python performs (printk.attach), or a return probe (its entry hijacks the
-        return in Python: kret.py)."""
+        computes, one whose action only Python performs (printk.attach), a return probe (its entry hijacks the
+        return in Python: kret.py), or a program's static tracepoint (its SDT probe's `$_sdata`, sdt.py)."""
         return self.tracer.native is None or bool(item.tracepoint.step_count) or item.hit_context is not None \
-            or item.kret is not None or not runs_natively(self.tracer, item.programs(), NATIVE_BUILTINS)
+            or item.kret is not None or not runs_natively(self.tracer, item.programs(), NATIVE_BUILTINS) \
+            or (item.space is not None and item.marker is not None)
 
     def plan(self, items: list[Installed]) -> None:
         """tstart, before installing `items`: at an address shared with a location that needs Python, every
