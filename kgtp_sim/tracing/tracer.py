@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import TypeVar
 
 from unicorn import Uc
-from unicorn.x86_const import UC_X86_REG_RIP
+from unicorn.x86_const import UC_X86_REG_CR3, UC_X86_REG_RIP
 
 from ..agent.errors import ErrorCode, EvalError
 from ..arch import amd64
@@ -396,17 +396,27 @@ class Tracer:
         self.machine.run_on_cpu(apply)
 
     def _finish_hit_in_flight(self, uc: Uc) -> None:
+        """Run the loaded CPU until it is in none of the tracer's code: a detour or an out-of-line copy (module
+        space), or a program's pad (`Cpu.process_stub_code`, in that process's space: a false condition decided
+        there counts the hit on its way out, and a removal reading the counts first would miss it). No other CPU
+        can be in any of it: a CPU is never switched out there."""
         regions = self.retired.regions + (self.native.code_regions if self.native is not None else [])
         regions += self.probes.code_regions()
         cpu = self.machine.cpu
         for _ in range(MAX_RUNS_TO_FINISH_A_HIT):
             rip = uc.reg_read(UC_X86_REG_RIP)
-            if not any(low <= rip < high for low, high in regions):
-                return
-            # Every piece of the tracer's code lives in module space: run until a block starts outside it. (Not
-            # one instruction at a time: a run limited by a count drops a #PF raised by its instruction, so a
-            # collection that faults would be retried forever instead of reaching its fault fixup.)
-            cpu.stopper.stop_outside(MODULE_BASE, MODULE_BASE + MODULE_SIZE)
+            if any(low <= rip < high for low, high in regions):
+                # Every piece of the tracer's code lives in module space: run until a block starts outside it. (Not
+                # one instruction at a time: a run limited by a count drops a #PF raised by its instruction, so a
+                # collection that faults would be retried forever instead of reaching its fault fixup.)
+                cpu.stopper.stop_outside(MODULE_BASE, MODULE_BASE + MODULE_SIZE)
+            else:
+                root = uc.reg_read(UC_X86_REG_CR3) & ~0xFFF
+                pad = next(((start, end) for start, end, space in cpu.process_stub_code
+                            if start <= rip < end and space == root), None)
+                if pad is None:
+                    return
+                cpu.stopper.stop_outside(*pad)  # (its gate's call into the detour ends the run: module space next)
             cpu.run(keep_stop_request=True)
         raise TraceError(f"a hit did not leave the tracer's code within {MAX_RUNS_TO_FINISH_A_HIT} runs")
 

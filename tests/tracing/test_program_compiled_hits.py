@@ -12,7 +12,10 @@ from __future__ import annotations
 import re
 
 import pytest
+import time
+
 from unicorn import UC_HOOK_CODE
+from unicorn.x86_const import UC_X86_REG_RIP
 
 from kgtp_sim.arch import amd64
 from kgtp_sim.gdbserver import Options, Server
@@ -406,3 +409,48 @@ def test_a_tracepoint_added_during_the_run_joins_the_compiled_one_at_its_address
     # from the join on, each hit runs both in order (one Python hit, no other CPU meanwhile): the same call's value
     assert [number for number, _ in joined] == [1, 2] * (len(joined) // 2), numbers
     assert all(a[1] == b[1] for a, b in zip(joined[::2], joined[1::2])), joined
+
+
+@pytest.mark.parametrize("kind", ["int3", "jump"])
+def test_a_run_stopped_while_a_cpu_is_in_a_pad_counts_that_hit(workload, kind):
+    """QTStop (or any change to the run's probes) served while the program's thread is inside a pad, its false
+    condition not yet counted (non-stop: the thread runs meanwhile): the CPU first runs out of the pad, as out of a
+    detour, so the removal reads a count that includes that hit. Every entry into the pad is counted once."""
+    from kgtp_sim.machine.scheduler import _Request
+    from kgtp_sim.rsp.packets.trace import StopReason
+    from kgtp_sim.tools.program_hits import definition
+
+    w = _thesis(workload, "opt", kind)
+    try:
+        for packet in [b"QTinit", *definition(w.function, kind, "false-cond", w.insn_length), b"QTStart"]:
+            w.ok(packet)
+        tracer, cpu = w.server.tracer, w.machine.cpu
+        pad = tracer.probes.program.sites[w.function].pad
+        entered, at_removal = [0], []
+
+        def stop_run(uc) -> None:  # served by the machine's loop right after the hook's stop: RIP at the pad
+            assert uc.reg_read(UC_X86_REG_RIP) == pad
+            at_removal.append(entered[0])
+            tracer.stop(StopReason.STOP_COMMAND)  # as QTStop has it done on this thread
+
+        def at_pad(uc, _address, _size, _data) -> None:
+            entered[0] += 1
+            if entered[0] == 20:  # a thread now inside the pad, its false condition not counted yet
+                request = _Request(stop_run)
+                requests.append(request)
+                w.machine._sched._requests.append(request)
+                uc.emu_stop()  # before the pad's first instruction runs
+
+        requests: list = []
+        hook = w.machine.run_on_cpu(lambda uc: uc.hook_add(UC_HOOK_CODE, at_pad, None, pad, pad))
+        w.machine.run_on_cpu(lambda uc: uc.ctl_flush_tb())
+        w.ok(b"M%x,8:%s" % (w.calls_at, (200).to_bytes(8, "little").hex().encode()))
+        w._continue()  # the batch, to its end at bench_sync(): untraced from the removal on
+        assert requests and requests[0].done.is_set() and requests[0].error is None, requests
+        w.machine.run_on_cpu(lambda uc: cpu.delete_hook(hook, code_at=pad))
+        fired = {row.number: row.fired for row in tracer.probe_rows()}
+    finally:
+        w.close()
+    # the entry held at the pad's start went on after the removal (and hit the hook again): its count is in
+    assert at_removal == [20] and entered[0] == 21, (at_removal, entered)
+    assert fired == {1: 20}, fired
