@@ -343,3 +343,33 @@ def test_tfind_line(gdb, fresh_stub):
                   "tfind line kgtp_test_function", "print $pc")
     pcs = re.findall(r"^\$\d+ = \(void \(\*\)\([^)]*\)\) 0x[0-9a-f]+ <(\w+)>", out, re.M)
     assert pcs == ["load_module", "kgtp_test_function"], out
+
+
+@pytest.mark.parametrize("engine", ["naive", "opt"])
+@pytest.mark.parametrize("newcomer", ["compiled", "python"])
+def test_a_tracepoint_set_during_a_run_at_a_compiled_probes_address_collects_beside_it(gdb, engine, newcomer):
+    """`trace kgtp_test_function` twice, the second while the run goes on (trace-break.exp's fifth case, in the
+    kernel; GDB downloads it as it is created, before any `actions`): the first's lone compiled probe becomes a
+    chain's head, or, when the second needs Python (a condition on a variable only Python computes), both share
+    the int3; the first's count goes on from tstart and both collect from then on."""
+    from ..conftest import start_stub
+
+    server = start_stub("--engine", engine, "--cpus", "1")
+    condition = " if $hardirq_count == 0" if newcomer == "python" else ""
+    try:
+        out = run_gdb(gdb, server, "trace kgtp_test_function", "actions", "collect counter1", "end", "tstart",
+                      *wait_for_hits(1, 3), f"trace kgtp_test_function{condition}", *wait_for_hits(2, 3), "tstop",
+                      "tstatus", "info tracepoints", "monitor probes", "tfind tracepoint 2", "tfind tracepoint 1",
+                      "print counter1")
+    finally:
+        server.stop()
+    assert "Target returns error" not in out and "error" not in out.lower(), out
+    hits = [int(n) for n in re.findall(r"tracepoint already hit (\d+) times?", out)]
+    assert len(hits) == 2 and hits[0] > hits[1] >= 3, out  # the first counted from tstart on
+    assert _frames_collected(out) == sum(hits), out
+    kinds = re.findall(r"^\s*([12])\s+0x[0-9a-f]+\s+(jump|int3)\s+removed", out, re.M)
+    assert sorted(kinds) == ([("1", "int3"), ("2", "int3")] if newcomer == "python" else
+                             [("1", "jump"), ("2", "jump")]), out
+    assert re.search(r"^Found trace frame \d+, tracepoint 2$", out, re.M), out
+    assert re.search(r"^Found trace frame \d+, tracepoint 1$", out, re.M), out
+    assert re.search(r"^\$1 = \d+$", out, re.M), out
