@@ -152,10 +152,9 @@ class Fstat(HostIO):
 
 
 @dataclass(frozen=True)
-class Unlink(HostIO):
-    """`vFile:unlink:<path>`."""
+class _PathRequest(HostIO):
+    """A request naming one path and nothing else: `vFile:<operation>:<path>`."""
 
-    PREFIX = b"vFile:unlink:"
     path: bytes = b""
 
     @classmethod
@@ -164,16 +163,18 @@ class Unlink(HostIO):
 
 
 @dataclass(frozen=True)
-class Stat(HostIO):
+class Unlink(_PathRequest):
+    """`vFile:unlink:<path>`."""
+
+    PREFIX = b"vFile:unlink:"
+
+
+@dataclass(frozen=True)
+class Stat(_PathRequest):
     """`vFile:stat:<path>` (GDB 16 and later): the `struct stat` of the file at the path, links followed, after the
     result, as `vFile:fstat` answers."""
 
     PREFIX = b"vFile:stat:"
-    path: bytes = b""
-
-    @classmethod
-    def parse(cls, body: bytes) -> Self:
-        return cls(_path(body))
 
 
 @dataclass(frozen=True)
@@ -185,15 +186,10 @@ class Lstat(Stat):
 
 
 @dataclass(frozen=True)
-class Readlink(HostIO):
+class Readlink(_PathRequest):
     """`vFile:readlink:<path>`: the link's target after the result."""
 
     PREFIX = b"vFile:readlink:"
-    path: bytes = b""
-
-    @classmethod
-    def parse(cls, body: bytes) -> Self:
-        return cls(_path(body))
 
 
 #: the protocol's struct stat: dev, ino, mode, nlink, uid, gid, rdev (4 bytes each), size, blksize, blocks (8 each),
