@@ -212,7 +212,7 @@ class TraceHandlers:
 
     @handles(t.FirstTraceVariable)
     def first_variable(self, packet: t.FirstTraceVariable) -> Reply:
-        self._variables = upload_variables(self.tracer.definitions)
+        self._variables = upload_variables(self.tracer.definitions, newest_first=self.tracer.gdbserver)
         return self._next_piece(self._variables)
 
     @handles(t.NextTraceVariable)
@@ -401,11 +401,13 @@ def upload_pieces(definitions: Definitions) -> list[bytes]:
     return pieces
 
 
-def upload_variables(definitions: Definitions) -> list[bytes]:
-    """qTfV/qTsV replies, by variable number."""
+def upload_variables(definitions: Definitions, newest_first: bool = False) -> list[bytes]:
+    """qTfV/qTsV replies, by variable number; `newest_first` (the gdbserver role): the last defined first, as
+    gdbserver's list keeps them (tracepoint.cc: add_trace_state_variable puts each new one at its head), which GDB
+    turns back into the order they were defined in (its `=tsv-created` notifications, mi-tsv-changed.exp)."""
     return [
         t.encode_trace_variable(VariableSpec(v.number, v.initial, v.builtin, v.name))
-        for v in sorted(definitions.variables.values(), key=lambda v: v.number)
+        for v in sorted(definitions.variables.values(), key=lambda v: v.number, reverse=newest_first)
     ]
 
 

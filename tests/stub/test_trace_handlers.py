@@ -177,6 +177,18 @@ def test_variables_upload_in_number_order_and_qtinit_keeps_only_builtins():
     assert handlers.first_variable(t.FirstTraceVariable()) == b"l"
 
 
+def test_the_gdbserver_role_uploads_the_newest_variable_first_as_gdbserver():
+    """gdbserver's list has each new variable at its head, and GDB reverses what it uploads: its `=tsv-created`
+    notifications then come in the order the variables were defined (mi-tsv-changed.exp expects $tvar1 first)."""
+    handlers, tracer = _handlers(gdbserver=True)
+    for body in (b"1:0:0:7476617231", b"2:2d:0:7476617232"):  # $tvar1, then $tvar2 = 45
+        handlers.define_variable(t.DefineTraceVariable.parse(body))
+    uploaded = [handlers.first_variable(t.FirstTraceVariable())]
+    while uploaded[-1] != b"l":
+        uploaded.append(handlers.next_variable(t.NextTraceVariable()))
+    assert uploaded == [b"2:2d:0:7476617232", b"1:0:0:7476617231", b"l"]
+
+
 # ---- run control and status ------------------------------------------------------------------------------
 
 
