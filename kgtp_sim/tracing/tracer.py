@@ -5,6 +5,11 @@ and the compiled engine's per-run state; delegates planning to `placement.py`, p
 to `installer.py` and the Python hit path to `hits.py`. The stub's packet handlers speak to it through the
 methods of `api.TracerApi` only.
 
+Why this module is long: it is the one place a run's state lives and changes (start, stop, arming and disarming
+with no hit in flight, the buffer's settings) and the one GDB's questions reach (variables, frames, markers of the
+kernel and of the program, status), for both roles; what can stand apart already does (planning, installing, the
+hit paths, the ring, the variables' tables).
+
 Threads: the server thread calls `start`, `stop`, `arm`, `disarm` (each runs its change on the CPU thread with
 no hit in flight, `_between_hits`) and the read-only queries; the CPU thread runs hits (`hits.py`) and
 hypercalls (`installer.py`), which read and write the variables and the ring.

@@ -13,13 +13,18 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ...arch import amd64
 from ...machine import FieldKind, Marker, MarkerField
 
-if TYPE_CHECKING:
-    from .sdt import SdtMarker
+
+class OwnEntry(Protocol):
+    """A marker that builds and renders its `$_sdata` itself (a program's SDT probe: sdt.py)."""
+
+    def entry(self, registers: list[int], read: Callable[[int, int], bytes | None]) -> bytes: ...
+
+    def render(self, entry: bytes) -> str: ...
 
 # register operand text as the compiler printed it -> (GDB register number, width in bytes)
 _REGISTER_WIDTHS: dict[str, tuple[int, int]] = {}
@@ -49,7 +54,7 @@ def argument_register(location: str) -> tuple[int, int]:
     return _REGISTER_WIDTHS[name]
 
 
-def build_entry(marker: Marker | SdtMarker, registers: list[int], read: Callable[[int, int], bytes | None]) -> bytes:
+def build_entry(marker: Marker | OwnEntry, registers: list[int], read: Callable[[int, int], bytes | None]) -> bytes:
     """The entry structure of `marker` at a hit with `registers` (GDB order); `read` returns None when memory
     cannot be read, and such a field is left zero (like a tracer reading through a NULL pointer). A program's
     SDT probe (sdt.py) builds its own: its arguments' values."""
@@ -83,7 +88,7 @@ _SPEC = re.compile(r"%(?P<flags>[-+ #0]*)(?P<width>\d*)(?:\.(?P<precision>\d+))?
 _ENTRY_ARG = re.compile(r"^__entry->(\w+)(?:\[(\d+)\])?$|^__get_str\((\w+)\)$")
 
 
-def render(marker: Marker | SdtMarker, entry: bytes) -> str:
+def render(marker: Marker | OwnEntry, entry: bytes) -> str:
     """The entry as TP_printk prints it: `counter1=5 counter2=4` (a program's SDT probe: as sdt.py renders it)."""
     if not isinstance(marker, Marker):
         return marker.render(entry)
