@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import compileall
 import contextlib
 import fcntl
 import os
@@ -506,6 +507,9 @@ class Cache:
                            "export PYTHONPATH\n"
                            f"exec {shlex.quote(python)} -m kgtp_sim gdbserver {options} \"$@\"\n")
         wrapper.chmod(0o755)
+        # the testsuite starts hundreds of servers: their modules' bytecode compiled once here, read by each start
+        # even where Python is told not to write it (PYTHONDONTWRITEBYTECODE: 0.2 s more per start, measured)
+        compileall.compile_dir(str(ROOT / "kgtp_sim"), quiet=1)
         return wrapper
 
 

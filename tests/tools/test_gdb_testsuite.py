@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -288,3 +289,15 @@ def test_a_server_that_cannot_start_says_why(tmp_path):
     script.write_text("#!/bin/sh\necho 'usage: refuses' >&2\necho 'refuses: no such role' >&2\nexit 2\n")
     script.chmod(0o755)
     assert gt.server_answers(script) == "refuses: no such role"
+
+
+def test_the_stub_wrapper_leaves_the_packages_bytecode_compiled_for_every_start(cache):
+    """Hundreds of servers start in a run: each reads the package's bytecode the wrapper compiled, even where
+    Python is told not to write any (PYTHONDONTWRITEBYTECODE), instead of compiling every module again."""
+    import importlib.util
+
+    cache.stub_wrapper(sys.executable)
+    for module in ("kgtp_sim/gdbserver.py", "kgtp_sim/stub/extended.py", "kgtp_sim/machine/procfs.py"):
+        source = gt.ROOT / module
+        compiled = Path(importlib.util.cache_from_source(str(source)))
+        assert compiled.exists() and compiled.stat().st_mtime >= source.stat().st_mtime, module
