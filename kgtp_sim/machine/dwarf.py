@@ -14,6 +14,9 @@ ELF sections (one cached parse per kernel); apart, each would parse them again o
 from __future__ import annotations
 
 import bisect
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -113,6 +116,10 @@ class Function:
     die: object = field(compare=False, repr=False)
 
 
+_SHARED: dict[str, KernelDwarf] = {}  #: KernelDwarf.reading's instances, by the kernel file's resolved path
+_SHARED_LOCK = threading.Lock()
+
+
 class KernelDwarf:
     """One kernel ELF's DWARF and symbols."""
 
@@ -154,6 +161,19 @@ class KernelDwarf:
 
     def close(self) -> None:
         self._file.close()
+
+    @classmethod
+    @contextmanager
+    def reading(cls, path: Path | str) -> Iterator[KernelDwarf]:
+        """One parsed instance per kernel file in this process, lent to one reader at a time (it reads its file
+        lazily), for readers that only look things up (building its tables takes 0.2 s: a server that parsed
+        the DWARF for each layout it read paid that several times in a session); any thread."""
+        key = str(Path(path).resolve())
+        with _SHARED_LOCK:
+            found = _SHARED.get(key)
+            if found is None:
+                found = _SHARED[key] = cls(key)
+            yield found
 
     # ---- symbols, lines ------------------------------------------------------------------------------------
 

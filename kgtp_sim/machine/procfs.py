@@ -77,8 +77,7 @@ class _Layout:
     def read(cls, path: Any) -> _Layout:
         from .dwarf import KernelDwarf
 
-        dwarf = KernelDwarf(path)
-        try:
+        with KernelDwarf.reading(path) as dwarf:
             mms, args = dwarf.global_variable("mms"), dwarf.global_variable("exec_args")
             files = dwarf.global_variable("ramfs_files")
             if mms is None or args is None or files is None or None in (mms[1].target, args[1].target,
@@ -97,8 +96,6 @@ class _Layout:
                        mm.member("start_stack")[0], lock + spinlock.member("holder")[0], ramfs.member("name")[0],
                        ramfs.member("data")[0], args[0], args[1].count or 0, spawn.size, spawn.member("argc")[0],
                        spawn.member("envc")[0], spawn.member("size")[0], strings, chars.count or 0)
-        finally:
-            dwarf.close()
 
 
 class ProcFiles:

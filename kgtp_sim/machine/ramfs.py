@@ -75,16 +75,13 @@ class _Layout:
     def read(cls, path: Any) -> _Layout:
         from .dwarf import KernelDwarf
 
-        dwarf = KernelDwarf(path)
-        try:
+        with KernelDwarf.reading(path) as dwarf:
             table, count = dwarf.global_variable("ramfs_files"), dwarf.global_variable("nr_ramfs_files")
             if table is None or count is None or table[1].target is None:
                 raise MachineError("the kernel's DWARF has no `ramfs_files`: its files cannot be listed")
             entry = table[1].target
             return cls(table[0], count[0], table[1].count or 0, entry.size, entry.member("name")[0],
                        entry.member("data")[0], entry.member("size")[0], entry.member("mode")[0])
-        finally:
-            dwarf.close()
 
 
 class Ramfs:

@@ -67,8 +67,7 @@ class AreaLayout:
     def read(cls, path: Any) -> AreaLayout:
         from .dwarf import KernelDwarf
 
-        dwarf = KernelDwarf(path)
-        try:
+        with KernelDwarf.reading(path) as dwarf:
             found = dwarf.global_variable("mms")  # process.c's mm_structs (task.h only declares the struct)
             if found is None or found[1].target is None:
                 raise MachineError("the kernel's DWARF has no `mms`: its processes' memory areas cannot be read")
@@ -78,8 +77,6 @@ class AreaLayout:
             area = array.target
             return cls(nr_vmas, vmas, array.count or 0, area.size, area.member("vm_start")[0],
                        area.member("vm_end")[0], area.member("vm_flags")[0])
-        finally:
-            dwarf.close()
 
 
 class ProcessTable:

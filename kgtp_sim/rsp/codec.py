@@ -30,15 +30,13 @@ def checksum(payload: bytes) -> int:
 
 
 def escape(payload: bytes) -> bytes:
-    """Escape the bytes that would end or confuse a packet (`$ # } *`), as binary replies require."""
-    out = bytearray()
-    for byte in payload:
-        if byte in _SPECIAL:
-            out.append(ESCAPE)
-            out.append(byte ^ 0x20)
-        else:
-            out.append(byte)
-    return bytes(out)
+    """Escape the bytes that would end or confuse a packet (`$ # } *`), as binary replies require: each becomes
+    `}` and itself xor 0x20 (`}` first, as the others' escapes bring it in; bytes.replace, not a loop per byte: a
+    16 KiB vFile read escaped in Python cost a millisecond and more)."""
+    out = payload.replace(b"}", bytes((ESCAPE, ESCAPE ^ 0x20)))
+    for byte in b"$#*":
+        out = out.replace(bytes((byte,)), bytes((ESCAPE, byte ^ 0x20)))
+    return out
 
 
 class FramingError(ValueError):

@@ -45,7 +45,7 @@ def _fitting(header: bytes, data: bytes) -> bytes:
     """The longest start of `data` that, escaped after `header`, fits in one packet (gdbserver:
     hostio_reply_with_data and handle_pread's shortening)."""
     budget = PACKET_SIZE - len(header)
-    if len(data) <= budget // 2:
+    if len(data) + sum(data.count(byte) for byte in _ESCAPED) <= budget:
         return data
     sizes = list(accumulate(2 if byte in _ESCAPED else 1 for byte in data))
     count = next((i for i, size in enumerate(sizes) if size > budget), len(data))
