@@ -5,6 +5,7 @@ shadowing the older, and nothing else: no directory, no host file."""
 from __future__ import annotations
 
 import stat
+import time
 
 import pytest
 
@@ -22,6 +23,11 @@ def machine():
     archive.add_file("/lib/data.txt", b"x" * 10000, 0o644)
     machine.processes.load_archive(archive.pack())
     machine.start()
+    # the kernel lists the archive's files early in its boot, which start() does not wait for: wait for its word
+    deadline = time.monotonic() + 60
+    while "initramfs: " not in machine.console_text():
+        assert time.monotonic() < deadline, machine.console_text()
+        time.sleep(0.01)
     yield machine
     machine.shutdown()
 
