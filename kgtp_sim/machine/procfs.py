@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import MachineError
+from .ramfs import PATH_MAX, FileLayout, kernel_name
 from .tasks import live_tasks
 
 VM_READ, VM_WRITE, VM_EXEC = 0x1, 0x2, 0x4
@@ -62,8 +63,6 @@ class _Layout:
     brk: int
     start_stack: int
     lock_holder: int
-    file_name: int
-    file_data: int
     args: int  #: exec_args, one per process slot: the last of tasks[]'s (process.c: slot_of)
     args_count: int
     args_size: int
@@ -79,12 +78,10 @@ class _Layout:
 
         with KernelDwarf.reading(path) as dwarf:
             mms, args = dwarf.global_variable("mms"), dwarf.global_variable("exec_args")
-            files = dwarf.global_variable("ramfs_files")
-            if mms is None or args is None or files is None or None in (mms[1].target, args[1].target,
-                                                                        files[1].target):
-                raise MachineError("the kernel's DWARF lacks `mms`, `exec_args` or `ramfs_files`: no /proc")
-            mm, spawn, ramfs = mms[1].target, args[1].target, files[1].target
-            assert mm is not None and spawn is not None and ramfs is not None
+            if mms is None or args is None or None in (mms[1].target, args[1].target):
+                raise MachineError("the kernel's DWARF lacks `mms` or `exec_args`: no /proc")
+            mm, spawn = mms[1].target, args[1].target
+            assert mm is not None and spawn is not None
             vmas, array = mm.member("vmas")
             area = array.target
             assert area is not None
@@ -93,9 +90,9 @@ class _Layout:
             return cls(mm.member("nr_vmas")[0], vmas, array.count or 0, area.size, area.member("vm_start")[0],
                        area.member("vm_end")[0], area.member("vm_flags")[0], area.member("file")[0],
                        area.member("file_start")[0], mm.member("start_brk")[0], mm.member("brk")[0],
-                       mm.member("start_stack")[0], lock + spinlock.member("holder")[0], ramfs.member("name")[0],
-                       ramfs.member("data")[0], args[0], args[1].count or 0, spawn.size, spawn.member("argc")[0],
-                       spawn.member("envc")[0], spawn.member("size")[0], strings, chars.count or 0)
+                       mm.member("start_stack")[0], lock + spinlock.member("holder")[0], args[0], args[1].count or 0,
+                       spawn.size, spawn.member("argc")[0], spawn.member("envc")[0], spawn.member("size")[0], strings,
+                       chars.count or 0)
 
 
 class ProcFiles:
@@ -104,6 +101,7 @@ class ProcFiles:
     def __init__(self, machine: Any) -> None:
         self._machine = machine
         self._layout: _Layout | None = None
+        self._files: FileLayout | None = None  #: a mapped file's `struct ramfs_file` (ramfs.py's)
 
     def lookup(self, path: bytes) -> ProcEntry | None:
         """What the normalized `path` names under /proc, or None: no such entry (a path outside /proc too)."""
@@ -117,6 +115,7 @@ class ProcFiles:
         layout = self._layout
         if layout is None:
             layout = self._layout = _Layout.read(self._machine.image.path)
+            self._files = FileLayout.read(self._machine.image.path)
         name = parts[2] if len(parts) == 3 else None
         if name not in (None, b"maps", b"cmdline", b"environ", b"comm", b"exe", b"cwd"):
             return None
@@ -171,10 +170,13 @@ class ProcFiles:
                                                                       ("x", VM_EXEC))) + "p"
             device, inode, path = (0, 0), 0, b""
             if file:
+                files = self._files
+                assert files is not None
                 device = FILE_DEVICE
-                inode = struct.unpack("<Q", uc.mem_read(file + layout.file_data, 8))[0]
-                path = b"/" + _kernel_string(uc, struct.unpack("<Q", uc.mem_read(file + layout.file_name, 8))[0])
-                path = b"/" + path.lstrip(b"/")
+                inode = struct.unpack("<Q", uc.mem_read(file + files.data, 8))[0]
+                at = struct.unpack("<Q", uc.mem_read(file + files.name, 8))[0]
+                name = kernel_name(self._machine.kernel_space, at, PATH_MAX)
+                path = b"/" + (name or b"").lstrip(b"/")
             elif start < brk and end > start_brk:  # (task_mmu.c: vma_is_initial_heap, then the stack)
                 path = b"[heap]"
             elif start <= start_stack <= end:
@@ -185,14 +187,3 @@ class ProcFiles:
 
 
 _LOCKED = object()  #: a CPU holds the areas' lock: read them again once it let go
-
-
-def _kernel_string(uc: Any, address: int, limit: int = 4096) -> bytes:
-    out = bytearray()
-    while len(out) < limit:
-        chunk = bytes(uc.mem_read(address + len(out), 64))
-        end = chunk.find(b"\0")
-        if end >= 0:
-            return bytes(out + chunk[:end])
-        out += chunk
-    return bytes(out)

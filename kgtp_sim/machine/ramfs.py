@@ -61,7 +61,10 @@ class RamfsFile:
 
 
 @dataclass(frozen=True)
-class _Layout:
+class FileLayout:
+    """Where the kernel keeps its files' table and what a `struct ramfs_file` holds (its DWARF's); machine/procfs.py
+    reads a mapped file's name and data through it too."""
+
     table: int
     count: int
     capacity: int
@@ -72,7 +75,7 @@ class _Layout:
     mode: int
 
     @classmethod
-    def read(cls, path: Any) -> _Layout:
+    def read(cls, path: Any) -> FileLayout:
         from .dwarf import KernelDwarf
 
         with KernelDwarf.reading(path) as dwarf:
@@ -89,14 +92,14 @@ class Ramfs:
 
     def __init__(self, machine: Any) -> None:
         self._machine = machine
-        self._layout: _Layout | None = None
+        self._layout: FileLayout | None = None
 
     def lookup(self, path: bytes) -> RamfsFile | None:
         """The file at `path` (normalized: `normalize`), the newest entry of that path as the kernel's ramfs_lookup
         finds it; None when the machine has no regular file there ("/" and the archives' directories included)."""
         layout = self._layout
         if layout is None:
-            layout = self._layout = _Layout.read(self._machine.image.path)
+            layout = self._layout = FileLayout.read(self._machine.image.path)
         wanted = path.lstrip(b"/")
         if not wanted:
             return None
@@ -107,7 +110,7 @@ class Ramfs:
             raw = bytes(space.read(layout.table, count * layout.size))
             for index in reversed(range(count)):  # the newest first: an entry added later shadows
                 at = index * layout.size
-                name = _name(space, struct.unpack_from("<Q", raw, at + layout.name)[0], len(wanted))
+                name = kernel_name(space, struct.unpack_from("<Q", raw, at + layout.name)[0], len(wanted))
                 if name is not None and name.lstrip(b"/") == wanted:
                     (data,), (length,) = (struct.unpack_from("<Q", raw, at + offset)
                                           for offset in (layout.data, layout.length))
@@ -126,13 +129,13 @@ class Ramfs:
     def _names(self) -> list[bytes]:
         layout = self._layout
         if layout is None:
-            layout = self._layout = _Layout.read(self._machine.image.path)
+            layout = self._layout = FileLayout.read(self._machine.image.path)
 
         def names(uc: Any) -> list[bytes]:
             space = self._machine.kernel_space
             count = min(struct.unpack("<I", bytes(space.read(layout.count, 4)))[0], layout.capacity)
             raw = bytes(space.read(layout.table, count * layout.size))
-            found = (_name(space, struct.unpack_from("<Q", raw, index * layout.size + layout.name)[0], PATH_MAX)
+            found = (kernel_name(space, struct.unpack_from("<Q", raw, index * layout.size + layout.name)[0], PATH_MAX)
                      for index in range(count))
             return [name for name in found if name is not None]
 
@@ -144,7 +147,7 @@ class Ramfs:
         return self._machine.read_memory(file.data + offset, length) if length else b""
 
 
-def _name(space: Any, address: int, limit: int) -> bytes | None:
+def kernel_name(space: Any, address: int, limit: int) -> bytes | None:
     """The NUL-terminated name at kernel `address`, read a page at most at a time; None when it is longer than
     `limit` bytes past any leading slashes (no match for a path of fewer) or cannot be read."""
     out = bytearray()
