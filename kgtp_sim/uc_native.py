@@ -133,6 +133,11 @@ def emu_stop_address() -> int:
     return ctypes.cast(lib.uc_emu_stop, ctypes.c_void_p).value
 
 
+def reg_read_address() -> int:
+    """Address of `uc_reg_read`, for native callbacks that read a register (the block stopper's IF check)."""
+    return ctypes.cast(lib.uc_reg_read, ctypes.c_void_p).value
+
+
 class InstructionCounter:
     """Counts executed instructions with a native UC_HOOK_CODE callback, `inc qword [rcx]; ret`, whose user
     data (rcx) is a c_uint64: no Python runs per instruction (about 12 ns each).

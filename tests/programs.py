@@ -22,7 +22,8 @@ MODES = {
 
 #: options a program needs beyond its mode's
 PROGRAM_FLAGS = {"threads": ("-pthread",), "pipes": ("-pthread",), "forks": ("-pthread",), "conditions": ("-pthread",),
-                 "passed": ("-pthread",)}
+                 "passed": ("-pthread",),
+                 "handoff": ("-pthread",)}
 
 #: the dynamic linker a mode's programs name (PT_INTERP): the suite skips the mode on a host without it
 INTERPRETERS = {"musl-dynamic": "/lib/ld-musl-x86_64.so.1"}

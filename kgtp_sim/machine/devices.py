@@ -8,13 +8,16 @@
 | 0x80  | inl        | result of the last command: after 4 the frame's physical address (0: none left); after 5 0 done, |
 |       |            | 1 refused (not a frame the kernel holds); any other command is refused (1)                       |
 | 0x70  | inl        | clock: nanoseconds since the machine started (less the time it was stopped by a debugger: |
-|       |            | clock.py), low 32 bits; latches the high half                                              |
-| 0x71  | inl        | clock: the latched high 32 bits |
+|       |            | clock.py), low 32 bits; latches the high half for the calling CPU                          |
+| 0x71  | inl        | clock: the high 32 bits the calling CPU latched |
 | 0xf4  | outl       | power: the kernel stopped for good (panic); the value is kept as `Devices.power_off_code` |
 
 Reads of any other port return all ones, like an empty ISA bus; writes to them are ignored.
 
-Owns the console ring, the page-frame command's status and the clock's latched high half. Thread: the CPU thread,
+Owns the console ring, the page-frame command's status and the clock's latched high halves, one per CPU (each
+CPU reads the pair with interrupts off and no lock: another CPU's read between its two cannot change its latch;
+a machine-wide latch made every clock read take a lock, and a CPU whose turn ended inside that lock, between two
+port reads, kept the others spinning). Thread: the CPU thread,
 where unicorn's IN/OUT hooks reach the ports and the host's console writes arrive (`Machine.console_write`, through
 `run_on_cpu`); `console_text` returns a copy of the ring to the server thread (`monitor console`).
 """
@@ -44,14 +47,15 @@ class Devices:
     machine (a clock of its own, never stopped, when none is given)."""
 
     def __init__(self, alloc_frame: Callable[[], int], free_frame: Callable[[int], bool],
-                 clock: MachineClock | None = None) -> None:
+                 clock: MachineClock | None = None, current_cpu: Callable[[], int] = lambda: 0) -> None:
         self._alloc_frame = alloc_frame
         self._free_frame = free_frame
         self._console = bytearray()
         self._line = bytearray()
         self._paging_status = 0
         self._clock = clock if clock is not None else MachineClock()
-        self._clock_high = 0
+        self._current_cpu = current_cpu
+        self._clock_high: dict[int, int] = {}  #: each CPU's latched high half
         self.power_off_code: int | None = None
         self.frames_allocated = 0
         self.frames_freed = 0
@@ -81,10 +85,10 @@ class Devices:
             return self._paging_status
         if port == PORT_CLOCK_LO:
             now = self._clock.ns()
-            self._clock_high = now >> 32
+            self._clock_high[self._current_cpu()] = now >> 32
             return now & 0xFFFF_FFFF
         if port == PORT_CLOCK_HI:
-            return self._clock_high
+            return self._clock_high.get(self._current_cpu(), 0)
         return (1 << (8 * size)) - 1
 
     # ---- console ---------------------------------------------------------------------------------------------

@@ -83,7 +83,8 @@ class Machine:
         self.cpu = Cpu(image, self._port_out, self._port_in)
         #: the kernel's time (clock port, TSC), which does not run while a debugger stops the machine
         self.clock = MachineClock()
-        self.devices = Devices(self.cpu.memory.alloc_frame, self.cpu.memory.free_frame, self.clock)
+        self.devices = Devices(self.cpu.memory.alloc_frame, self.cpu.memory.free_frame, self.clock,
+                               lambda: self._sched.current_cpu)
         #: programs on the kernel: the initramfs, starting them, their streams and ends (process.py)
         self.processes = Processes(self)
         #: the debugger's side of the kernel's ptrace: traced processes, their stops (tracee.py)

@@ -391,6 +391,13 @@ class Scheduler:
                     # asked before the run would end it before its first instruction, so the steps, which run
                     # with interrupts off, would never end and the stop never come)
                     one_step = True
+                elif (slot.tick_pending or slot.vectors) and not control.masks_interrupts(slot.index, False) \
+                        and not cpu.interrupts_enabled():
+                    # an interrupt waits and the CPU runs with interrupts off (else it was just taken, and the
+                    # handler runs with them off): the run ends where the kernel enables them again. Not with them
+                    # on: then the stub's code in a process runs (a pad), where no interrupt is taken; a stop at
+                    # its every block would never let it run
+                    cpu.stopper.stop_when_interruptible()
             try:
                 if control.stepping(slot.index):
                     stop = control.step_turn(slot.index)

@@ -177,6 +177,21 @@ def test_threads_as_natively(build, mode, cpus):
 
 
 @pytest.mark.parametrize("cpus", [1, 2])
+@pytest.mark.parametrize("mode", ["glibc-dynamic", "musl-static"])
+def test_a_thread_waiting_in_short_sleeps_lets_its_new_thread_run(build, mode, cpus):
+    """The creator spins in usleep(1) until its new thread has run (GDB's in-process agent does so at load, in
+    every program that links it). Each sleep of the kernel returns at once (its deadline passed on the way in),
+    so the new thread runs at the creator's next tick on its CPU, or on the other; a tick that comes while the
+    creator's kernel has interrupts off must be taken when they are on again, not at some later retry (the creator
+    spent seconds, its reads of the clock with interrupts off dominating the host's time)."""
+    program = build("handoff", mode)
+    native, simulated = _native(program), _simulated(program, cpus=cpus)
+    assert simulated.stdout == native.stdout, (simulated, native)
+    assert native.stdout.count(b"with a tid of its own yes\n") == 5 and native.stdout.endswith(b": yes\n")
+    assert simulated.returncode == native.returncode == 0, simulated
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
 @pytest.mark.parametrize("mode", ["glibc-static", "glibc-dynamic", "musl-static"])
 def test_exit_from_a_thread_ends_the_process_with_its_status(build, mode, cpus):
     program = build("threads", mode)

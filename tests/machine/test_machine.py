@@ -367,3 +367,52 @@ def test_a_stop_outside_a_range_ends_at_the_first_block_leaving_it(monkeypatch, 
     uc.emu_start(detour, 0, 0, 100_000)
     assert uc.reg_read(UC_X86_REG_RIP) == detour
     assert struct.unpack("<QQ", uc.mem_read(data, 16)) == (50, 10)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_a_stop_when_interruptible_ends_at_the_first_block_with_interrupts_on(monkeypatch, native):
+    """The CPU thread arms it when an interrupt waits for a CPU running with IF clear: emulation runs on through
+    the code with interrupts off (however long it takes) and ends at the first block after they are on again,
+    before any of its instructions ran, as a CPU takes a waiting interrupt after `sti` or `popf`."""
+    from unicorn import UC_ARCH_X86, UC_MODE_64, Uc
+    from unicorn.x86_const import UC_X86_REG_EFLAGS, UC_X86_REG_RIP, UC_X86_REG_RSP
+
+    from kgtp_sim.machine import stopper as stopper_module
+
+    if not native:
+        monkeypatch.setattr(stopper_module, "add_native_hook", lambda *args: None)
+    code, data, stack = 0x10000, 0x30000, 0x40000
+    ks = Ks(KS_ARCH_X86, KS_MODE_64)
+    uc = Uc(UC_ARCH_X86, UC_MODE_64)
+    for base in (code, data, stack):
+        uc.mem_map(base, 0x1000)
+    # interrupts off: 30 passes through a loop of several blocks; on again by popf (the flags cli found), then by
+    # sti after a second stretch with them off
+    source = ("cli; mov ecx, 0x1e; again: inc qword ptr [0x30000]; test ecx, 1; jz even; nop; even: dec ecx;"
+              " jnz again; push 0x202; popfq; on: inc qword ptr [0x30008]; cli; mov ecx, 0x5; off: inc qword ptr"
+              " [0x30010]; dec ecx; jnz off; sti; after: inc qword ptr [0x30018]; jmp after")
+    assembled = bytes(ks.asm(source, code)[0])
+    uc.mem_write(code, assembled)
+    on = code + len(bytes(ks.asm(source.split(" on:")[0], code)[0]))
+    after = code + len(bytes(ks.asm(source.split(" after:")[0], code)[0]))
+    uc.reg_write(UC_X86_REG_RSP, stack + 0x800)
+    uc.reg_write(UC_X86_REG_EFLAGS, 0x2)  # interrupts off from the start (the stop would be at once otherwise)
+    stopper = stopper_module.BlockStopper(uc)
+
+    stopper.stop_when_interruptible()
+    uc.emu_start(code, 0, 0, 100_000)
+    assert uc.reg_read(UC_X86_REG_RIP) == on
+    assert struct.unpack("<QQQQ", uc.mem_read(data, 32)) == (30, 0, 0, 0)
+
+    stopper.clear()  # nothing asked: runs on to `cli` and past it, to the instruction bound
+    uc.emu_start(on, 0, 0, 3)
+    assert uc.reg_read(UC_X86_REG_EFLAGS) & 0x200 == 0
+    stopper.stop_when_interruptible()
+    uc.emu_start(uc.reg_read(UC_X86_REG_RIP), 0, 0, 100_000)
+    assert uc.reg_read(UC_X86_REG_RIP) == after
+    assert struct.unpack("<QQQQ", uc.mem_read(data, 32)) == (30, 1, 5, 0)
+
+    stopper.stop_when_interruptible()  # interrupts are on: the very next block
+    uc.emu_start(after, 0, 0, 100_000)
+    assert uc.reg_read(UC_X86_REG_RIP) == after
+    assert struct.unpack("<QQQQ", uc.mem_read(data, 32)) == (30, 1, 5, 0)
