@@ -1,5 +1,5 @@
 """`python -m kgtp_sim`: the `kgtp-sim` command (cli.py), which runs on the main thread."""
 
-from .cli import main
+from .cli import entry
 
-raise SystemExit(main())
+entry()

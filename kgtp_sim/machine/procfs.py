@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import MachineError
+from .layouts import kernel_layout
 from .ramfs import PATH_MAX, FileLayout, kernel_name
 from .tasks import live_tasks
 
@@ -74,25 +75,26 @@ class _Layout:
 
     @classmethod
     def read(cls, path: Any) -> _Layout:
-        from .dwarf import KernelDwarf
+        return kernel_layout(path, cls, cls._from_dwarf)
 
-        with KernelDwarf.reading(path) as dwarf:
-            mms, args = dwarf.global_variable("mms"), dwarf.global_variable("exec_args")
-            if mms is None or args is None or None in (mms[1].target, args[1].target):
-                raise MachineError("the kernel's DWARF lacks `mms` or `exec_args`: no /proc")
-            mm, spawn = mms[1].target, args[1].target
-            assert mm is not None and spawn is not None
-            vmas, array = mm.member("vmas")
-            area = array.target
-            assert area is not None
-            lock, spinlock = mm.member("lock")
-            strings, chars = spawn.member("strings")
-            return cls(mm.member("nr_vmas")[0], vmas, array.count or 0, area.size, area.member("vm_start")[0],
-                       area.member("vm_end")[0], area.member("vm_flags")[0], area.member("file")[0],
-                       area.member("file_start")[0], mm.member("start_brk")[0], mm.member("brk")[0],
-                       mm.member("start_stack")[0], lock + spinlock.member("holder")[0], args[0], args[1].count or 0,
-                       spawn.size, spawn.member("argc")[0], spawn.member("envc")[0], spawn.member("size")[0], strings,
-                       chars.count or 0)
+    @classmethod
+    def _from_dwarf(cls, dwarf: Any) -> _Layout:
+        mms, args = dwarf.global_variable("mms"), dwarf.global_variable("exec_args")
+        if mms is None or args is None or None in (mms[1].target, args[1].target):
+            raise MachineError("the kernel's DWARF lacks `mms` or `exec_args`: no /proc")
+        mm, spawn = mms[1].target, args[1].target
+        assert mm is not None and spawn is not None
+        vmas, array = mm.member("vmas")
+        area = array.target
+        assert area is not None
+        lock, spinlock = mm.member("lock")
+        strings, chars = spawn.member("strings")
+        return cls(mm.member("nr_vmas")[0], vmas, array.count or 0, area.size, area.member("vm_start")[0],
+                   area.member("vm_end")[0], area.member("vm_flags")[0], area.member("file")[0],
+                   area.member("file_start")[0], mm.member("start_brk")[0], mm.member("brk")[0],
+                   mm.member("start_stack")[0], lock + spinlock.member("holder")[0], args[0], args[1].count or 0,
+                   spawn.size, spawn.member("argc")[0], spawn.member("envc")[0], spawn.member("size")[0], strings,
+                   chars.count or 0)
 
 
 class ProcFiles:

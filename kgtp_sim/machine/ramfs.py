@@ -21,6 +21,7 @@ from typing import Any
 from unicorn import UcError
 
 from .errors import MachineError
+from .layouts import kernel_layout
 
 #: the kernel's longest path, NUL included (fs.c: get_path)
 PATH_MAX = 4096
@@ -76,15 +77,16 @@ class FileLayout:
 
     @classmethod
     def read(cls, path: Any) -> FileLayout:
-        from .dwarf import KernelDwarf
+        return kernel_layout(path, cls, cls._from_dwarf)
 
-        with KernelDwarf.reading(path) as dwarf:
-            table, count = dwarf.global_variable("ramfs_files"), dwarf.global_variable("nr_ramfs_files")
-            if table is None or count is None or table[1].target is None:
-                raise MachineError("the kernel's DWARF has no `ramfs_files`: its files cannot be listed")
-            entry = table[1].target
-            return cls(table[0], count[0], table[1].count or 0, entry.size, entry.member("name")[0],
-                       entry.member("data")[0], entry.member("size")[0], entry.member("mode")[0])
+    @classmethod
+    def _from_dwarf(cls, dwarf: Any) -> FileLayout:
+        table, count = dwarf.global_variable("ramfs_files"), dwarf.global_variable("nr_ramfs_files")
+        if table is None or count is None or table[1].target is None:
+            raise MachineError("the kernel's DWARF has no `ramfs_files`: its files cannot be listed")
+        entry = table[1].target
+        return cls(table[0], count[0], table[1].count or 0, entry.size, entry.member("name")[0],
+                   entry.member("data")[0], entry.member("size")[0], entry.member("mode")[0])
 
 
 class Ramfs:

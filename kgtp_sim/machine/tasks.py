@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import MachineError
+from .layouts import kernel_layout
 
 EXIT_ZOMBIE, TASK_DEAD = 0x20, 0x80
 VM_EXEC = 0x4  #: a memory area's vm_flags: its pages may be run
@@ -65,18 +66,19 @@ class AreaLayout:
 
     @classmethod
     def read(cls, path: Any) -> AreaLayout:
-        from .dwarf import KernelDwarf
+        return kernel_layout(path, cls, cls._from_dwarf)
 
-        with KernelDwarf.reading(path) as dwarf:
-            found = dwarf.global_variable("mms")  # process.c's mm_structs (task.h only declares the struct)
-            if found is None or found[1].target is None:
-                raise MachineError("the kernel's DWARF has no `mms`: its processes' memory areas cannot be read")
-            mm = found[1].target
-            nr_vmas, _ = mm.member("nr_vmas")
-            vmas, array = mm.member("vmas")
-            area = array.target
-            return cls(nr_vmas, vmas, array.count or 0, area.size, area.member("vm_start")[0],
-                       area.member("vm_end")[0], area.member("vm_flags")[0])
+    @classmethod
+    def _from_dwarf(cls, dwarf: Any) -> AreaLayout:
+        found = dwarf.global_variable("mms")  # process.c's mm_structs (task.h only declares the struct)
+        if found is None or found[1].target is None:
+            raise MachineError("the kernel's DWARF has no `mms`: its processes' memory areas cannot be read")
+        mm = found[1].target
+        nr_vmas, _ = mm.member("nr_vmas")
+        vmas, array = mm.member("vmas")
+        area = array.target
+        return cls(nr_vmas, vmas, array.count or 0, area.size, area.member("vm_start")[0],
+                   area.member("vm_end")[0], area.member("vm_flags")[0])
 
 
 class ProcessTable:

@@ -12,6 +12,8 @@ import struct
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kgtp_sim.client import VMLINUX
 from kgtp_sim.machine import KernelImage, Machine
@@ -23,6 +25,7 @@ from kgtp_sim.rsp.dispatch import PACKET_SIZE, Binary, Dispatcher
 from kgtp_sim.rsp.packets import hostio as h
 from kgtp_sim.stub.hostio import MAX_FDS, HostIOHandlers, _fitting
 
+from ..conftest import wait_until
 from ..programs import compile_program
 
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
@@ -118,6 +121,19 @@ def test_only_what_fits_escaped_is_sent():
     special = b"}" * PACKET_SIZE  # each byte two on the wire
     assert _fitting(header, special) == special[:(PACKET_SIZE - len(header)) // 2]
     assert _fitting(header, b"$#") == b"$#"
+
+
+@given(st.lists(st.sampled_from(b"a}$#*\x00"), max_size=300).map(bytes), st.integers(0, 300),
+       st.sampled_from([b"F%x;" % PACKET_SIZE, b"F1;"]))
+def test_the_longest_start_that_fits_escaped_is_sent(body, length, header):
+    """Whatever the data and wherever its escaped bytes are: the longest start whose escaped length fits."""
+    data = (b"x" * (PACKET_SIZE - len(header) - 150) + body)[:PACKET_SIZE - len(header) - 150 + length]
+    budget = PACKET_SIZE - len(header)
+    wire = [0]  # the escaped length of each start of the data, byte by byte
+    for byte in data:
+        wire.append(wire[-1] + len(codec.escape(bytes([byte]))))
+    longest = max(count for count, size in enumerate(wire) if size <= budget)
+    assert _fitting(header, data) == data[:longest]
 
 
 @pytest.mark.parametrize("path", [
@@ -258,6 +274,8 @@ def running(machine, tmp_path_factory):
     program = compile_program("counted", "glibc-static", tmp_path_factory.mktemp("proc"))
     inside = install_program(booted, program)
     pid = booted.processes.spawn(inside, [inside, "one", "two words"], ["HOME=/", "KGTP=yes"])
+    files = ProcFiles(booted)  # the kernel made the process; it has an address space once its exec loaded it
+    wait_until(lambda: files.lookup(f"/proc/{pid}/maps".encode()) is not None, f"process {pid}'s exec")
     return program, inside, pid
 
 
