@@ -1,4 +1,5 @@
-"""Optional dependencies: packages only some commands need, imported when first needed (caller's thread).
+"""Optional dependencies: packages only some commands need, imported when first needed (caller's thread); and
+`LazyModule`, a required package's module imported on the first use of one of its names.
 
 The stub itself needs only the packages pyproject.toml lists as dependencies. Drawing (`kgtp-sim plot`,
 `hotcode --png`, `bench --chart`) needs matplotlib, which is in the `view` and `bench` extras; `scripts/serve`
@@ -13,6 +14,20 @@ from __future__ import annotations
 import importlib
 import shlex
 import sys
+
+
+class LazyModule:
+    """A module imported on the first use of one of its names (`X = LazyModule("capstone.x86_const")`, then
+    `X.X86_INS_RET` in a function): a server that never decodes code never loads capstone (25 ms a start). Names
+    are read from the module once and kept. Any thread (an import is under Python's import lock)."""
+
+    def __init__(self, name: str) -> None:
+        self.__dict__["_LazyModule__name"] = name
+
+    def __getattr__(self, attribute: str):
+        value = getattr(importlib.import_module(self.__name), attribute)
+        self.__dict__[attribute] = value
+        return value
 
 
 class MissingDependency(RuntimeError):

@@ -23,8 +23,10 @@ import re
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from keystone import KS_ARCH_X86, KS_MODE_64, KS_OPT_SYNTAX_ATT, Ks, KsError
+if TYPE_CHECKING:
+    from keystone import Ks
 
 _HOLE = re.compile(r"\{(s32|u32|u16|i64):(\w+)\}")
 _WIDTH = {"s32": 4, "u32": 4, "u16": 2, "i64": 8}
@@ -33,8 +35,11 @@ _ks: Ks | None = None
 
 
 def _keystone() -> Ks:
+    """The assembler, made (and keystone loaded) on the first use: a server that never compiles never loads it."""
     global _ks
     if _ks is None:
+        from keystone import KS_ARCH_X86, KS_MODE_64, KS_OPT_SYNTAX_ATT, Ks
+
         ks = Ks(KS_ARCH_X86, KS_MODE_64)
         ks.syntax = KS_OPT_SYNTAX_ATT
         _ks = ks
@@ -45,6 +50,8 @@ def assemble_text(text: str, base: int = 0) -> bytes:
     """Assemble AT&T text placed at `base` (labels and %rip operands depend on it). Raises ValueError with the
     text on failure, including the failures keystone reports only by returning no code (an immediate out of
     range, for one): half a detour must never reach the kernel."""
+    from keystone import KsError
+
     with _lock:
         try:
             encoding, _ = _keystone().asm(text, base)

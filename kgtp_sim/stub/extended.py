@@ -35,7 +35,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from xml.sax.saxutils import escape
 
 from ..agent.verify import Program
 from ..arch import amd64
@@ -44,6 +43,7 @@ from ..machine.tracee import (PTRACE_O_TRACEEXEC, PTRACE_O_TRACEFORK, PTRACE_O_T
                               Tracee)
 from ..rsp.dispatch import E_BAD_PACKET, Binary, NoReply, Reply, RspError, handles
 from ..rsp.packets import connect as c
+from ..rsp.packets.base import xml_text
 from ..rsp.packets import run as v
 from .overlay import FrameOverlay
 from .process import ProcessTarget, ProcessView
@@ -511,7 +511,7 @@ def processes_document(machine: object) -> bytes:
     user, command, cores); every process here is root's."""
     items = []
     for entry in machine.processes.listing():  # type: ignore[attr-defined]
-        command = escape(entry.command)
+        command = xml_text(entry.command)
         cores = ",".join(str(core) for core in entry.cores)
         items.append(f'<item><column name="pid">{entry.pid}</column><column name="user">root</column>'
                      f'<column name="command">{command}</column><column name="cores">{cores}</column></item>')

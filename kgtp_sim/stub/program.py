@@ -19,7 +19,6 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from xml.sax.saxutils import escape
 
 from ..machine import MachineError
 from ..machine.layout import PAGE_SIZE
@@ -27,6 +26,7 @@ from ..machine.ramfs import normalize
 from ..machine.tracee import TASK_SIZE_MAX, Tracee
 from ..rsp.dispatch import E_BAD_PACKET, Binary, Reply, RspError, handles
 from ..rsp.packets import connect as c
+from ..rsp.packets.base import xml_text
 from ..rsp.packets import run as v
 from ..tracing.core.model import TraceError
 from ..tracing.core.sdt import SdtMarker, program_markers
@@ -122,7 +122,7 @@ def find_r_debug(auxv: bytes, read: MemoryReader) -> int | None:
 
 def _escape(name: bytes) -> bytes:
     """A name as gdbserver writes it into XML (xml_escape_text_append): its bytes, with ' " & < > as entities."""
-    return escape(name.decode("latin-1"), {'"': "&quot;", "'": "&apos;"}).encode("latin-1")
+    return xml_text(name.decode("latin-1")).encode("latin-1")
 
 
 def _link_map(read: MemoryReader, lmid: int, lm: int, prev: int) -> list[bytes]:
@@ -353,7 +353,7 @@ class ProcessHandlers:
             if thread is not None:
                 try:
                     raw = machine.read_memory(thread.tracee.task + layout.comm, 16)
-                    name = escape(raw.split(b"\0", 1)[0].decode("latin-1"), {'"': "&quot;"})
+                    name = xml_text(raw.split(b"\0", 1)[0].decode("latin-1"))
                     core = int.from_bytes(machine.read_memory(thread.tracee.task + layout.cpu, 4), "little",
                                           signed=True)
                 except MachineError:

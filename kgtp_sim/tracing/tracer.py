@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from unicorn import Uc
 from unicorn.x86_const import UC_X86_REG_CR3, UC_X86_REG_RIP
@@ -30,7 +30,6 @@ from ..agent.errors import ErrorCode, EvalError
 from ..arch import amd64
 from ..agent.verify import Program
 from ..machine import MODULE_BASE, MODULE_SIZE, Machine, Marker, smp
-from ..machine.dwarf import KernelDwarf
 from .core.builtins import (BUILTIN_VARIABLES, CLOCK, CPU_ID, EINVAL, IGNORE_ERROR, LAST_ERRNO, BuiltinContext, KgtpState,
                             gdb_value, setting, tsc_to_clock)
 from .core.clock import Tsc
@@ -53,6 +52,9 @@ from .kgtp.printk import attach, dump_stack
 from .kgtp.watch import Watches
 from .patching.placement import prepare, resolve_overlaps
 from .patching.retire import RetiredCode
+
+if TYPE_CHECKING:
+    from ..machine.dwarf import KernelDwarf
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -525,6 +527,8 @@ class Tracer:
 
     def _kernel_dwarf(self) -> KernelDwarf:
         if self._dwarf is None:
+            from ..machine.dwarf import KernelDwarf  # here: parsing it and importing pyelftools cost a start
+
             self._dwarf = KernelDwarf(self.machine.image.path)
         return self._dwarf
 

@@ -85,3 +85,12 @@ def split_exact(body: bytes, sep: bytes, count: int, what: str) -> list[bytes]:
     if len(parts) != count:
         raise PacketError(f"{what}: expected {count} fields separated by {sep.decode()!r}")
     return parts
+
+
+_XML_ENTITIES = {ord("'"): "&apos;", ord('"'): "&quot;", ord("&"): "&amp;", ord("<"): "&lt;", ord(">"): "&gt;"}
+
+
+def xml_text(text: str) -> str:
+    """`text` as character data or an attribute value of the XML documents qXfer objects carry (gdbserver:
+    xml_escape_text): ' " & < > as entities."""
+    return text.translate(_XML_ENTITIES)

@@ -20,8 +20,6 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
 
 from .sdata import SdataError, argument_register
 
@@ -142,6 +140,9 @@ def program_markers(elf: bytes, bias: int) -> tuple[SdtMarker, ...]:
     """The SDT probes of a program's ELF image (its bytes), at their addresses in a process that loaded it `bias`
     bytes from where it was linked (0 for a program that is not PIE). A probe whose arguments cannot be read is
     left out; an image that is no ELF or has no notes has none."""
+    from elftools.common.exceptions import ELFError  # here: a server that never lists markers never loads it
+    from elftools.elf.elffile import ELFFile
+
     try:
         image = ELFFile(io.BytesIO(elf))
         notes = image.get_section_by_name(".note.stapsdt")

@@ -24,11 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from capstone import x86_const as X
-
-from ..patching.probes import ProbePlacementError, decode, plan_probe
-
-_RETURNS = {X.X86_INS_RET, X.X86_INS_IRETQ}
+from ..patching.probes import X, ProbePlacementError, decode, plan_probe
 
 
 @dataclass(frozen=True)
@@ -91,7 +87,7 @@ def _return_note(source: str | None, start: int, end: int, code, entered: bool, 
     if not entered:
         return (f"entry code in assembly ({(source or '?').rsplit('/', 1)[-1]}), entered by the CPU or a jump: "
                 "[%rsp] holds no return address to hijack")
-    leaves = any(insn.id in _RETURNS or (insn.id == X.X86_INS_JMP and (
+    leaves = any(insn.id in (X.X86_INS_RET, X.X86_INS_IRETQ) or (insn.id == X.X86_INS_JMP and (
         insn.indirect_jump or insn.branch_target is None or not start <= insn.branch_target < end))
         for insn in code)
     if not leaves:

@@ -15,16 +15,12 @@ Pure analysis of a verified program; called on the CPU thread when a location is
 
 from __future__ import annotations
 
-from capstone import CS_ARCH_X86, CS_MODE_64, Cs
-from capstone import x86_const as X
+from functools import cache
 
 from ...agent.compiled import CompiledExpr
 from ...agent.verify import Program
 from ...arch import amd64
-from .probes import Instruction
-
-_cs = Cs(CS_ARCH_X86, CS_MODE_64)
-_cs.detail = True
+from .probes import X, Instruction, disassembler
 
 _IMPURE = {"setv", "trace", "trace_quick", "trace16", "tracenz", "tracev", "printf"}
 _CAN_FAIL = {"div_signed", "div_unsigned", "rem_signed", "rem_unsigned", "ref8", "ref16", "ref32", "ref64"}
@@ -43,16 +39,20 @@ for _low, _name in (("al", "rax"), ("bl", "rbx"), ("cl", "rcx"), ("dl", "rdx"), 
                     ("ch", "rcx"), ("dh", "rdx"), ("sil", "rsi"), ("dil", "rdi"), ("bpl", "rbp"), ("spl", "rsp")):
     _ALIASES[_low] = _name
 
-_STATUS_WRITES = [
-    (X.X86_EFLAGS_MODIFY_CF | X.X86_EFLAGS_RESET_CF | X.X86_EFLAGS_SET_CF | X.X86_EFLAGS_UNDEFINED_CF),
-    (X.X86_EFLAGS_MODIFY_PF | X.X86_EFLAGS_RESET_PF | X.X86_EFLAGS_SET_PF | X.X86_EFLAGS_UNDEFINED_PF),
-    (X.X86_EFLAGS_MODIFY_AF | X.X86_EFLAGS_RESET_AF | X.X86_EFLAGS_SET_AF | X.X86_EFLAGS_UNDEFINED_AF),
-    (X.X86_EFLAGS_MODIFY_ZF | X.X86_EFLAGS_RESET_ZF | X.X86_EFLAGS_SET_ZF | X.X86_EFLAGS_UNDEFINED_ZF),
-    (X.X86_EFLAGS_MODIFY_SF | X.X86_EFLAGS_RESET_SF | X.X86_EFLAGS_SET_SF | X.X86_EFLAGS_UNDEFINED_SF),
-    (X.X86_EFLAGS_MODIFY_OF | X.X86_EFLAGS_RESET_OF | X.X86_EFLAGS_SET_OF | X.X86_EFLAGS_UNDEFINED_OF),
-]
-_STATUS_TESTS = (X.X86_EFLAGS_TEST_CF | X.X86_EFLAGS_TEST_PF | X.X86_EFLAGS_TEST_AF | X.X86_EFLAGS_TEST_ZF
-                 | X.X86_EFLAGS_TEST_SF | X.X86_EFLAGS_TEST_OF | X.X86_EFLAGS_TEST_DF)
+@cache
+def _status_flags() -> tuple[tuple[int, ...], int]:
+    """capstone's eflags bits: what writes each status flag, and what reads any (built at the first use)."""
+    writes = (
+        (X.X86_EFLAGS_MODIFY_CF | X.X86_EFLAGS_RESET_CF | X.X86_EFLAGS_SET_CF | X.X86_EFLAGS_UNDEFINED_CF),
+        (X.X86_EFLAGS_MODIFY_PF | X.X86_EFLAGS_RESET_PF | X.X86_EFLAGS_SET_PF | X.X86_EFLAGS_UNDEFINED_PF),
+        (X.X86_EFLAGS_MODIFY_AF | X.X86_EFLAGS_RESET_AF | X.X86_EFLAGS_SET_AF | X.X86_EFLAGS_UNDEFINED_AF),
+        (X.X86_EFLAGS_MODIFY_ZF | X.X86_EFLAGS_RESET_ZF | X.X86_EFLAGS_SET_ZF | X.X86_EFLAGS_UNDEFINED_ZF),
+        (X.X86_EFLAGS_MODIFY_SF | X.X86_EFLAGS_RESET_SF | X.X86_EFLAGS_SET_SF | X.X86_EFLAGS_UNDEFINED_SF),
+        (X.X86_EFLAGS_MODIFY_OF | X.X86_EFLAGS_RESET_OF | X.X86_EFLAGS_SET_OF | X.X86_EFLAGS_UNDEFINED_OF),
+    )
+    tests = (X.X86_EFLAGS_TEST_CF | X.X86_EFLAGS_TEST_PF | X.X86_EFLAGS_TEST_AF | X.X86_EFLAGS_TEST_ZF
+             | X.X86_EFLAGS_TEST_SF | X.X86_EFLAGS_TEST_OF | X.X86_EFLAGS_TEST_DF)
+    return writes, tests
 
 
 def eligible(program: Program, computed_builtins: set[int]) -> bool:
@@ -87,7 +87,7 @@ def code_registers(compiled: CompiledExpr) -> tuple[set[str], bool]:
     """(general registers the compiled code writes, whether it reads %rsi)."""
     written: set[str] = set()
     reads_rsi = False
-    for insn in _cs.disasm(compiled.code, compiled.base):
+    for insn in disassembler().disasm(compiled.code, compiled.base):
         reads, writes = insn.regs_access()
         written |= {_ALIASES[n] for n in map(insn.reg_name, writes) if n in _ALIASES}
         reads_rsi |= any(_ALIASES.get(insn.reg_name(r)) == "rsi" for r in reads)
@@ -98,11 +98,12 @@ def code_registers(compiled: CompiledExpr) -> tuple[set[str], bool]:
 def flags_live_at(displaced: tuple[Instruction, ...]) -> bool:
     """Are the status flags live at the site? Dead when the first displaced instruction overwrites all six
     without reading any (then the fast path needs no pushfq/popfq)."""
-    (insn,) = list(_cs.disasm(displaced[0].code, displaced[0].address))
+    (insn,) = list(disassembler().disasm(displaced[0].code, displaced[0].address))
     eflags = insn.eflags
-    if eflags & _STATUS_TESTS:
+    writes, tests = _status_flags()
+    if eflags & tests:
         return True
-    return not all(eflags & bits for bits in _STATUS_WRITES)
+    return not all(eflags & bits for bits in writes)
 
 
 def can_fail(program: Program) -> bool:

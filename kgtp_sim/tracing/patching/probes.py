@@ -24,26 +24,45 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Protocol
+from functools import cache
+from typing import Any, Protocol
 
-from capstone import CS_ARCH_X86, CS_MODE_64, CS_OP_IMM, CS_OP_MEM, Cs
-from capstone import x86_const as X
+from ...optional import LazyModule
+
+# capstone, loaded at the first decode (a server that places no probe never loads it)
+C = LazyModule("capstone")
+X = LazyModule("capstone.x86_const")
 
 JUMP_SIZE = 5
 INT3 = b"\xcc"
 
-_cs = Cs(CS_ARCH_X86, CS_MODE_64)
-_cs.detail = True
 
-_COND_JUMPS = {
-    X.X86_INS_JO: 0x0, X.X86_INS_JNO: 0x1, X.X86_INS_JB: 0x2, X.X86_INS_JAE: 0x3, X.X86_INS_JE: 0x4,
-    X.X86_INS_JNE: 0x5, X.X86_INS_JBE: 0x6, X.X86_INS_JA: 0x7, X.X86_INS_JS: 0x8, X.X86_INS_JNS: 0x9,
-    X.X86_INS_JP: 0xA, X.X86_INS_JNP: 0xB, X.X86_INS_JL: 0xC, X.X86_INS_JGE: 0xD, X.X86_INS_JLE: 0xE,
-    X.X86_INS_JG: 0xF,
-}
-_SHORT_ONLY_BRANCHES = {X.X86_INS_LOOP, X.X86_INS_LOOPE, X.X86_INS_LOOPNE, X.X86_INS_JRCXZ, X.X86_INS_JECXZ}
-_ENDS_FLOW = {X.X86_INS_RET, X.X86_INS_JMP, X.X86_INS_UD2, X.X86_INS_IRETQ, X.X86_INS_HLT}
-_CALL_LIKE = {X.X86_INS_CALL, X.X86_INS_INT, X.X86_INS_INT3, X.X86_INS_SYSCALL, X.X86_INS_INT1}
+@cache
+def disassembler() -> Any:
+    """capstone's x86_64 decoder, with details (operands, groups), made once: any thread may decode with it."""
+    cs = C.Cs(C.CS_ARCH_X86, C.CS_MODE_64)
+    cs.detail = True
+    return cs
+
+
+@dataclass(frozen=True)
+class _Kinds:
+    cond_jumps: dict[int, int]  #: a conditional jump's id -> its condition code
+    short_only: frozenset[int]  #: branches with no rel32 form
+    ends_flow: frozenset[int]
+    call_like: frozenset[int]
+
+
+@cache
+def _kinds() -> _Kinds:
+    return _Kinds(
+        {X.X86_INS_JO: 0x0, X.X86_INS_JNO: 0x1, X.X86_INS_JB: 0x2, X.X86_INS_JAE: 0x3, X.X86_INS_JE: 0x4,
+         X.X86_INS_JNE: 0x5, X.X86_INS_JBE: 0x6, X.X86_INS_JA: 0x7, X.X86_INS_JS: 0x8, X.X86_INS_JNS: 0x9,
+         X.X86_INS_JP: 0xA, X.X86_INS_JNP: 0xB, X.X86_INS_JL: 0xC, X.X86_INS_JGE: 0xD, X.X86_INS_JLE: 0xE,
+         X.X86_INS_JG: 0xF},
+        frozenset({X.X86_INS_LOOP, X.X86_INS_LOOPE, X.X86_INS_LOOPNE, X.X86_INS_JRCXZ, X.X86_INS_JECXZ}),
+        frozenset({X.X86_INS_RET, X.X86_INS_JMP, X.X86_INS_UD2, X.X86_INS_IRETQ, X.X86_INS_HLT}),
+        frozenset({X.X86_INS_CALL, X.X86_INS_INT, X.X86_INS_INT3, X.X86_INS_SYSCALL, X.X86_INS_INT1}))
 
 
 class ProbePlacementError(ValueError):
@@ -91,18 +110,18 @@ def enters_kernel(code: bytes) -> bool:
 def decode(code: bytes, address: int) -> list[Instruction]:
     """Linear sweep; stops at the first byte capstone cannot decode."""
     out = []
-    for insn in _cs.disasm(code, address):
+    for insn in disassembler().disasm(code, address):
         target = None
         rip_offset = None
         indirect = False
         operands = insn.operands
         if insn.group(X.X86_GRP_JUMP) or insn.group(X.X86_GRP_CALL):
-            if operands and operands[0].type == CS_OP_IMM and insn.group(X.X86_GRP_BRANCH_RELATIVE):
+            if operands and operands[0].type == C.CS_OP_IMM and insn.group(X.X86_GRP_BRANCH_RELATIVE):
                 target = operands[0].imm & ((1 << 64) - 1)
             elif insn.group(X.X86_GRP_JUMP):
                 indirect = True
         for op in operands:
-            if op.type == CS_OP_MEM and op.mem.base == X.X86_REG_RIP:
+            if op.type == C.CS_OP_MEM and op.mem.base == X.X86_REG_RIP:
                 rip_offset = insn.disp_offset
         out.append(
             Instruction(insn.address, insn.size, bytes(insn.bytes), insn.mnemonic, insn.op_str, insn.id,
@@ -190,9 +209,9 @@ def plan_probe(source: CodeSource, address: int, kind: str) -> ProbeSite:
                 f"a 5-byte jump at {address:#x} would cover {insn.branch_target:#x}, a jump target of {insn}"
             )
     for insn in window[:-1]:
-        if insn.id in _CALL_LIKE:
+        if insn.id in _kinds().call_like:
             raise ProbePlacementError(f"{insn} inside the 5-byte window would return into the middle of it")
-        if insn.id in _ENDS_FLOW:
+        if insn.id in _kinds().ends_flow:
             raise ProbePlacementError(f"{insn} inside the 5-byte window ends the flow before the window does")
     _check_relocatable(tuple(window), name)
     original = source.read_code(address, covered)
@@ -210,7 +229,7 @@ def _check_not_faulting(instructions: tuple[Instruction, ...], faulting: set[int
 
 def _check_relocatable(instructions: tuple[Instruction, ...], function: str) -> None:
     for insn in instructions:
-        if insn.id in _SHORT_ONLY_BRANCHES:
+        if insn.id in _kinds().short_only:
             raise ProbePlacementError(f"{insn} in {function} has only a short form and cannot be relocated")
         if insn.id in (X.X86_INS_INT3, X.X86_INS_INT1):
             raise ProbePlacementError(f"{insn} in {function} is already a breakpoint")
@@ -262,8 +281,8 @@ def relocate(instructions: tuple[Instruction, ...], at: int) -> bytes:
                     push += b"\xc7\x44\x24\x04" + struct.pack("<I", ret >> 32)  # movl $hi,4(%rsp)
                 out += push
                 out += jump(here + len(push), target)
-            elif insn.id in _COND_JUMPS:
-                out += bytes((0x0F, 0x80 | _COND_JUMPS[insn.id])) + _rel32(here + 6, target)
+            elif insn.id in _kinds().cond_jumps:
+                out += bytes((0x0F, 0x80 | _kinds().cond_jumps[insn.id])) + _rel32(here + 6, target)
             else:
                 raise ProbePlacementError(f"cannot relocate branch {insn}")
         elif insn.rip_disp_offset is not None:
