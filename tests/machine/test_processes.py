@@ -75,3 +75,28 @@ def test_two_processes_on_two_cpus_run_in_their_own_address_spaces(tmp_path):
     finally:
         machine.shutdown()
     assert not ended, (pids, ended, machine.console_text()[-2000:])
+
+
+def test_each_request_rings_cpu_0_which_takes_the_vector(tmp_path):
+    """The host writes a request, bumps its seq and rings CPU 0 (HOST_REQUEST_VECTOR): the kernel has a gate for
+    the vector and serves the request from it, not only at CPU 0's next tick; every ring is taken, the requests'
+    answers are the kernel's (files listed, a program started and ended)."""
+    from kgtp_sim.programs import install_program
+
+    from ..conftest import wait_until
+    from ..programs import compile_program
+
+    program = compile_program("hello", "glibc-static", tmp_path)
+    machine = Machine(KernelImage.load(VMLINUX), hz=10)  # ticks 100 ms apart: a request served at once is rung
+    assert process.HOST_REQUEST_ENTRY in machine.image.symbols
+    machine.start()
+    try:
+        rung = lambda: machine.cpu.delivered[process.HOST_REQUEST_VECTOR]  # noqa: E731
+        inside = install_program(machine, program)  # two requests: room for the files, then their listing
+        wait_until(lambda: rung() == 2, "two rings taken")
+        pid = machine.processes.spawn(inside, [inside])
+        wait_until(lambda: rung() == 3, "the spawn's ring taken")
+        ended = machine.processes.wait(pid, 60)
+        assert ended is not None and ended.code == 3, machine.console_text()[-2000:]
+    finally:
+        machine.shutdown()
