@@ -328,23 +328,30 @@ def test_stops_asked_by_other_threads_never_replay_instructions():
     assert first - second in (0, 1)  # 1: stopped between the two
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
-def test_a_stop_outside_a_range_ends_at_the_first_block_leaving_it(monkeypatch, native):
-    """The CPU thread arms it when a timer tick waits on a detour: emulation runs on through every block of
-    the stub's code and ends where the kernel's code resumes, before any of its instructions ran."""
+def _stopper_cpu(monkeypatch, native: bool, *pages: int):
+    """A scratch CPU with `pages` mapped and the stopper module (its native hook refused unless `native`)."""
     from unicorn import UC_ARCH_X86, UC_MODE_64, Uc
-    from unicorn.x86_const import UC_X86_REG_RCX, UC_X86_REG_RIP
 
     from kgtp_sim.machine import stopper as stopper_module
 
     if not native:
         monkeypatch.setattr(stopper_module, "add_native_hook", lambda *args: None)
+    uc = Uc(UC_ARCH_X86, UC_MODE_64)
+    for base in pages:
+        uc.mem_map(base, 0x1000)
+    return uc, stopper_module
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_a_stop_outside_a_range_ends_at_the_first_block_leaving_it(monkeypatch, native):
+    """The CPU thread arms it when a timer tick waits on a detour: emulation runs on through every block of
+    the stub's code and ends where the kernel's code resumes, before any of its instructions ran."""
+    from unicorn.x86_const import UC_X86_REG_RCX, UC_X86_REG_RIP
+
     detour, kernel, data = 0x10000, 0x20000, 0x30000
     ks = Ks(KS_ARCH_X86, KS_MODE_64)
     # the "detour": 50 passes through a loop of several blocks, then a jump back into the "kernel"
-    uc = Uc(UC_ARCH_X86, UC_MODE_64)
-    for base in (detour, kernel, data):
-        uc.mem_map(base, 0x1000)
+    uc, stopper_module = _stopper_cpu(monkeypatch, native, detour, kernel, data)
     # immediates in hex: once any AT&T source was assembled in the process, keystone's Intel mode reads `50` as 0x50
     uc.mem_write(detour, bytes(ks.asm(
         "mov ecx, 0x32; again: inc qword ptr [0x30000]; test ecx, 1; jz even; nop; even: dec ecx; jnz again;"
@@ -374,18 +381,11 @@ def test_a_stop_when_interruptible_ends_at_the_first_block_with_interrupts_on(mo
     """The CPU thread arms it when an interrupt waits for a CPU running with IF clear: emulation runs on through
     the code with interrupts off (however long it takes) and ends at the first block after they are on again,
     before any of its instructions ran, as a CPU takes a waiting interrupt after `sti` or `popf`."""
-    from unicorn import UC_ARCH_X86, UC_MODE_64, Uc
     from unicorn.x86_const import UC_X86_REG_EFLAGS, UC_X86_REG_RIP, UC_X86_REG_RSP
 
-    from kgtp_sim.machine import stopper as stopper_module
-
-    if not native:
-        monkeypatch.setattr(stopper_module, "add_native_hook", lambda *args: None)
     code, data, stack = 0x10000, 0x30000, 0x40000
     ks = Ks(KS_ARCH_X86, KS_MODE_64)
-    uc = Uc(UC_ARCH_X86, UC_MODE_64)
-    for base in (code, data, stack):
-        uc.mem_map(base, 0x1000)
+    uc, stopper_module = _stopper_cpu(monkeypatch, native, code, data, stack)
     # interrupts off: 30 passes through a loop of several blocks; on again by popf (the flags cli found), then by
     # sti after a second stretch with them off
     source = ("cli; mov ecx, 0x1e; again: inc qword ptr [0x30000]; test ecx, 1; jz even; nop; even: dec ecx;"
