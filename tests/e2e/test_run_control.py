@@ -70,14 +70,17 @@ def _kernel_runs(stub) -> None:
 
 def test_stopped_at_a_breakpoint_on_each_cpu_stepped_and_resumed_with_the_counters_exact(gdb, stub2):
     script = (*HELPERS, *_python(
-        "gdb.execute('set var stress_iterations = 20000')",
-        "generation = val('stress_completed') + 1",
-        "gdb.execute(f'set var stress_generation = {generation}')",
+        # the breakpoint in the kernel before the generation starts (GDB would insert it at `continue` only, by
+        # which time each CPU may have run all its rounds)
+        "gdb.execute('set breakpoint always-inserted on')",
         "bp = gdb.Breakpoint('stress_step')",
         # the first of a round's three calls (stress_a = stress_step(a, 1), before it changes stress_a): `finish`
         # returns to its line, `next` goes to the second call's line, `step` enters stress_step; stopped at the
         # third, `next` went on to spin_unlock_irqrestore's line
         "bp.condition = 'stress_b == 2 * stress_a'",
+        "gdb.execute('set var stress_iterations = 20000')",
+        "generation = val('stress_completed') + 1",
+        "gdb.execute(f'set var stress_generation = {generation}')",
         "seen = {}",
         "deadline = time.monotonic() + 120",
         "while len(seen) < 2:",
