@@ -1,5 +1,14 @@
-"""`python -m kgtp_sim`: the `kgtp-sim` command (cli.py), which runs on the main thread."""
+"""`python -m kgtp_sim`: the `kgtp-sim` command (cli.py), which runs on the main thread. `kgtp-sim gdbserver` with
+KGTP_SIM_WARM set is offered to that warm server (warm.py) before cli.py and its imports load."""
+
+import os
+import sys
+
+if sys.argv[1:2] == ["gdbserver"] and os.environ.get("KGTP_SIM_WARM"):
+    from .warm import launch
+
+    launch(os.environ["KGTP_SIM_WARM"], sys.argv[1:])  # returns only where no warm server listens
 
 from .cli import entry
 
-entry()
+entry(warm=False)  # offered above

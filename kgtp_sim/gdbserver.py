@@ -470,10 +470,10 @@ def main(argv: list[str]) -> int:
             os.dup2(2, 1)
             rsp.serve_pipe(read_fd, write_fd)
             return 0
-        print(f"Listening on port {port}", file=sys.stderr, flush=True)
         accept = threading.Thread(target=rsp.serve_forever, name="rsp-accept", daemon=True)
-        accept.start()
-        try:
+        try:  # Ctrl-C (SIGINT) from the line on, which is when a caller knows the server is there, ends it cleanly
+            print(f"Listening on port {port}", file=sys.stderr, flush=True)
+            accept.start()
             while not server.done.wait(0.5):
                 if server.machine.stats(count=False).state.startswith("crashed"):  # nothing will ever stop again
                     print(f"kgtp-sim gdbserver: the machine stopped: {server.machine.stats(count=False).state}",

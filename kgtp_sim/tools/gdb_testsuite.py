@@ -10,7 +10,10 @@ testsuite files or shell patterns relative to the testsuite (`gdb.trace/tfind.ex
 named sets `@trace` (every gdb.trace file, the default) and `@run-control` (RUN_CONTROL). Each board runs the files
 once per server with the same GDB (/usr/bin/gdb), the same board and the same flags; only `GDBSERVER=` differs:
 /usr/bin/gdbserver, or a wrapper script this module writes that runs `python -m kgtp_sim gdbserver "$@"` from this
-checkout. Each run's gdb.sum and gdb.log are copied to OUT/BOARD/SERVER/; the per-file counts of both servers side
+checkout. The stub's servers start warm (kgtp_sim/warm.py): a `kgtp-sim warm` server runs beside each of its runs
+(its start counted in the run's wall time) and every `kgtp-sim gdbserver` the board starts is a fork of it, the
+same command line and streams, some 0.25 s sooner than a cold start, 447 times in gdb.trace; `--cold` starts each
+one from scratch. Each run's gdb.sum and gdb.log are copied to OUT/BOARD/SERVER/; the per-file counts of both servers side
 by side, the tests that pass with one and not with the other (by name) and both wall times are printed and written
 to OUT/BOARD/summary.txt (and the table as Markdown to OUT/BOARD/summary.md).
 
@@ -53,6 +56,10 @@ status is non-zero only when nothing could run: a failing test is a result, not 
 machine's load, and one file more than the others: tspeed.exp sizes its loop by the clock and then traces it
 with a trap per iteration, so on a busy machine it runs into its 180 s timeouts (FAIL and UNRESOLVED, and many
 minutes) where an idle one passes it in seconds.
+
+Why this module is long: it is one harness from end to end (the Debian packages, the extracted tree and its build
+directories, the wrapper and the warm server, `make check`, gdb.sum's parsing, the side-by-side report), and its
+parts are only ever used together; the gate (gdb_testsuite_gate) reuses them.
 
 Threads: everything runs on the caller's thread; `make check` is a child process.
 """
@@ -513,6 +520,35 @@ class Cache:
         return wrapper
 
 
+@contextlib.contextmanager
+def warm_server(cache: Cache, nice: int = 10) -> Iterator[dict[str, str]]:
+    """`kgtp-sim warm` for one run (at make's niceness, so its forks run as cold servers would), its socket in the
+    cache; yields the environment that points the wrapper's `kgtp-sim gdbserver` at it. On leaving: the warm
+    server ends, and its count of launches is checked (none: every server started cold, the variable lost)."""
+    directory = cache.root / "warm"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    directory.chmod(0o700)
+    path = directory / "warm.sock"
+    venv = ROOT / ".venv" / "bin" / "python"
+    command = [str(venv) if venv.exists() else sys.executable, "-m", "kgtp_sim", "warm", "--socket", str(path)]
+    if nice:
+        command = ["nice", "-n", str(nice)] + command
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stderr.readline()
+        if not first.startswith("Warm on "):
+            raise Unavailable(f"`kgtp-sim warm` did not start: {first.strip() or proc.wait()}")
+        yield {"KGTP_SIM_WARM": str(path)}
+    finally:
+        proc.terminate()
+        rest = proc.communicate(timeout=60)[1]
+    launches = re.search(r"(\d+) launches", rest)
+    if launches is None or int(launches.group(1)) == 0:
+        raise RuntimeError(f"the warm server served no launch: {rest.strip()[-400:]}")
+
+
 def server_answers(program: Path | str) -> str | None:
     """None when `PROGRAM --help` succeeds, else why not (its last line of output)."""
     try:
@@ -545,8 +581,9 @@ def runtest_flags(board: str, gdbserver: str, files: Sequence[str]) -> str:
 
 
 def run_check(build: Path, board: str, server: str, gdbserver: str, files: Sequence[str], out: Path,
-              nice: int = 10) -> Run:
-    """One `make check` in BUILD; gdb.sum, gdb.log and make's output are copied to OUT."""
+              nice: int = 10, env: dict[str, str] | None = None) -> Run:
+    """One `make check` in BUILD (ENV added to its environment); gdb.sum, gdb.log and make's output are copied to
+    OUT."""
     for name in ("gdb.sum", "gdb.log"):
         (build / name).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -555,7 +592,8 @@ def run_check(build: Path, board: str, server: str, gdbserver: str, files: Seque
         command = ["nice", "-n", str(nice)] + command
     started = time.monotonic()
     with open(out / "make.out", "w") as make_out:
-        subprocess.run(command, cwd=build, stdout=make_out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        subprocess.run(command, cwd=build, stdout=make_out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                       env={**os.environ, **(env or {})})
     wall = time.monotonic() - started
     summary = build / "gdb.sum"
     if not summary.exists():
@@ -583,6 +621,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--install-only", action="store_true",
                         help="install the missing Debian packages the runs need, then exit (scripts/test)")
     parser.add_argument("--nice", type=int, default=10, help="niceness of make check (default: 10; 0: none)")
+    parser.add_argument("--cold", action="store_true",
+                        help="start every stub cold (by default they are forks of a `kgtp-sim warm` server, each "
+                             "some 0.25 s sooner)")
     parser.add_argument("files", nargs="*", metavar="FILES", default=["@trace"],
                         help="testsuite files or patterns (gdb.trace/tfind.exp, 'gdb.base/watch*.exp'), or @trace "
                              "(default) or @run-control")
@@ -623,9 +664,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"gdb-testsuite: {len(files)} files on {board} against {server} ({programs[server]})...",
                       file=sys.stderr, flush=True)
                 try:
-                    run = run_check(cache.build_dir(board, server), board, server, programs[server], files,
-                                    args.out / board / server, args.nice)
-                except (RuntimeError, subprocess.CalledProcessError) as exc:
+                    started = time.monotonic()
+                    with (warm_server(cache, args.nice) if server == "kgtp-sim" and not args.cold
+                          else contextlib.nullcontext({})) as env:
+                        run = run_check(cache.build_dir(board, server), board, server, programs[server], files,
+                                        args.out / board / server, args.nice, env)
+                    run.wall_s = time.monotonic() - started  # the warm server's start and end included
+                except (RuntimeError, Unavailable, subprocess.CalledProcessError) as exc:
                     print(f"gdb-testsuite: {server} on {board}: {exc}", file=sys.stderr)
                     skipped[server] = str(exc)
                     continue

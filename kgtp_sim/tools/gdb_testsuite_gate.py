@@ -48,6 +48,7 @@ from .gdb_testsuite import (
     run_check,
     source_version,
     stub_server,
+    warm_server,
 )
 
 #: The gate's files: each runs in seconds against the stub (eight, with schedlock, in 50 s on two cores with a fresh cache,
@@ -305,7 +306,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             server = stub_server(cache)
             print(f"gdb-testsuite --gate: {len(GATE)} files on {BOARD} against {SERVER}...", file=sys.stderr,
                   flush=True)
-            run = run_check(cache.build_dir(BOARD, SERVER), BOARD, SERVER, server, GATE, args.out)
+            with warm_server(cache, args.nice) as env:  # the servers forked warm, as the testsuite tool's are
+                run = run_check(cache.build_dir(BOARD, SERVER), BOARD, SERVER, server, GATE, args.out,
+                                args.nice, env)
         wall = time.monotonic() - started
     except (Unavailable, RuntimeError, subprocess.CalledProcessError) as exc:
         print(f"gdb-testsuite --gate: {exc}", file=sys.stderr)
