@@ -61,6 +61,16 @@ PRELOAD_MODULES = ("kgtp_sim.cli", "kgtp_sim.gdbserver", "kgtp_sim.programs", "k
                    "kgtp_sim.uc_native", "kgtp_sim.uc_paging", "capstone", "capstone.x86_const", "keystone",
                    "elftools.elf.elffile", "elftools.dwarf.descriptions")
 
+#: process-wide caches a server fills at its start or on first use, filled once here (each a function of no
+#: arguments, cached by functools): unicorn's internal offsets found on scratch CPUs, the host's rdtsc, the decoders
+WARM_UP = ("kgtp_sim.machine.syscall_entry:hflags_offset", "kgtp_sim.machine.syscall_entry:_hook_code",
+           "kgtp_sim.uc_native:old_exception_offset", "kgtp_sim.uc_native:tsc_offset_field",
+           "kgtp_sim.uc_native:pc_sync_flag_offset", "kgtp_sim.uc_paging:page_fault_error_offset",
+           "kgtp_sim.uc_paging:_disassembler", "kgtp_sim.machine.clock:native_rdtsc",
+           "kgtp_sim.machine.watchpoints:_disassembler", "kgtp_sim.machine.counters:_branch_kinds",
+           "kgtp_sim.tracing.patching.probes:disassembler", "kgtp_sim.tracing.patching.probes:_kinds",
+           "kgtp_sim.tracing.patching.fastpath:_status_flags")
+
 
 class WarmError(Exception):
     """The warm server cannot start (its socket's place is unsafe or taken)."""
@@ -129,7 +139,7 @@ def launch(path: str, argv: list[str]) -> None:
 # ---- the warm server -------------------------------------------------------------------------------------------
 
 def preload() -> None:
-    """Import what the gdbserver role and its sessions use (PRELOAD_*)."""
+    """Import what the gdbserver role and its sessions use (PRELOAD_*), and fill its caches (WARM_UP)."""
     import importlib
     import pkgutil
 
@@ -140,6 +150,13 @@ def preload() -> None:
                 importlib.import_module(info.name)
     for name in PRELOAD_MODULES:
         importlib.import_module(name)
+    for name in WARM_UP:
+        module, function = name.split(":")
+        getattr(importlib.import_module(module), function)()
+    from .client import paths
+    from .machine import KernelImage
+
+    KernelImage.preload(paths.VMLINUX)  # the bundled kernel, read once: each fork's server gets it as read
 
 
 def _private_directory(path: str) -> None:

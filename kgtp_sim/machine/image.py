@@ -85,9 +85,32 @@ class KernelImage:
 
     # ---- loading ---------------------------------------------------------------------------------------------
 
+    #: images read ahead by `preload`, by (path, size, mtime): each is handed to the first `load` of that file
+    _preloaded: dict[tuple[str, int, int], KernelImage] = {}
+
+    @classmethod
+    def preload(cls, path: str | Path) -> None:
+        """Read `path` now for a later `load` in this process or in its forks (warm.py: each fork's server is
+        handed the image its parent read, the parent's copy untouched by what the fork's machine does to it)."""
+        key = cls._file_key(Path(path))
+        if key is not None:
+            cls._preloaded[key] = cls.load(path)
+
+    @staticmethod
+    def _file_key(path: Path) -> tuple[str, int, int] | None:
+        try:
+            info = path.stat()
+        except OSError:
+            return None
+        return str(path.resolve()), info.st_size, info.st_mtime_ns
+
     @classmethod
     def load(cls, path: str | Path) -> KernelImage:
         path = Path(path)
+        if cls._preloaded:
+            key = cls._file_key(path)
+            if key is not None and key in cls._preloaded:
+                return cls._preloaded.pop(key)
         try:
             raw = path.read_bytes()
         except OSError as error:

@@ -186,11 +186,13 @@ def _pad4(data: bytes) -> bytes:
     return data + b"\0" * (-len(data) % 4)
 
 
-def _entry(name: str, mode: int, data: bytes, ino: int) -> bytes:
+def _entry(name: str, mode: int, data: bytes, ino: int) -> tuple[bytes, bytes, bytes]:
+    """A newc entry as its parts (header and name padded, the data, the data's padding): the archive is joined
+    once, its files' bytes copied once (a program's libraries are megabytes)."""
     encoded = name.encode() + b"\0"
     fields = (ino, mode, 0, 0, 2 if stat.S_ISDIR(mode) else 1, 0, len(data), 0, 0, 0, 0, len(encoded), 0)
     header = NEWC_MAGIC + b"".join(b"%08x" % value for value in fields)
-    return _pad4(header + encoded) + _pad4(data)
+    return _pad4(header + encoded), data, b"\0" * (-len(data) % 4)
 
 
 @dataclass
@@ -232,7 +234,7 @@ class Archive:
             while parent != "/":
                 directories.add(parent)
                 parent = posixpath.dirname(parent)
-        out = bytearray()
+        out: list[bytes] = []
         ino = 1
         for directory in sorted(directories):
             out += _entry(directory.lstrip("/"), stat.S_IFDIR | 0o755, b"", ino)
@@ -242,16 +244,17 @@ class Archive:
             out += _entry(path.lstrip("/"), mode, data, ino)
             ino += 1
         out += _entry(TRAILER, 0, b"", 0)
-        return bytes(out)
+        return b"".join(out)
 
 
-def unpack(archive: bytes) -> dict[str, tuple[int, bytes]]:
-    """The entries of a newc archive (name -> (mode, data)), up to its trailer: for tests and diagnostics."""
+def unpack(archive: bytes | memoryview) -> dict[str, tuple[int, bytes]]:
+    """The entries of a newc archive (name -> (mode, data)), up to its trailer: for tests and diagnostics; given
+    a memoryview, each data is a view into it (no copy)."""
     entries, offset = {}, 0
-    while offset + 110 <= len(archive) and archive[offset: offset + 6] == NEWC_MAGIC:
-        fields = [int(archive[offset + 6 + 8 * i: offset + 14 + 8 * i], 16) for i in range(13)]
+    while offset + 110 <= len(archive) and bytes(archive[offset: offset + 6]) == NEWC_MAGIC:
+        fields = [int(bytes(archive[offset + 6 + 8 * i: offset + 14 + 8 * i]), 16) for i in range(13)]
         mode, size, namesize = fields[1], fields[6], fields[11]
-        name = archive[offset + 110: offset + 110 + namesize - 1].decode()
+        name = bytes(archive[offset + 110: offset + 110 + namesize - 1]).decode()
         data_at = (offset + 110 + namesize + 3) & ~3
         if name == TRAILER:
             break

@@ -177,6 +177,11 @@ class Machine:
         """Run fn(uc) on the CPU thread between two instructions and return its result (or raise its error)."""
         return self._sched.run_on_cpu(fn)
 
+    def access(self, fn: Callable[[Uc], T]) -> T:
+        """run_on_cpu for an fn that only reads or writes the machine's state (no emulation, no waiting): on the
+        caller's thread while the CPU thread is parked (Scheduler.access)."""
+        return self._sched.access(fn)
+
     def send_interrupt(self, cpu: int, vector: int) -> None:
         """Raise `vector` on `cpu` from outside, as another CPU's IPI would (the debugger's wake-up of a task)."""
         self._sched.send_interrupt(cpu, vector)
@@ -228,7 +233,7 @@ class Machine:
             except UcError:
                 raise MemoryFault(address, length) from None
 
-        return self.run_on_cpu(read)
+        return self.access(read)
 
     def write_memory(self, address: int, data: bytes, space: AddressSpace | None = None) -> None:
         """Write memory as `space` (None: the kernel's) maps it (read-only text too, as a debugger does) and drop
@@ -245,7 +250,7 @@ class Machine:
                 raise MemoryFault(address, len(data), write=True) from None
             self.cpu.remove_cache(address, len(data), space)
 
-        self.run_on_cpu(write)
+        self.access(write)
 
     def on_cpu(self, index: int | None, fn: Callable[[Uc], T], stay: bool = True) -> T:
         """Run fn(uc) on the CPU thread with CPU `index`'s registers loaded (None: whichever is loaded). The CPU

@@ -173,7 +173,7 @@ class Processes:
         uc.mem_write(image.address_of("initrd_start"), struct.pack("<Q", start))
         uc.mem_write(image.address_of("initrd_size"), struct.pack("<Q", len(archive)))
         self.archive_size = len(archive)
-        self.files.update((path, _digest(data)) for path, (_mode, data) in unpack(archive).items())
+        self.files.update((path, _digest(data)) for path, (_mode, data) in unpack(memoryview(archive)).items())
 
     def set_terminals(self, fds: Sequence[int]) -> None:
         """Which of fds 0-2 are terminals on the machine's side (before boot): TCGETS answers there, as for a

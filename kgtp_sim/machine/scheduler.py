@@ -108,6 +108,10 @@ class Scheduler:
         self._requests: list[_Request] = []
         self._kicked = False
         self._in_emu = False
+        #: the CPU thread waits in its loop's wait for work, under `_cond`: a holder of `_cond` that sees it True
+        #: has the machine to itself (the CPU thread cannot return from the wait before the lock is released)
+        self._parked = False
+        self._holder: int | None = None  #: the thread running an fn of `access` while the CPU thread is parked
         self._stopping = False
         self.crash: str | None = None  #: why the machine stopped running the kernel, once it has
         self._thread: threading.Thread | None = None
@@ -341,14 +345,22 @@ class Scheduler:
 
     # ---- the CPU thread ----------------------------------------------------------------------------------
 
+    def _has_work(self) -> bool:
+        """What ends the CPU thread's wait (under `_cond`)."""
+        return bool(self._stopping or self._requests or self.control.stop_wanted or
+                    (not self.crash and self.any_runnable()))
+
     def _cpu_loop(self) -> None:
         cpu, control = self.cpu, self.control
         while True:
             with self._cond:
-                while not (self._stopping or self._requests or control.stop_wanted or
-                           (not self.crash and self.any_runnable())):
+                while not self._has_work():
                     idle_since = time.monotonic()
-                    self._cond.wait()
+                    self._parked = True
+                    try:
+                        self._cond.wait()
+                    finally:
+                        self._parked = False
                     if not control.stopped:
                         self.idle_s += time.monotonic() - idle_since
                 if self._stopping:
@@ -472,11 +484,32 @@ class Scheduler:
 
     def run_on_cpu(self, fn: Callable[[Uc], T]) -> T:
         """Run fn(uc) on the CPU thread between two instructions and return its result (or raise its error)."""
+        return self._post(fn, inline=False)
+
+    def access(self, fn: Callable[[Uc], T]) -> T:
+        """run_on_cpu for an `fn` that only reads or writes the machine's state (memory, registers, page tables:
+        no emulation, no wait for another thread). Where the CPU thread is parked (idle, or the machine stopped:
+        it waits for work), fn runs here instead, under the scheduler's lock, which holds the CPU thread in its
+        wait: the same exclusive use of the machine without two thread switches (a debugger's read of a stopped
+        process's memory took 0.18 ms through the CPU thread, 80% of it the hand-off). Where fn gave the CPU
+        thread work, it is woken to do it."""
+        return self._post(fn, inline=True)
+
+    def _post(self, fn: Callable[[Uc], T], inline: bool) -> T:
         thread = self._thread
-        if thread is None or threading.current_thread() is thread or not thread.is_alive():
+        if (thread is None or threading.current_thread() is thread or not thread.is_alive()
+                or self._holder == threading.get_ident()):  # (a call made by an fn that `access` runs here)
             return fn(self.cpu.uc)
         request = _Request(fn)
         with self._cond:
+            if inline and self._parked and not self._requests:
+                self._holder = threading.get_ident()
+                try:
+                    return fn(self.cpu.uc)
+                finally:
+                    self._holder = None
+                    if self._has_work():
+                        self._cond.notify_all()
             self._requests.append(request)
         self._kick()
         while not request.done.wait(_KICK_RETRY_S):

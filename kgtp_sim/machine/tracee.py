@@ -343,7 +343,7 @@ class Tracee:
     def event_message(self) -> int:
         """The message of the event it is stopped at (PTRACE_GETEVENTMSG): a fork's child pid, an exec's former tid."""
         self._require_stopped()
-        return self.machine.run_on_cpu(lambda uc: struct.unpack("<q", uc.mem_read(self.task + self.layout.result, 8))[0])
+        return self.machine.access(lambda uc: struct.unpack("<q", uc.mem_read(self.task + self.layout.result, 8))[0])
 
     def _require_stopped(self) -> PtraceStop:
         stop = self.stop
@@ -375,7 +375,7 @@ class Tracee:
             return (regs, self._u64(uc, self.task + layout.fsbase), self._u64(uc, self.task + layout.gsbase),
                     bytes(uc.mem_read(self.task + layout.fpu, 512)))
 
-        raw, fs_base, gs_base, fxsave = self.machine.run_on_cpu(read)
+        raw, fs_base, gs_base, fxsave = self.machine.access(read)
         values = dict(zip(PT_REGS, struct.unpack(f"<{len(PT_REGS)}Q", raw)))
         if values.pop("vector") not in SYSCALL_VECTORS:  # Linux's -1 in orig_ax for an entry by exception
             values["orig_rax"] = (1 << 64) - 1
@@ -388,14 +388,14 @@ class Tracee:
         """Its RIP (one read: what a stop's first look needs)."""
         self._require_stopped()
         offset = 8 * PT_REGS.index("rip")
-        return self.machine.run_on_cpu(lambda uc: self._u64(uc, self._regs_address(uc) + offset))
+        return self.machine.access(lambda uc: self._u64(uc, self._regs_address(uc) + offset))
 
     def set_pc(self, value: int) -> None:
         if value >= TASK_SIZE_MAX:
             raise MachineError(f"rip {value:#x} is outside the user half")
         self._require_stopped()
         offset = 8 * PT_REGS.index("rip")
-        self.machine.run_on_cpu(lambda uc: uc.mem_write(self._regs_address(uc) + offset, struct.pack("<Q", value)))
+        self.machine.access(lambda uc: uc.mem_write(self._regs_address(uc) + offset, struct.pack("<Q", value)))
 
     def write_registers(self, values: dict[str, int]) -> None:
         """Change the registers `values` names (as `registers` names them); cs, ss and the data segments stay the
@@ -422,7 +422,7 @@ class Tracee:
                 encode_fxsave(fxsave, values)
                 uc.mem_write(self.task + layout.fpu, bytes(fxsave))
 
-        self.machine.run_on_cpu(write)
+        self.machine.access(write)
 
     def siginfo(self) -> bytes:
         """The siginfo_t (128 bytes, Linux's x86_64 layout) of the signal it stopped with (PTRACE_GETSIGINFO), from
@@ -555,9 +555,9 @@ class Tracee:
             self.machine.cpu.remove_cache(address, length, space)
             return write
 
-        data = self.machine.run_on_cpu(access)
+        data = self.machine.access(access)
         if data is None and fault and address < TASK_SIZE_MAX and self.fault_in(address):
-            data = self.machine.run_on_cpu(access)
+            data = self.machine.access(access)
         return data
 
     # ---- run control -------------------------------------------------------------------------------------

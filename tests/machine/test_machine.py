@@ -132,6 +132,30 @@ def test_run_on_cpu_runs_on_the_cpu_thread_between_instructions(running):
         running.run_on_cpu(lambda uc: 1 // 0)
 
 
+def test_an_access_runs_on_the_callers_thread_while_the_cpu_thread_waits_and_holds_it_there(running):
+    """Machine.access: the machine stopped, the CPU thread waits for work, and a read runs on the caller's thread
+    (no hand-off); the CPU thread runs nothing meanwhile; an error is the caller's; resumed, the kernel goes on."""
+    jiffies = running.image.address_of("jiffies")
+    running.control.stop()
+    try:
+        def read(uc):
+            before = running.stats(count=False).context_switches
+            value = bytes(uc.mem_read(jiffies, 8))
+            return threading.current_thread().name, value, before == running.stats(count=False).context_switches
+
+        name, value, quiet = running.access(read)
+        assert name == threading.current_thread().name != "kgtp-cpu" and quiet
+        assert running.read_memory(jiffies, 8) == value  # stopped: nothing changed it since
+        with pytest.raises(ZeroDivisionError):
+            running.access(lambda uc: 1 // 0)
+        # what only the CPU thread may do still goes to it
+        assert running.run_on_cpu(lambda uc: threading.current_thread().name) == "kgtp-cpu"
+    finally:
+        running.control.resume()
+    start = int.from_bytes(value, "little")
+    eventually(lambda: int.from_bytes(running.read_memory(jiffies, 8), "little") > start, "jiffies stopped")
+
+
 def test_reads_while_running_are_coherent(running):
     """jiffies only grows, and the kernel keeps running while another thread hammers it with reads."""
     address = running.image.address_of("jiffies")
