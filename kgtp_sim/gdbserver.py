@@ -10,7 +10,9 @@ starts), `Child exited with status N`. The program's streams are relayed on this
 and this command's standard input is the program's (unless packets come on it), as gdbserver's inferior shares its
 terminal. Besides gdbserver's packets, the session has KGTP mode's tracing: tracepoints in the program (its own
 memory) and in the kernel under it, with `$inferior_pid` the program; its trace buffer and `$trace_timestamp` are
-gdbserver's (one buffer of the size GDB sets, its predefined clock variable: the tracer's `gdbserver` flavour).
+gdbserver's (one buffer of the size GDB sets, its predefined clock variable: the tracer's `gdbserver` flavour), and
+so are GDB's variable numbers: KGTP's special variables exist once declared by name (`tvariable $cpu_id`), or all
+of them, uploaded, with `--kgtp-variables` (stub/variables.py).
 Its environment is this
 command's, less the largest variables when the kernel's spawn request cannot hold them all (`fit_environment`: the
 variables left out are named on stderr).
@@ -20,7 +22,7 @@ process, and GDB's `target extended-remote` runs one with vRun: stub/extended.py
 a process already on the machine: only useful with a kernel that starts one itself; vAttach is the usual way),
 `--wrapper WRAPPER... --` (accepted, not run: the machine has no shell and starts the program directly, as
 `--no-startup-with-shell`), `--debug`/`--remote-debug`/`--debug-format=...` (more logging), and ours: `--cpus`,
-`--kernel`, `--hz`, `--engine`, `--with FILE` (repeatable: a host file packed too, such as a library the program only
+`--kernel`, `--hz`, `--engine`, `--kgtp-variables`, `--with FILE` (repeatable: a host file packed too, such as a library the program only
 dlopen()s, which gdbserver's program would find on the host: programs.named_files; found inside by its path;
 `$ORIGIN/NAME` is NAME beside the program, NAME maybe a pattern; a file named that is not there is an error before
 boot, one beside a program GDB runs fails that vRun). COMM is `[HOST]:PORT` (loopback unless HOST says otherwise) or
@@ -52,6 +54,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .rsp.session import Session
+    from .stub.variables import VariableNumbers
 
 USAGE = """\
 usage: kgtp-sim gdbserver [OPTIONS] COMM PROG [ARGS ...]
@@ -83,6 +86,10 @@ Options (the machine's):
                         PROG (and each program GDB runs), where a RUNPATH of
                         $ORIGIN finds it; NAME may be a pattern: '$ORIGIN/*.so'.
                         Nothing else of the host is reachable from inside.
+  --kgtp-variables      upload KGTP's special trace state variables ($cpu_id,
+                        $current_task_pid, ...) at connection; without it GDB
+                        sees gdbserver's $trace_timestamp, and a KGTP variable
+                        exists once declared by name: tvariable $cpu_id
 
 examples:
   gcc -g -o prog prog.c
@@ -118,6 +125,7 @@ class Options:
     hz: int = 100
     engine: str = "opt"
     with_files: list[str] = field(default_factory=list)  #: --with FILE, in order
+    kgtp_variables: bool = False  #: --kgtp-variables: KGTP's special variables uploaded, KGTP mode's numbering
 
 
 def parse(argv: list[str]) -> Options:
@@ -131,6 +139,8 @@ def parse(argv: list[str]) -> Options:
             break
         if name == "--once":
             options.once = True
+        elif name == "--kgtp-variables":
+            options.kgtp_variables = True
         elif name == "--multi":
             options.multi = True
         elif name in ("--debug", "--remote-debug", "--event-loop-debug") or name == "--debug-format":
@@ -311,7 +321,8 @@ class Server:
         if self.target.process is not None:
             self._process_changed(self.target.process)
         register_trace_commands(monitor, self.tracer)
-        self.trace = TraceHandlers(self.tracer, self.target.overlay, layout=amd64.LINUX)
+        self.trace = TraceHandlers(self.tracer, self.target.overlay, layout=amd64.LINUX,
+                                   numbers=None if self.options.kgtp_variables else gdbserver_numbers(self.tracer))
         process = ProcessHandlers(self.target, self.handlers.threads)
         self.extended = ExtendedHandlers(self.target, self.handlers.threads, extended=False)
         # vFile: the machine's files and its processes' /proc, never the host's
@@ -404,6 +415,16 @@ class Server:
 
     def shutdown(self) -> None:
         self.machine.shutdown()
+
+
+def gdbserver_numbers(tracer) -> VariableNumbers:
+    """GDB's variable numbers as gdbserver gives them (stub/variables.py): `$trace_timestamp` is 1, uploaded; the
+    tracer's other variables (KGTP's) only when declared by name; the user's above every number of the tracer."""
+    from .stub.variables import VariableNumbers
+    from .tracing.core.predefined import TRACE_TIMESTAMP
+
+    own = {v.name: v.number for v in tracer.definitions.variables.values() if v.builtin}
+    return VariableNumbers(own, {TRACE_TIMESTAMP: 1}, max(own.values(), default=0) + 1)
 
 
 def _say(line: str) -> None:

@@ -20,6 +20,7 @@ Pure: the table is constant; decoding runs wherever bytecode is verified or disa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -243,6 +244,25 @@ def encode(name: str, *operands: int, fmt: bytes | None = None) -> bytes:
     for width, value in zip(op.operands, operands):
         out += (value & ((1 << (8 * width)) - 1)).to_bytes(width, "big")
     return out
+
+
+#: the instructions whose operand is a trace state variable's number
+VARIABLE_OPS = ("getv", "setv", "tracev")
+
+
+def renumber_variables(code: bytes, number: Callable[[int], int]) -> bytes:
+    """`code` with the variable number of each getv, setv and tracev replaced by `number(old)` (a target whose
+    numbers are not GDB's: stub/variables.py). Bytecode that does not decode is returned as it is, for the
+    verifier to refuse with its own message."""
+    try:
+        insns = decode_all(code)
+    except DecodeError:
+        return code
+    out = bytearray(code)
+    for insn in insns:
+        if insn.name in VARIABLE_OPS:
+            out[insn.offset + 1: insn.offset + 3] = (number(insn.arg) & 0xFFFF).to_bytes(2, "big")
+    return bytes(out)
 
 
 def assemble(text: str) -> bytes:

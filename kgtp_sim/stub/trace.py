@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..rsp.dispatch import E_TRACE, Binary, Reply, RspError, handles
 from ..rsp.packets import trace as t
@@ -20,8 +20,10 @@ from ..tracing.core.builtins import CPU_ID
 from ..arch import amd64
 from ..tracing.core.frames import FrameView, TraceFrame
 from ..tracing.core.tfile import SavePathError, resolve_save_path, write_tfile
-from ..tracing.core.model import Definitions, VariableSpec
+from ..agent.opcodes import renumber_variables
+from ..tracing.core.model import Definitions, EvalExpression, VariableSpec
 from .overlay import FrameOverlay
+from .variables import VariableNumbers
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +41,16 @@ class TraceHandlers:
     #: frames' `R` blocks, in qTBuffer and tsave -r files, are one `g` packet's bytes of it, and a tsave -r file
     #: carries its description
     layout: amd64.RegisterLayout | None = None
+    #: GDB's variable numbers where they are not the tracer's (the gdbserver role: stub/variables.py); None: the
+    #: same numbers (KGTP mode, and the role with --kgtp-variables)
+    numbers: VariableNumbers | None = None
     _upload: list[bytes] = field(default_factory=list)
     _variables: list[bytes] = field(default_factory=list)
     _frames: list[TraceFrame] | None = None
     _selected: int | None = None
     _downloading: bool = False  # between QTinit and QTStart: qTSTMat names markers only then (see below)
     _markers: list[bytes] = field(default_factory=list)
+    _renumbered: set[tuple[int, int]] = field(default_factory=set)  # tracepoints whose bytecode has the tracer's
 
     def forget_session(self) -> None:
         """A debugger came or went: what one GDB selected or was downloading is not the next one's. A new GDB
@@ -61,6 +67,7 @@ class TraceHandlers:
         if self.tracer.running:
             self.tracer.stop(t.StopReason.STOP_COMMAND)
         self.tracer.definitions.clear_tracepoints()
+        self._renumbered.clear()
         self._select(None)
         self.views.end_replay()
         self._downloading = True
@@ -85,6 +92,8 @@ class TraceHandlers:
 
     def _arm_if_running(self, tracepoint) -> None:
         """InstallInTrace: a tracepoint GDB downloads during a run goes live once its last piece arrived."""
+        if self.tracer.running:
+            self._renumber(tracepoint)
         try:
             self.tracer.arm(tracepoint)
         except TraceError as error:
@@ -124,8 +133,58 @@ class TraceHandlers:
             self.tracer.check_variable(packet.name)  # KGTP's per-CPU forms: no copy of a missing CPU
         except ValueError as error:
             raise RspError(E_TRACE, str(error)) from None
-        self.tracer.definitions.define_variable(packet)
+        spec: VariableSpec = packet
+        if self.numbers is not None:
+            spec = VariableSpec(self.numbers.declare(packet.number, packet.name), packet.value, packet.builtin,
+                                packet.name)
+        self.tracer.definitions.define_variable(spec)
         return b"OK"
+
+    # ---- GDB's variable numbers and the tracer's (self.numbers) ------------------------------------------------
+
+    def _renumber(self, tracepoint) -> None:
+        """A tracepoint's bytecode in the tracer's numbers (once: GDB's at download, the tracer's from now on)."""
+        if self.numbers is None or tracepoint.key in self._renumbered:
+            return
+        self._renumbered.add(tracepoint.key)
+        tracepoint.condition, tracepoint.actions, tracepoint.stepping_actions = _renumbered(
+            tracepoint, self.numbers.tracer)
+
+    def _wire_pieces(self) -> list[bytes]:
+        """qTfP's pieces in GDB's numbers."""
+        definitions = self.tracer.definitions
+        if self.numbers is None or not self._renumbered:
+            return upload_pieces(definitions)
+        numbers = self.numbers
+
+        def back(number: int) -> int:
+            wire = numbers.wire(number)
+            return number if wire is None else wire
+
+        shown = Definitions(read_only=definitions.read_only)
+        for key, tracepoint in definitions.tracepoints.items():
+            if key in self._renumbered:
+                condition, actions, stepping = _renumbered(tracepoint, back)
+                tracepoint = replace(tracepoint, condition=condition, actions=actions, stepping_actions=stepping)
+            shown.tracepoints[key] = tracepoint
+        return upload_pieces(shown)
+
+    def _wire_variables(self) -> list[bytes]:
+        """qTfV's replies in GDB's numbers: only the variables GDB has a number for, where they differ."""
+        definitions = self.tracer.definitions
+        if self.numbers is None:
+            return upload_variables(definitions, newest_first=self.tracer.gdbserver)
+        shown = Definitions()
+        for number, wire in self.numbers.uploaded(definitions.variables):
+            variable = definitions.variables[number]
+            shown.variables[wire] = replace(variable, number=wire)
+        return upload_variables(shown, newest_first=self.tracer.gdbserver)
+
+    def _wire_frame(self, frame: TraceFrame, size: int) -> bytes:
+        """A frame as qTBuffer and tsave -r give it, its variables in GDB's numbers."""
+        if self.numbers is None:
+            return self.tracer.saved_frame(frame, size)
+        return self.tracer.saved_frame(frame, size, renumber=self.numbers.wire)
 
     @handles(t.ReadOnlyRegions)
     def read_only_regions(self, packet: t.ReadOnlyRegions) -> Reply:
@@ -172,6 +231,8 @@ class TraceHandlers:
         self._select(None)
         self.views.end_replay()
         self._downloading = False
+        for tracepoint in self.tracer.definitions.tracepoints.values():  # GDB has sent every variable by now
+            self._renumber(tracepoint)
         try:
             self.tracer.start()
         except TraceError as error:
@@ -203,7 +264,7 @@ class TraceHandlers:
 
     @handles(t.FirstTracepointPiece)
     def first_tracepoint_piece(self, packet: t.FirstTracepointPiece) -> Reply:
-        self._upload = upload_pieces(self.tracer.definitions)
+        self._upload = self._wire_pieces()
         return self._next_piece(self._upload)
 
     @handles(t.NextTracepointPiece)
@@ -212,7 +273,7 @@ class TraceHandlers:
 
     @handles(t.FirstTraceVariable)
     def first_variable(self, packet: t.FirstTraceVariable) -> Reply:
-        self._variables = upload_variables(self.tracer.definitions, newest_first=self.tracer.gdbserver)
+        self._variables = self._wire_variables()
         return self._next_piece(self._variables)
 
     @handles(t.NextTraceVariable)
@@ -225,18 +286,23 @@ class TraceHandlers:
 
     @handles(t.QueryTraceVariable)
     def variable_value(self, packet: t.QueryTraceVariable) -> Reply:
+        number = packet.number
+        if self.numbers is not None:
+            number = self.numbers.known(packet.number)
+            if number is None:  # a variable GDB never declared: unknown, as gdbserver answers one it lacks
+                return t.encode_trace_variable_value(None)
         replay = self.views.replay
         if replay is not None or (self._selected is not None and self._frames is not None):
             frame = replay.frame if replay is not None else self._frames[self._selected]  # type: ignore[index]
             # a frame may hold a variable twice (`collect $v += 1` traces it when read and when set): KGTP
             # answers the first (gtp_rb_traceframe_get_tv), gdbserver the last (traceframe_read_tsv)
-            values = [value for number, value in frame.tsv_values() if number == packet.number]
+            values = [value for tracer, value in frame.tsv_values() if tracer == number]
             if values:
                 return t.encode_trace_variable_value(values[-1] if self.tracer.gdbserver else values[0])
-            if packet.number == CPU_ID:  # KGTP answers $cpu_id from the frame itself (gtp_rb_traceframe_get_tv)
+            if number == CPU_ID:  # KGTP answers $cpu_id from the frame itself (gtp_rb_traceframe_get_tv)
                 return t.encode_trace_variable_value(frame.cpu)
             return t.encode_trace_variable_value(None)
-        return t.encode_trace_variable_value(self.tracer.variable_value(packet.number))
+        return t.encode_trace_variable_value(self.tracer.variable_value(number))
 
     # ---- frames ----------------------------------------------------------------------------------------------
 
@@ -305,7 +371,10 @@ class TraceHandlers:
         if self._selected is None or self._frames is None:
             raise RspError(E_TRACE, "no trace frame selected")
         frame = self._frames[self._selected]
-        document = t.encode_traceframe_info(frame.memory_ranges(), frame.tsv_numbers())
+        numbers = frame.tsv_numbers()
+        if self.numbers is not None:
+            numbers = [wire for _tracer, wire in self.numbers.uploaded(numbers)]
+        document = t.encode_traceframe_info(frame.memory_ranges(), numbers)
         return Binary(t.encode_qxfer_chunk(document, packet.offset, packet.length))
 
     @handles(t.ReadTraceBuffer)
@@ -318,7 +387,7 @@ class TraceHandlers:
 
     def _saved_frames(self) -> bytes:
         size = amd64.G_PACKET_SIZE if self.layout is None else self.layout.size
-        return b"".join(self.tracer.saved_frame(frame, size) for frame in self.tracer.frames())
+        return b"".join(self._wire_frame(frame, size) for frame in self.tracer.frames())
 
     # ---- static tracepoint markers -------------------------------------------------------------------------
 
@@ -376,8 +445,8 @@ class TraceHandlers:
                 path,
                 regblock_size=amd64.G_PACKET_SIZE if self.layout is None else self.layout.size,
                 status_reply=t.encode_trace_status(tracer.status()),
-                variables=upload_variables(tracer.definitions),
-                tracepoints=upload_pieces(tracer.definitions),
+                variables=self._wire_variables(),
+                tracepoints=self._wire_pieces(),
                 usage=usage,
                 tdesc=amd64.target_xml() if self.layout is None else self.layout.target_xml(),
                 frames=self._saved_frames(),
@@ -385,6 +454,17 @@ class TraceHandlers:
         except OSError as error:
             raise RspError(E_TRACE, f"cannot write {path}: {error.strerror}", text=True) from None
         return b"OK"
+
+
+def _renumbered(tracepoint, number) -> tuple[bytes | None, list, list]:
+    """A tracepoint's condition, actions and while-stepping actions, its bytecode's variables renumbered."""
+    def actions(listed: list) -> list:
+        return [EvalExpression(renumber_variables(a.bytecode, number)) if isinstance(a, EvalExpression) else a
+                for a in listed]
+
+    condition = tracepoint.condition
+    return (None if condition is None else renumber_variables(condition, number), actions(tracepoint.actions),
+            actions(tracepoint.stepping_actions))
 
 
 def upload_pieces(definitions: Definitions) -> list[bytes]:

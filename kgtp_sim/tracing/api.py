@@ -7,6 +7,7 @@ status is a `TraceStatus`. Called from the server thread.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from ..arch import amd64
@@ -70,9 +71,10 @@ class TracerApi(Protocol):
         """A consuming reader took each CPU's frames created up to its sequence in `through` (cpu -> sequence):
         they leave the buffer."""
 
-    def saved_frame(self, frame: TraceFrame, regblock_size: int = amd64.G_PACKET_SIZE) -> bytes:
+    def saved_frame(self, frame: TraceFrame, regblock_size: int = amd64.G_PACKET_SIZE,
+                    renumber: Callable[[int], int | None] | None = None) -> bytes:
         """The frame's bytes as a trace file holds them, its `R` blocks of `regblock_size` bytes (the register
-        file GDB reads: one `g` packet)."""
+        file GDB reads: one `g` packet), each variable numbered `renumber(number)` (None: left out) if given."""
 
     def markers(self) -> list[Marker]: ...
 

@@ -626,7 +626,8 @@ class Tracer:
         self._between_hits(lambda: dropped.append(ring.consume(through)))
         return dropped[0]
 
-    def saved_frame(self, frame: TraceFrame, regblock_size: int = amd64.G_PACKET_SIZE) -> bytes:
+    def saved_frame(self, frame: TraceFrame, regblock_size: int = amd64.G_PACKET_SIZE,
+                    renumber: Callable[[int], int | None] | None = None) -> bytes:
         """The frame as `tsave` gets it (qTBuffer, tsave -r): in GDB's blocks, with when and where it was committed,
         without its static-data block.
 
@@ -639,13 +640,19 @@ class Tracer:
         and one such block makes every register and memory read of that frame fail after `target tfile`. So
         saved files carry the frame's registers, memory and variables; `$_sdata` is read live (qXfer) or through
         `monitor sdata`, rendered the same way.
+
+        `renumber`: each variable's number as the reader knows it (stub/variables.py), None to leave it out.
         """
         blocks = tuple(b.expanded() if isinstance(b, CompactRegisters) else b
                        for b in frame.blocks if not isinstance(b, StaticBlock))
         collected = {b.number for b in blocks if isinstance(b, TsvBlock)}  # gdbserver's files: what was collected
         stamps = () if self.gdbserver else ((CPU_ID, frame.cpu), (CLOCK, tsc_to_clock(self.tsc, frame.timestamp)))
-        return encode_frame(frame.tracepoint, blocks + tuple(TsvBlock(number, value) for number, value in stamps
-                                                             if number not in collected), regblock_size)
+        blocks += tuple(TsvBlock(number, value) for number, value in stamps if number not in collected)
+        if renumber is not None:
+            blocks = tuple(b if not isinstance(b, TsvBlock) else None if renumber(b.number) is None
+                           else TsvBlock(renumber(b.number), b.value) for b in blocks)
+            blocks = tuple(b for b in blocks if b is not None)
+        return encode_frame(frame.tracepoint, blocks, regblock_size)
 
     def markers(self) -> list[Marker | SdtMarker]:
         """The kernel's markers, then the program's SDT probes (the gdbserver role's process, `user_space`)."""

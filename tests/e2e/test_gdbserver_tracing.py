@@ -280,6 +280,7 @@ def test_program_and_kernel_tracepoints_share_one_buffer_in_time_order(programs,
         f"add-symbol-file {VMLINUX}",
         "break main", "continue",
         "trace add", "actions", "collect a", "end",
+        "tvariable $current_task_pid",  # KGTP's, declared by its name (gdbserver's numbering: stub/variables.py)
         f"trace do_syscall if $current_task_pid == {pid}", "actions", "collect $current_task_pid", "collect $regs",
         "collect regs->orig_ax", "end",
         "break 29", "tstart", "continue", "tstop", "tstatus", *frames_listing(),

@@ -38,8 +38,9 @@ class Gdb:
     """An in-process gdbserver role on the program, and its session as GDB would feed it."""
 
     def __init__(self, program, cpus: int, engine: str = "opt") -> None:
+        # KGTP's variables by KGTP's numbers, as `--kgtp-variables` uploads them (the tests speak those numbers)
         self.server = Server(Options(comm="stdio", program=[str(program), str(cpus)], cpus=cpus, hz=1000,
-                                     engine=engine))
+                                     engine=engine, kgtp_variables=True))
         self.server.start()
         self.session = self.server.make_session()
         self.server.on_connect()

@@ -116,7 +116,9 @@ class ProcessRunner(Driver):
 
     def harness(self, cpus: int) -> Harness:
         if cpus not in self.harnesses:
-            server = Server(Options(comm="stdio", program=[str(self.binary), str(cpus)], cpus=cpus))
+            # KGTP's variables by KGTP's numbers (the walk's bytecode names them so): `--kgtp-variables`
+            server = Server(Options(comm="stdio", program=[str(self.binary), str(cpus)], cpus=cpus,
+                                    kgtp_variables=True))
             try:
                 server.start()
                 harness = Harness(server)
