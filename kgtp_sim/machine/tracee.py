@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import struct
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,7 +59,7 @@ from unicorn import x86_const as X
 from .errors import MachineError
 from .int3s import DEBUGGER
 from .layout import PAGE_SIZE
-from .process import REQUEST_PTRACE_ATTACH
+from .process import EXIT_ZOMBIE, REQUEST_PTRACE_ATTACH, TASK_DEAD
 from .tasks import live_tasks
 
 PORT_PTRACE = 0xE8
@@ -571,8 +572,28 @@ class Tracee:
         return serial
 
     def detach(self, signal: int = 0) -> None:
-        """Let it go on untraced (PTRACE_DETACH), taking `signal`; a running one is stopped first."""
-        self._stopped_then(PTRACE_DETACH, signal & 0x7F)
+        """Let it go on untraced (PTRACE_DETACH), taking `signal`; a running one is stopped first. Returns once it
+        is untraced, as Linux's PTRACE_DETACH does: here the task serves the request itself, on its CPU, and an
+        attach that came before it had (GDB's `detach` then `attach PID` at once) found it still traced, took its
+        other threads and waited for a stop this one never made."""
+        if self._stopped_then(PTRACE_DETACH, signal & 0x7F):
+            self._wait_untraced()
+
+    def _wait_untraced(self) -> None:
+        """Until its `ptrace` word is clear or its task is gone (nothing in the kernel tells the machine: looked
+        at every half millisecond, for at most REQUEST_TIMEOUT)."""
+        layout = self.layout
+
+        def traced(uc: Any) -> bool:
+            state = struct.unpack("<q", uc.mem_read(self.task + layout.state, 8))[0]
+            word = struct.unpack("<i", uc.mem_read(self.task + layout.ptrace, 4))[0]
+            return bool(word) and state not in (EXIT_ZOMBIE, TASK_DEAD)
+
+        deadline = time.monotonic() + REQUEST_TIMEOUT
+        while self.machine.access(traced):
+            if time.monotonic() > deadline:
+                raise MachineError(f"process {self.pid} did not leave the debugger in {REQUEST_TIMEOUT:g} s")
+            time.sleep(0.0005)
 
     def kill(self) -> None:
         """End it (PTRACE_KILL, or SIGKILL's effect on a running one: stopped at once, then ended)."""

@@ -78,7 +78,11 @@ def _session(multi, kind: str, gdb: GdbClient, program: Path | None, commands: l
         out = extended_session(gdb, program, server.listening(), [*commands, "monitor exit"], before)
     except AssertionError as error:
         raise AssertionError(f"{error}\n---- the server printed:\n{server.text()}") from None
-    assert server.wait() == 0, server.text()
+    try:
+        status = server.wait()
+    except AssertionError as error:  # GDB's session is what tells why it left without `monitor exit`
+        raise AssertionError(f"{error}\n---- GDB printed:\n{out}") from None
+    assert status == 0, server.text()
     return out, server
 
 
