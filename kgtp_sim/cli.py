@@ -148,13 +148,9 @@ def entry(warm: bool = True) -> None:
         warm_start.launch(os.environ["KGTP_SIM_WARM"], sys.argv[1:])  # returns only where none listens
     status = main()
     if sys.argv[1:2] and sys.argv[1] in _QUICK_EXIT:
-        logging.shutdown()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(status)
+        from .warm import leave
+
+        leave(status)
     sys.exit(status)
 
 

@@ -271,6 +271,12 @@ def _child(conn: socket.socket, request: dict, fds: list[int], inherited: list[i
 
         traceback.print_exc()
         status = 1
+    leave(status)
+
+
+def leave(status: int) -> None:
+    """End the process with `status` without the interpreter's teardown (cli.entry's way out of the gdbserver role
+    and `run`, and a fork's here): logging shut down and the standard streams flushed first."""
     import logging
 
     logging.shutdown()
@@ -279,7 +285,7 @@ def _child(conn: socket.socket, request: dict, fds: list[int], inherited: list[i
             stream.flush()
         except (OSError, ValueError):
             pass
-    os._exit(status)  # as cli.entry leaves the gdbserver role: without the interpreter's teardown
+    os._exit(status)
 
 
 def _reopen_streams() -> None:

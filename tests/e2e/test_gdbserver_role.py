@@ -89,13 +89,13 @@ class Server:
     """A gdbserver as a child process, ours (`kgtp-sim gdbserver`) or Debian's: every line it printed on stdout and
     on stderr, read by one daemon thread per stream from the start, and waited for as events."""
 
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> None:
         self.argv = argv
         # PYTHONFAULTHANDLER: ours prints every thread's stack on SIGABRT, which `wait` sends to a server that
         # does not end (what it was doing is then in the failure)
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                                     env=dict(os.environ, PYTHONFAULTHANDLER="1"))
+                                     stderr=subprocess.PIPE, text=True, cwd=cwd,
+                                     env=dict(os.environ, PYTHONFAULTHANDLER="1", **(env or {})))
         self.out: dict[str, list[str]] = {"stdout": [], "stderr": []}
         self._changed = threading.Condition()
         self._open = 2

@@ -17,7 +17,6 @@ import signal
 import socket
 import struct
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -26,53 +25,23 @@ import pytest
 from kgtp_sim.client import ROOT, kgtp_command
 
 from ..programs import compile_program
-from .test_gdbserver_role import run_session
+from .test_gdbserver_role import Server, run_session
 
 pytestmark = pytest.mark.gdb
 
 WAIT_S = 60
 
 
-class Launched:
-    """`kgtp-sim gdbserver ...` as a child process (warm when `env` names a warm server): its lines on both streams,
-    read from the start by a thread each."""
+class Launched(Server):
+    """`kgtp-sim gdbserver ...` as a child process (warm when `env` names a warm server), from `cwd`: its lines on
+    both streams (test_gdbserver_role's Server)."""
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
-        self.proc = subprocess.Popen(kgtp_command("gdbserver", *argv), stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-                                     env={**os.environ, "PYTHONPATH": str(ROOT), **env})
-        self.out: dict[str, list[str]] = {"stdout": [], "stderr": []}
-        self._changed = threading.Condition()
-        self._open = 2
-        for name in self.out:
-            threading.Thread(target=self._drain, args=(name,), daemon=True).start()
-
-    def _drain(self, name: str) -> None:
-        for line in getattr(self.proc, name):
-            with self._changed:
-                self.out[name].append(line.rstrip("\n"))
-                self._changed.notify_all()
-        with self._changed:
-            self._open -= 1
-            self._changed.notify_all()
-
-    def wait_line(self, pattern: str) -> re.Match:
-        deadline = time.monotonic() + WAIT_S
-        with self._changed:
-            while True:
-                for line in self.out["stderr"]:
-                    if found := re.search(pattern, line):
-                        return found
-                if not self._open or time.monotonic() > deadline:
-                    raise AssertionError(f"never printed {pattern!r}: {self.out}")
-                self._changed.wait(deadline - time.monotonic())
+        super().__init__(kgtp_command("gdbserver", *argv), {"PYTHONPATH": str(ROOT), **env}, cwd)
 
     def end(self) -> int:
         """Its exit status once both streams reached their end."""
-        status = self.proc.wait(WAIT_S)
-        with self._changed:
-            assert self._changed.wait_for(lambda: not self._open, WAIT_S)
-        return status
+        return self.wait()
 
     def stop(self) -> None:
         if self.proc.poll() is None:
