@@ -209,11 +209,11 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
         if size > MAX_REQUEST:
             raise ValueError("a request too long")
         body = data[4:]
-        while len(body) < size:
-            chunk = conn.recv(min(65536, size - len(body)))
-            if not chunk:
+        if len(body) < size:
+            rest = _read_exact(conn, size - len(body))
+            if rest is None:
                 raise ValueError("a request cut short")
-            body += chunk
+            body += rest
         request = json.loads(body[:size])
         argv, cwd, env = request["argv"], request["cwd"], request["env"]
         if (not isinstance(argv, list) or not all(isinstance(a, str) for a in argv) or argv[:1] != ["gdbserver"]

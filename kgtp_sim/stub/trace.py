@@ -182,9 +182,7 @@ class TraceHandlers:
 
     def _wire_frame(self, frame: TraceFrame, size: int) -> bytes:
         """A frame as qTBuffer and tsave -r give it, its variables in GDB's numbers."""
-        if self.numbers is None:
-            return self.tracer.saved_frame(frame, size)
-        return self.tracer.saved_frame(frame, size, renumber=self.numbers.wire)
+        return self.tracer.saved_frame(frame, size, renumber=None if self.numbers is None else self.numbers.wire)
 
     @handles(t.ReadOnlyRegions)
     def read_only_regions(self, packet: t.ReadOnlyRegions) -> Reply:

@@ -649,9 +649,15 @@ class Tracer:
         stamps = () if self.gdbserver else ((CPU_ID, frame.cpu), (CLOCK, tsc_to_clock(self.tsc, frame.timestamp)))
         blocks += tuple(TsvBlock(number, value) for number, value in stamps if number not in collected)
         if renumber is not None:
-            blocks = tuple(b if not isinstance(b, TsvBlock) else None if renumber(b.number) is None
-                           else TsvBlock(renumber(b.number), b.value) for b in blocks)
-            blocks = tuple(b for b in blocks if b is not None)
+            kept = []
+            for block in blocks:
+                if isinstance(block, TsvBlock):
+                    number = renumber(block.number)
+                    if number is None:
+                        continue
+                    block = TsvBlock(number, block.value)
+                kept.append(block)
+            blocks = tuple(kept)
         return encode_frame(frame.tracepoint, blocks, regblock_size)
 
     def markers(self) -> list[Marker | SdtMarker]:

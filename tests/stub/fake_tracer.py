@@ -103,7 +103,8 @@ class FakeTracer:
     def frames(self) -> list[TraceFrame]:
         return list(self.recorded)
 
-    def saved_frame(self, frame: TraceFrame, regblock_size: int = amd64.G_PACKET_SIZE) -> bytes:
+    def saved_frame(self, frame: TraceFrame, regblock_size: int = amd64.G_PACKET_SIZE, renumber=None) -> bytes:
+        assert renumber is None, "the fake tracer's frames keep their numbers (KGTP mode's handlers)"
         return frame.to_gdb(regblock_size)
 
     def markers(self) -> list[Marker]:
