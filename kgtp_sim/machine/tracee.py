@@ -436,6 +436,11 @@ class Tracee:
         slot = (self.task - self.machine.image.address_of("tasks")) // self.layout.size - first
         return self.machine.read_memory(states + slot * size + last, 128)
 
+    def signal_code(self) -> int:
+        """The si_code of the signal it stopped with: SI_KERNEL (0x80) for an int3's SIGTRAP, TRAP_TRACE (2) for a
+        single step's, SI_USER (0) for one sent by kill() or an exec (Linux's x86 values)."""
+        return struct.unpack_from("<i", self.siginfo(), 8)[0]
+
     # ---- memory ------------------------------------------------------------------------------------------
 
     def _space(self, uc: Any) -> Any:

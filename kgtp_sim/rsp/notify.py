@@ -6,7 +6,8 @@ it stays first in the queue. GDB then drains the queue with `vStopped`: each one
 and is answered with the next, or `OK` once the queue is empty, which lets the next stop be announced again. `?` in
 non-stop queues the reply of every stopped thread and is answered as a `vStopped` is, without dropping anything
 (gdbserver's handle_status). Nothing is resent: a notification is not acknowledged, and GDB asks for whatever it
-has not had with `vStopped`.
+has not had with `vStopped`. Each reply is queued with the thread it is of: until GDB has taken it, a resumption
+leaves that thread stopped (`held`: gdbserver's in_queued_stop_replies), since GDB does not know yet it stopped.
 
 Sans-IO and pure: one queue per connection, used on that connection's server thread (`Session.poll` pushes, the
 `vStopped` and `?` handlers take).
@@ -28,13 +29,14 @@ STOP = b"Stop"
 class StopNotifications:
     """The stop replies GDB has not taken yet, first to last."""
 
-    queue: deque[bytes] = field(default_factory=deque)
+    #: each reply with the thread it is of (None: a process's end)
+    queue: deque[tuple[bytes, int | None]] = field(default_factory=deque)
 
-    def push(self, reply: bytes) -> bytes:
-        """Queue `reply`: the notification to send now (`%Stop:reply#cs`) when the queue was empty (gdbserver:
-        notif_push), nothing otherwise (GDB will ask for it with vStopped)."""
+    def push(self, reply: bytes, thread: int | None = None) -> bytes:
+        """Queue `reply` (of `thread`): the notification to send now (`%Stop:reply#cs`) when the queue was empty
+        (gdbserver: notif_push), nothing otherwise (GDB will ask for it with vStopped)."""
         first = not self.queue
-        self.queue.append(reply)
+        self.queue.append((reply, thread))
         return encode_notification(STOP + b":" + reply) if first else b""
 
     def ack(self) -> bytes:
@@ -45,13 +47,17 @@ class StopNotifications:
 
     def first(self) -> bytes:
         """The first reply queued, or OK when none is (notif_write_event)."""
-        return self.queue[0] if self.queue else b"OK"
+        return self.queue[0][0] if self.queue else b"OK"
 
-    def status(self, replies: Iterable[bytes]) -> bytes:
-        """`?`: every stopped thread's reply queued behind those already there, the answer the first of all (or OK:
-        no thread is stopped)."""
+    def status(self, replies: Iterable[tuple[bytes, int | None]]) -> bytes:
+        """`?`: every stopped thread's reply (with its thread) queued behind those already there, the answer the
+        first of all (or OK: no thread is stopped)."""
         self.queue.extend(replies)
         return self.first()
+
+    def held(self) -> frozenset[int]:
+        """The threads whose stop GDB has not taken yet: a resumption leaves them stopped (in_queued_stop_replies)."""
+        return frozenset(thread for _, thread in self.queue if thread is not None)
 
     def clear(self) -> None:
         """A new debugger: what the last one left untaken is dropped (gdbserver: discard_queued_stop_replies)."""

@@ -52,9 +52,9 @@ class Session:
     async_stop: Callable[[], bytes | None] = lambda: None
     #: whether a packet and its reply end the session (closing once the reply is out)
     ends_session: Callable[[bytes, Reply], bool] = ends_with_the_process
-    #: non-stop: the stop replies of the stops since the last call, each queued as a `%Stop` notification (empty in
-    #: all-stop, where `async_stop` answers the resumption)
-    stop_events: Callable[[], list[bytes]] = lambda: []
+    #: non-stop: the stop replies of the stops since the last call, each with the thread it is of (None: a process's
+    #: end), queued as `%Stop` notifications (empty in all-stop, where `async_stop` answers the resumption)
+    stop_events: Callable[[], list[tuple[bytes, int | None]]] = lambda: []
     #: the queue behind `%Stop` (the vStopped and `?` handlers take from it)
     notifications: StopNotifications = field(default_factory=StopNotifications)
     #: Ctrl-C while no resumption waits for its reply: non-stop's interrupt (gdbserver's request_interrupt, the
@@ -108,7 +108,7 @@ class Session:
         """The bytes to send when the target may have stopped by itself: in non-stop, a `%Stop` notification when
         the first of its new stops opens the queue; in all-stop its stop reply, once, if a resumption waits for
         it; nothing otherwise."""
-        out = b"".join(self.notifications.push(reply) for reply in self.stop_events())
+        out = b"".join(self.notifications.push(reply, thread) for reply, thread in self.stop_events())
         if not self.waiting_for_interrupt:
             return out
         stop = self.async_stop()

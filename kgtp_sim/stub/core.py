@@ -187,8 +187,9 @@ class TargetHandlers:
         """The session's reply when the target stopped by itself after a deferred `c` (None: it runs on)."""
         return self.run.pending_stop()
 
-    def stop_events(self) -> list[bytes]:
-        """The session's non-stop stops, as stop replies for `%Stop` notifications ([] in all-stop)."""
+    def stop_events(self) -> list[tuple[bytes, int | None]]:
+        """The session's non-stop stops, as stop replies (with their threads) for `%Stop` notifications ([] in
+        all-stop)."""
         return self.run.stop_events()
 
     def interrupt_running(self) -> None:

@@ -33,7 +33,7 @@ Runs on the server thread, as every handler; the stop listener (`notify_stops`) 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from ..agent.verify import Program
@@ -475,9 +475,9 @@ class Inferior(Target, RegisterWrites, MemoryWrites, Resume, Breakpoints, Breakp
             process.set_non_stop(on)
         self._non_stop = on
 
-    def resume_threads(self, actions: Sequence[ResumeAction]) -> None:
+    def resume_threads(self, actions: Sequence[ResumeAction], held: Collection[int] = ()) -> None:
         for process in self._resumed_by(actions):
-            process.resume_threads(actions)
+            process.resume_threads(actions, held)
 
     def stop_events(self) -> list[Stop]:
         events = []

@@ -9,7 +9,9 @@ run control; it lends the target interface's `NonStop` extension (stub/target.py
   its signal), a running one named goes on as it is; a `t` action asks a running thread to stop quietly, and that
   stop is its event, with signal 0 (linux-low's resume_stop: a SIGSTOP reported as GDB_SIGNAL_0); a thread that is
   stopped already is left as it is (gdbserver reports nothing for it). A thread with an event GDB has not heard of
-  yet (met under all-stop) is not resumed: its event is reported.
+  yet (met under all-stop) is not resumed: its event is reported. Nor is one whose stop was told but is still in
+  the queue behind `%Stop` (`held`): GDB, not knowing yet that it stopped, resumes "every thread" with it
+  (gdbserver's in_queued_stop_replies); resumed, it would run on while GDB is told it stopped.
 - `stop_events`: the events of the threads GDB has resumed, each once, as they come, without stopping any other
   thread (no stop_all_lwps); the process's end (`W`/`X`) once, when every thread is gone with it. A thread the
   process makes goes at once (GDB takes a thread it finds as running until a stop says otherwise).
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import logging
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from ..machine import MachineError
@@ -88,7 +90,7 @@ class NonStopControl(NonStop):
         self._resumed = set()
         self._last_of.clear()
 
-    def resume_threads(self, actions: Sequence[ResumeAction]) -> None:
+    def resume_threads(self, actions: Sequence[ResumeAction], held: Collection[int] = ()) -> None:
         if self.ended() is not None:
             return  # its end is told by stop_events
         chosen = self._chosen(actions)
@@ -97,7 +99,7 @@ class NonStopControl(NonStop):
                 self._put_in_breakpoints()
             for tid, action in chosen.items():
                 thread = self.threads_by_tid[tid]
-                if action is None:
+                if action is None or tid in held:
                     continue
                 if action.stop:
                     if thread.after is not None and not thread.report_stop:

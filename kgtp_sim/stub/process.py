@@ -73,6 +73,9 @@ _LINUX_XML = amd64.LINUX.target_xml().encode()
 
 #: signals a breakpoint may raise, reported to GDB even when it passes them (linux_wstatus_maybe_breakpoint)
 _MAYBE_BREAKPOINT = frozenset((4, 5, 11))  # SIGILL, SIGTRAP, SIGSEGV (GDB's numbers)
+SI_KERNEL = 0x80  #: the si_code of an int3's SIGTRAP (Linux's x86 do_int3)
+INT3 = b"\xcc"
+
 
 class ProcessView:
     """The live process as a trace frame's view reads what the frame did not collect (read-only memory)."""
@@ -112,6 +115,8 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
         self._last: Stop = Signal(SIGTRAP, self.pid)
         self._wanted: set[int] = set()  #: software breakpoints GDB has set
         self._inserted: set[int] = set()  #: the int3s it holds in the process's memory (machine/int3s.py)
+        #: int3s taken out while a thread ran: one may have trapped on it, its stop not taken in yet (_classify)
+        self._lifted: set[int] = set()
         self._hardware: dict[tuple[BreakpointType, int, int], list[int]] = {}  #: Z1-Z4 -> debug registers
         #: the conditions and commands of GDB's software breakpoints, by address (set with their `Z0`)
         self._options: dict[int, BreakpointOptions] = {}
@@ -480,8 +485,11 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
         coming = sorted(self._wanted - self._inserted)
         if not leaving and not coming:
             return
+        running = bool(self._running())
         done = self.tracee.debugger_int3s(coming, leaving)
         self._inserted -= set(leaving)
+        if running:
+            self._lifted |= set(leaving)
         self._inserted |= {address for address, ok in zip(coming, done) if ok}
 
     def _take_out_breakpoints(self, everything: bool) -> None:
@@ -489,6 +497,8 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
         if not leaving:
             return
         self._inserted -= set(leaving)
+        if self._running():
+            self._lifted |= set(leaving)
         try:
             self.tracee.debugger_int3s((), leaving)
         except MachineError as error:
@@ -619,6 +629,8 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
                 except MachineError as error:  # gone meanwhile (its group ended): the process's end says the rest
                     log.info("thread %d: %s", tid, error)
                     self.threads_by_tid.pop(tid, None)
+        if not self._running():
+            self._lifted.clear()  # every trap on a lifted int3 is taken in
         if step_over and not self._stopping:
             self._step_overs()
 
@@ -778,11 +790,33 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
                 if not self._reported_hit(thread, rip - 1):
                     thread.step_over = (BreakpointType.SOFTWARE, rip - 1)
                     return None
+            elif self._lifted_trap(thread, rip - 1):
+                # GDB removed that breakpoint while the thread ran, after it trapped: back on the instruction, and on
+                # as it was, GDB not told (gdbserver discards such a breakpoint stop; GDB would ignore it as "a
+                # delayed software breakpoint trap"); a stop GDB asked for (vCont;t) is still its stop
+                thread.tracee.set_pc(rip - 1)
+                if thread.report_stop and not self._stopping:
+                    return Signal(0, tid)
+                if not self._stopping:
+                    self._go(thread, thread.stepping)
+                return None
             elif thread.range is not None and thread.range[0] <= rip < thread.range[1]:
                 self._go(thread, True)
                 return None
         thread.range = None
         return Signal(signal, tid, swbreak=swbreak)
+
+    def _lifted_trap(self, thread: _Thread, address: int) -> bool:
+        """Did `thread` stop on the int3 GDB's breakpoint at `address` had, lifted since? Its SIGTRAP is an int3's
+        (si_code SI_KERNEL, not a step's) and the program's own byte there is no int3 of its own."""
+        if address not in self._lifted:
+            return False
+        try:
+            return (thread.tracee.signal_code() == SI_KERNEL
+                    and thread.tracee.read_memory(address, 1, hide_int3s=True) not in (b"", INT3))
+        except MachineError as error:
+            log.info("thread %d at %#x: %s", thread.tracee.pid, address, error)
+            return False
 
     def _event(self, thread: _Thread, stop: PtraceStop) -> Stop | None:
         """An event stop (gdbserver's handle_extended_wait): a fork's or vfork's child made a process target and

@@ -86,12 +86,17 @@ class RunHandlers:
         extension = self.target.support_non_stop()
         return extension if extension is not None and extension.non_stop() else None
 
-    def stop_events(self) -> list[bytes]:
-        """Non-stop: the stop replies of the stops since the last call (the session queues them); [] in all-stop."""
+    def stop_events(self) -> list[tuple[bytes, int | None]]:
+        """Non-stop: the stop replies of the stops since the last call, each with its thread (the session queues
+        them); [] in all-stop."""
         extension = self.non_stop()
         if extension is None:
             return []
-        return [stop_reply(stop, self.threads, select=False) for stop in extension.stop_events()]
+        return [self._queued(stop) for stop in extension.stop_events()]
+
+    def _queued(self, stop: Stop) -> tuple[bytes, int | None]:
+        """A non-stop stop as the queue behind `%Stop` holds it: its reply and its thread (None: a process's end)."""
+        return stop_reply(stop, self.threads, select=False), getattr(stop, "thread", None)
 
     def interrupt_running(self) -> None:
         """Ctrl-C with no resumption waiting for its reply: in non-stop, gdbserver's request_interrupt (the stop
@@ -122,8 +127,7 @@ class RunHandlers:
         (OK: none is stopped), the rest for vStopped (gdbserver's handle_status)."""
         extension = self.non_stop()
         if extension is not None:
-            return self.notifications.status(stop_reply(stop, self.threads, select=False)
-                                             for stop in extension.stopped_threads())
+            return self.notifications.status(self._queued(stop) for stop in extension.stopped_threads())
         return stop_reply(self.target.stop_reason(), self.threads)
 
     def _resume(self, *, step: bool) -> Reply:
@@ -143,7 +147,7 @@ class RunHandlers:
         """All-stop: the stop reply, now or when the target stops. Non-stop: OK at once (gdbserver's resume)."""
         extension = self.non_stop()
         if extension is not None:
-            extension.resume_threads(actions)
+            extension.resume_threads(actions, held=self.notifications.held())
             return b"OK"
         if any(action.stop for action in actions):
             raise RspError(E_BAD_PACKET, "vCont;t stops a thread in non-stop mode; this is all-stop")

@@ -41,7 +41,7 @@ Every method is called from a packet handler, on the server thread, but the func
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -390,9 +390,10 @@ class NonStop(ABC):
         """`QNonStop`: switch modes; RspError refuses."""
 
     @abstractmethod
-    def resume_threads(self, actions: Sequence[ResumeAction]) -> None:
+    def resume_threads(self, actions: Sequence[ResumeAction], held: Collection[int] = ()) -> None:
         """Non-stop `vCont`: each thread an action names continues, steps or (`stop`) is stopped; a thread named by
-        none, and a running thread told to run, go on as they are. Returns at once; the stops come through
+        none, and a running thread told to run, go on as they are; a thread in `held` (its stop told, GDB has not
+        taken it yet: it thinks the thread runs) stays stopped. Returns at once; the stops come through
         `stop_events` (after the function given to `Resume.notify_stops` was called)."""
 
     @abstractmethod

@@ -27,12 +27,28 @@ def test_the_first_stop_of_an_empty_queue_is_announced_and_the_rest_wait_for_vst
 def test_halt_reason_queues_behind_what_is_there_and_answers_the_first():
     queue = StopNotifications()
     assert queue.status([]) == b"OK"
-    queue.push(b"T05thread:1;")
-    assert queue.status([b"T00thread:2;", b"T00thread:3;"]) == b"T05thread:1;"
+    queue.push(b"T05thread:1;", 1)
+    assert queue.status([(b"T00thread:2;", 2), (b"T00thread:3;", 3)]) == b"T05thread:1;"
     assert [queue.ack(), queue.ack(), queue.ack()] == [b"T00thread:2;", b"T00thread:3;", b"OK"]
-    queue.status([b"T00thread:2;"])
+    queue.status([(b"T00thread:2;", 2)])
     queue.clear()
     assert queue.first() == b"OK"
+
+
+def test_a_thread_is_held_until_gdb_has_taken_its_stop():
+    """Until vStopped takes a thread's reply GDB does not know it stopped (gdbserver's in_queued_stop_replies)."""
+    queue = StopNotifications()
+    assert queue.held() == frozenset()
+    queue.push(b"T05thread:2;", 2)
+    queue.push(b"W00;process:1")  # a process's end is of no thread
+    queue.status([(b"T00thread:3;", 3)])
+    assert queue.held() == {2, 3}
+    queue.ack()  # GDB has 2's (the notification's); it is given the end
+    assert queue.held() == {3}
+    queue.ack()  # GDB has the end; it is given 3's
+    assert queue.held() == {3}
+    queue.ack()
+    assert queue.held() == frozenset()
 
 
 def test_a_stub_skips_a_notification_and_a_debugger_reads_it():
@@ -58,7 +74,7 @@ class _Handlers:
 
     @handles(c.HaltReason)
     def halt(self, packet):
-        return self.queue.status([b"T00thread:9;"])
+        return self.queue.status([(b"T00thread:9;", 9)])
 
 
 def _frames(data: bytes) -> list[tuple[str, bytes]]:
@@ -71,7 +87,7 @@ def test_the_session_sends_each_new_stop_through_the_queue():
     stops: list[bytes] = []
     interrupts = []
     session = Session(Dispatcher((_Handlers(queue),)), notifications=queue,
-                      stop_events=lambda: [stops.pop(0) for _ in list(stops)], interrupt=lambda: interrupts.append(1))
+                      stop_events=lambda: [(stops.pop(0), None) for _ in list(stops)], interrupt=lambda: interrupts.append(1))
     assert session.poll() == b""
     stops += [b"T05thread:1;", b"T05thread:2;"]
     assert _frames(session.poll()) == [("NOTIFICATION", b"Stop:T05thread:1;")]

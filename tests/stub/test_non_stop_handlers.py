@@ -5,7 +5,7 @@ toy of tests/stub/toy_target.py) neither announces QNonStop+ nor stops a thread 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from kgtp_sim.rsp.codec import Decoder, EventKind, encode_packet
@@ -27,6 +27,7 @@ class NonStopToy(ToyTarget, NonStop):
     events: list[Stop] = field(default_factory=list)
     last: dict[int, Stop] = field(default_factory=lambda: {1: Signal(SIGTRAP, 1)})
     resumptions: list[list[ResumeAction]] = field(default_factory=list)
+    held: list[frozenset[int]] = field(default_factory=list)  #: each resumption's threads to leave stopped
     interrupts: int = 0
 
     def support_non_stop(self) -> NonStop:
@@ -38,11 +39,14 @@ class NonStopToy(ToyTarget, NonStop):
     def set_non_stop(self, on: bool) -> None:
         self.mode = on
 
-    def resume_threads(self, actions: Sequence[ResumeAction]) -> None:
+    def resume_threads(self, actions: Sequence[ResumeAction], held: Collection[int] = ()) -> None:
         self.resumptions.append(list(actions))
+        self.held.append(frozenset(held))
         for action in actions:
             threads = self.threads() if action.thread <= 0 else [action.thread]
             for thread in threads:
+                if thread in held:
+                    continue
                 if action.stop and thread in self.running:
                     self.stop(thread, Signal(0, thread))
                 elif not action.stop:
@@ -118,6 +122,23 @@ def test_each_stop_is_a_notification_drained_with_vstopped_and_the_selection_sta
     assert _send(session, b"vCont;c:2") == [("$", b"OK")] and target.running == {2}
     target.stop(2, Signal(SIGTRAP, 2))
     assert _frames(session.poll()) == [("%", b"Stop:T05thread:2;")]  # the queue was empty: announced again
+
+
+def test_a_thread_whose_stop_gdb_has_not_taken_is_not_resumed():
+    """GDB resumes "every thread" (`vCont;c`) before it has taken a thread's stop with vStopped (the notification
+    crossed the packet): that thread is left stopped, as gdbserver leaves one with a queued stop reply; GDB then
+    takes the stop, and the next resumption resumes it."""
+    target = NonStopToy()
+    _, _, session = _stub(target)
+    _send(session, b"QNonStop:1")
+    assert _send(session, b"vCont;c") == [("$", b"OK")] and target.running == {1, 2}
+    target.stop(2, Signal(SIGTRAP, 2, swbreak=True))
+    assert _frames(session.poll()) == [("%", b"Stop:T05swbreak:;thread:2;")]
+    assert _send(session, b"vCont;c") == [("$", b"OK")]
+    assert target.held[-1] == {2} and target.running == {1}
+    assert _send(session, b"vStopped") == [("$", b"OK")]
+    assert _send(session, b"vCont;c:2") == [("$", b"OK")]
+    assert target.held[-1] == frozenset() and target.running == {1, 2}
 
 
 def test_t_stops_named_threads_and_halt_reason_lists_every_stopped_one():
