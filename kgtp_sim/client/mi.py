@@ -241,7 +241,7 @@ class GdbMi:
         try:
             line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
-            raise MiError("GDB did not answer in time") from None
+            raise MiError("GDB did not answer in time; its last lines:\n" + "\n".join(self.transcript[-40:])) from None
         if line is None:
             raise MiError("GDB exited")
         self.transcript.append(line)
