@@ -512,7 +512,9 @@ class Cache:
                            "# alike (STUB_OPTIONS).\n"
                            f"PYTHONPATH={shlex.quote(str(ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}\n"
                            "export PYTHONPATH\n"
-                           f"exec {shlex.quote(python)} -m kgtp_sim gdbserver {options} \"$@\"\n")
+                           "# -S: a warm start's launcher needs no site-packages (reading them, the editable install's\n"
+                           "# import hook among them, made a 45 ms start 50); a cold one loads them (__main__.py)\n"
+                           f"exec {shlex.quote(python)} -S -m kgtp_sim gdbserver {options} \"$@\"\n")
         wrapper.chmod(0o755)
         # the testsuite starts hundreds of servers: their modules' bytecode compiled once here, read by each start
         # even where Python is told not to write it (PYTHONDONTWRITEBYTECODE: 0.2 s more per start, measured)

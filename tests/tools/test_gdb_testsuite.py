@@ -4,6 +4,7 @@ stub's wrapper. No apt, no make."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -277,9 +278,24 @@ def test_the_stub_wrapper_names_the_shared_objects_beside_each_program_run(cache
     wrapper = cache.stub_wrapper(str(echo))
     through = subprocess.run([str(wrapper), "--once", "localhost:2345", "/b/prog", "x"], capture_output=True,
                              text=True, cwd=tmp_path, check=True)
-    assert through.stdout.splitlines() == ["-m", "kgtp_sim", "gdbserver", "--with", "$ORIGIN/*.so", "--with",
+    assert through.stdout.splitlines() == ["-S", "-m", "kgtp_sim", "gdbserver", "--with", "$ORIGIN/*.so", "--with",
                                            "$ORIGIN/*.so.*", "--with", "$ORIGIN/*.sl", "--once", "localhost:2345",
                                            "/b/prog", "x"]
+
+
+def test_the_stub_wrapper_starts_a_cold_server_though_its_python_reads_no_site_packages(cache):
+    """The wrapper runs Python without its site-packages (-S: a warm start's launcher needs none); with no warm
+    server, the role loads them itself and its machine (unicorn's, from the site-packages) boots."""
+    wrapper = cache.stub_wrapper(sys.executable)
+    env = {k: v for k, v in os.environ.items() if k != "KGTP_SIM_WARM"}
+    proc = subprocess.Popen([str(wrapper), "--once", "--multi", "127.0.0.1:0"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd="/")
+    try:
+        first = proc.stderr.readline()
+        assert first.startswith("Listening on port "), first + proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_server_that_cannot_start_says_why(tmp_path):
