@@ -17,8 +17,10 @@ Software breakpoints (`Z0`) are int3s in the process's memory, as gdbserver's me
 the original bytes, writes over one keep it (the machine's one record of the bytes under int3s, machine/int3s.py,
 shared with the tracer's tracepoints in the program: one address may have both, set and removed in any order); they are written when the process resumes and taken out only when
 GDB removes them and resumes again (GDB removes and reinserts every breakpoint at each stop: unchanged, memory is
-not touched). A stop on an int3 of ours is reported as `swbreak` with the PC back on the breakpoint. Range
-stepping (`vCont;r`) steps here until the PC leaves the range.
+not touched). A stop on an int3 of ours is reported as `swbreak` with the PC back on the breakpoint; a stop on one
+GDB removed while threads ran (non-stop), taken in after the removal, puts the PC back and goes on untold, as
+gdbserver discards it (an int3's SIGTRAP is told from a step's by its si_code). Range stepping (`vCont;r`) steps here
+until the PC leaves the range.
 
 A process attached to (`attached`: gdbserver's linux_attach) is the same target, its threads stopped by the
 kernel's PTRACE_ATTACH, its program's path and auxiliary vector read under its stack's top.
