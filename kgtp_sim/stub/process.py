@@ -487,20 +487,21 @@ class ProcessTarget(NonStopControl, Target, RegisterWrites, MemoryWrites, Resume
         coming = sorted(self._wanted - self._inserted)
         if not leaving and not coming:
             return
-        running = bool(self._running())
         done = self.tracee.debugger_int3s(coming, leaving)
-        self._inserted -= set(leaving)
-        if running:
-            self._lifted |= set(leaving)
+        self._taken_out(leaving)
         self._inserted |= {address for address, ok in zip(coming, done) if ok}
+
+    def _taken_out(self, leaving: Sequence[int]) -> None:
+        """Int3s no longer in memory; one lifted while a thread runs may have trapped it (`_lifted`, _classify)."""
+        self._inserted -= set(leaving)
+        if self._running():
+            self._lifted |= set(leaving)
 
     def _take_out_breakpoints(self, everything: bool) -> None:
         leaving = sorted(a for a in self._inserted if everything or a not in self._wanted)
         if not leaving:
             return
-        self._inserted -= set(leaving)
-        if self._running():
-            self._lifted |= set(leaving)
+        self._taken_out(leaving)
         try:
             self.tracee.debugger_int3s((), leaving)
         except MachineError as error:
