@@ -387,8 +387,13 @@ class Machine:
     def alloc_data(self, length: int) -> int:
         """Read-write memory in vmalloc space (trace buffer, agent contexts). Contents start zeroed."""
         address = self._data.alloc(length)
-        self.run_on_cpu(lambda uc: self.cpu.memory.map_stub_pages(address, self._data.size_of(address)))
-        self.write_memory(address, bytes(self._data.size_of(address)))
+        size = self._data.size_of(address)
+
+        def place(uc: Uc) -> None:
+            self.cpu.memory.map_stub_pages(address, size)
+            self.cpu.memory.zero_stub_data(address, size)
+
+        self.run_on_cpu(place)
         return address
 
     def free_data(self, address: int) -> None:

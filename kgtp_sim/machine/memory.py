@@ -157,6 +157,15 @@ class Memory:
         if remapped:  # the TLB may still hold the old rights
             self.uc.ctl(UC_CTL_TLB_FLUSH, UC_CTL_IO_WRITE)
 
+    def zero_stub_data(self, address: int, length: int) -> None:
+        """Zero [address, address + length) of vmalloc space (mapped by `map_stub_pages`) in one write to the
+        frames behind it: vmalloc space maps onto its frames in order, and its pages are no-execute, so no
+        translated code can be stale there (a trace buffer of megabytes zeroed page by page through the tables
+        took some 15 ms of each tstart)."""
+        if not VMALLOC_BASE <= address <= address + length <= VMALLOC_BASE + VMALLOC_SIZE:
+            raise ValueError(f"{address:#x}+{length:#x} is not in vmalloc space")
+        self.uc.phys_write(PHYS_VMALLOC + address - VMALLOC_BASE, bytes(length))
+
     # ---- the demand region: frames for the kernel's #PF handler -----------------------------------------------
 
     def alloc_frame(self) -> int:

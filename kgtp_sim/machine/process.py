@@ -29,7 +29,6 @@ Threads: port handlers run on the CPU thread inside emulation; `spawn` and `wait
 
 from __future__ import annotations
 
-import hashlib
 import struct
 import threading
 import time
@@ -117,10 +116,6 @@ class _Machine(Protocol):
     def run_on_cpu(self, fn: Callable[[Uc], Any]) -> Any: ...
 
 
-def _digest(data: bytes) -> bytes:
-    return hashlib.sha256(data).digest()
-
-
 @dataclass(frozen=True)
 class ProcessEntry:
     """A process of the machine as `ps` shows it: its pid, its command line (a kernel thread's `[comm]`, as
@@ -145,8 +140,9 @@ class Processes:
         self._spawn_lock = threading.Lock()
         self._request_lock = threading.Lock()
         self.archive_size = 0
-        #: the initramfs's files: path inside -> their bytes' digest (what `add_files` need not add again)
-        self.files: dict[str, bytes] = {}
+        #: the initramfs's files: path inside -> their bytes (what `add_files` need not add again; kept by reference,
+        #: never copied or hashed: hashing a program's libraries took some 10 ms of each vRun)
+        self.files: dict[str, bytes | memoryview] = {}
         #: where a process's output goes: fn(fd, data), on the CPU thread; by default kept in `output`
         self.sink: OutputSink | None = None
         #: called on the CPU thread with the pid of each process that ended
@@ -173,7 +169,7 @@ class Processes:
         uc.mem_write(image.address_of("initrd_start"), struct.pack("<Q", start))
         uc.mem_write(image.address_of("initrd_size"), struct.pack("<Q", len(archive)))
         self.archive_size = len(archive)
-        self.files.update((path, _digest(data)) for path, (_mode, data) in unpack(memoryview(archive)).items())
+        self.files.update((path, data) for path, (_mode, data) in unpack(memoryview(archive)).items())
 
     def set_terminals(self, fds: Sequence[int]) -> None:
         """Which of fds 0-2 are terminals on the machine's side (before boot): TCGETS answers there, as for a
@@ -284,7 +280,7 @@ class Processes:
         bytes, are left out); returns the paths added. A file added under a path the machine has shadows the older
         one from then on (initramfs.c: ramfs_add)."""
         new = Archive({path: entry for path, entry in archive.files.items()
-                       if self.files.get(path) != _digest(entry[1])})
+                       if path not in self.files or self.files[path] != entry[1]})
         if not new.files:
             return []
         data = new.pack()
@@ -295,7 +291,7 @@ class Processes:
         listed = self.request(REQUEST_RAMFS_ADD, phys, len(data))
         if listed != len(new.files):
             raise SpawnError(f"the kernel listed {listed} of {len(new.files)} files added (its table is full?)")
-        self.files.update((path, _digest(entry[1])) for path, entry in new.files.items())
+        self.files.update((path, entry[1]) for path, entry in new.files.items())
         return sorted(new.files)
 
     def listing(self) -> list[ProcessEntry]:

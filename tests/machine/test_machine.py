@@ -309,6 +309,16 @@ def test_allocators_reuse_freed_blocks(image):
         machine.free_code(a)
 
 
+def test_data_blocks_start_zeroed_when_reused(image):
+    machine = Machine(image)
+    size = 3 * 4096 + 100  # across pages: zeroed through the frames behind vmalloc space (memory.zero_stub_data)
+    a = machine.alloc_data(size)
+    machine.write_memory(a, b"\xaa" * size)
+    machine.free_data(a)
+    assert machine.alloc_data(size) == a
+    assert machine.read_memory(a, size) == bytes(size)
+
+
 def test_stops_asked_by_other_threads_never_replay_instructions():
     """Other threads' stops (the server's requests, timer ticks) end emulation at a block boundary, exactly.
 
