@@ -7,7 +7,7 @@ import os
 import sys
 
 if sys.argv[1:2] == ["gdbserver"] and os.environ.get("KGTP_SIM_WARM"):
-    from .warm import launch
+    from .launch import launch
 
     launch(os.environ["KGTP_SIM_WARM"], sys.argv[1:])  # returns only where no warm server listens
 

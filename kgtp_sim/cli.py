@@ -143,9 +143,9 @@ def entry(warm: bool = True) -> None:
     and every object one by one took 0.15 to 0.25 s after the last reply, and GDB's testsuite waits for a
     server's end at each of its hundreds of restarts."""
     if warm and sys.argv[1:2] == ["gdbserver"] and os.environ.get("KGTP_SIM_WARM"):
-        from . import warm as warm_start
+        from .launch import launch
 
-        warm_start.launch(os.environ["KGTP_SIM_WARM"], sys.argv[1:])  # returns only where none listens
+        launch(os.environ["KGTP_SIM_WARM"], sys.argv[1:])  # returns only where none listens
     status = main()
     if sys.argv[1:2] and sys.argv[1] in _QUICK_EXIT:
         from .warm import leave

@@ -238,7 +238,10 @@ class Server:
         from .programs import Program, load_programs, relay_input, relay_output
 
         self.options = options
-        self.machine = Machine(KernelImage.load(options.kernel or paths.VMLINUX), hz=options.hz, cpus=options.cpus)
+        kernel = options.kernel or paths.VMLINUX
+        # a warm start's machine was built by the warm server before it forked this one (warm.py)
+        self.machine = Machine.prepared(kernel, hz=options.hz, cpus=options.cpus) or \
+            Machine(KernelImage.load(kernel), hz=options.hz, cpus=options.cpus)
         self.program: Program | None = None
         self.inside = ""
         if options.program:

@@ -4,13 +4,15 @@
 Why: a cold `kgtp-sim gdbserver` spends some 0.25 s importing its modules (and loading unicorn, capstone and
 keystone) before it binds its port, and a harness such as GDB's testsuite starts hundreds of servers, one per
 session; gdbserver starts in milliseconds. Forked from a warm interpreter, the role starts with its modules already
-loaded and its first packets find the decoder and the assembler ready. Nothing else is shared: each launch is a new
-process with the launcher's command line, working directory, environment and standard streams, that boots its own
-machine; what it prints, reads and exits with is what a cold start's would be.
+loaded and its first packets find the decoder and the assembler ready, and a machine built as the role builds one
+by default (Machine.prepare: not started, not booted; a fork takes its copy, Machine.prepared, some 10 ms sooner).
+Nothing else is shared: each launch is a new process with the launcher's command line, working directory,
+environment and standard streams, that boots its own machine; what it prints, reads and exits with is what a cold
+start's would be.
 
 The two sides, over a Unix stream socket:
 
-    launcher (`launch`, the `kgtp-sim gdbserver` process)          warm server (`serve`, `kgtp-sim warm`)
+    launcher (launch.py, the `kgtp-sim gdbserver` process)         warm server (`serve`, `kgtp-sim warm`)
     connect; send the request (argv, cwd, environment) and
     its fds 0, 1 and 2 (SCM_RIGHTS)                      ------->  accept; fork
                                                                     child: takes the fds, the directory, the
@@ -44,10 +46,8 @@ import socket
 import struct
 import sys
 
-#: the environment variable that points `kgtp-sim gdbserver` at a warm server's socket
-ENV = "KGTP_SIM_WARM"
-#: signals the launcher passes on to its server
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+from .launch import FORWARDED, read_exact
+
 #: the longest request read (argv and environment as JSON); a longer one is refused
 MAX_REQUEST = 4 << 20
 #: seconds a connection has to deliver its request
@@ -83,59 +83,6 @@ def default_socket() -> str:
     return os.path.join(base, "warm.sock")
 
 
-# ---- the launcher ----------------------------------------------------------------------------------------------
-
-def _read_exact(conn: socket.socket, size: int) -> bytes | None:
-    data = b""
-    while len(data) < size:
-        chunk = conn.recv(size - len(data))
-        if not chunk:
-            return None
-        data += chunk
-    return data
-
-
-def launch(path: str, argv: list[str]) -> None:
-    """Have the warm server at `path` run `kgtp-sim ARGV` with this process's streams, directory and environment,
-    and exit as it does. Returns (nothing done) when no warm server listens there."""
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        conn.connect(path)
-    except OSError:
-        conn.close()
-        return
-    request = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
-    try:
-        socket.send_fds(conn, [struct.pack("!I", len(request)) + request], [0, 1, 2])
-        head = _read_exact(conn, 5)
-    except OSError:
-        head = None
-    if head is None or head[:1] != b"p":  # refused before it started anything: start cold
-        conn.close()
-        return
-    child = struct.unpack("!I", head[1:])[0]
-
-    def forward(number: int, _frame) -> None:
-        try:
-            os.kill(child, number)
-        except ProcessLookupError:
-            pass
-
-    for number in FORWARDED:
-        signal.signal(number, forward)
-    try:
-        tail = _read_exact(conn, 5)
-    except OSError:
-        tail = None
-    if tail is None or tail[:1] != b"s":  # the warm server went away first: the child's status is lost
-        os._exit(1)
-    code = os.waitstatus_to_exitcode(struct.unpack("!i", tail[1:])[0])
-    if code < 0:  # killed by a signal: so is the launcher, for its parent's wait
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-    os._exit(code if code >= 0 else 128 - code)
-
-
 # ---- the warm server -------------------------------------------------------------------------------------------
 
 def preload() -> None:
@@ -154,9 +101,14 @@ def preload() -> None:
         module, function = name.split(":")
         getattr(importlib.import_module(module), function)()
     from .client import paths
-    from .machine import KernelImage
+    from .gdbserver import Options
+    from .machine import KernelImage, Machine
 
-    KernelImage.preload(paths.VMLINUX)  # the bundled kernel, read once: each fork's server gets it as read
+    # a machine of the bundled kernel as `kgtp-sim gdbserver` builds one by default, built once: each fork's
+    # server takes it as built (Machine.prepared); one started with other options builds its own from the image
+    # read here, each fork getting it as read
+    Machine.prepare(paths.VMLINUX, hz=Options.hz, cpus=Options.cpus)
+    KernelImage.preload(paths.VMLINUX)
 
 
 def _private_directory(path: str) -> None:
@@ -210,7 +162,7 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
             raise ValueError("a request too long")
         body = data[4:]
         if len(body) < size:
-            rest = _read_exact(conn, size - len(body))
+            rest = read_exact(conn, size - len(body))
             if rest is None:
                 raise ValueError("a request cut short")
             body += rest

@@ -84,6 +84,14 @@ class MachineClock:
     def frozen(self) -> bool:
         return self._frozen is not None
 
+    def restart(self) -> None:
+        """Count from now, as a new clock would: for a machine built ahead of its use that has not run yet
+        (Machine.prepared)."""
+        with self._lock:
+            self._base_ns = time.monotonic_ns()
+            self.stopped_ns = self.stopped_ticks = 0
+            self._frozen = None
+
     def freeze(self) -> None:
         """The machine stopped: its time stands still from now."""
         with self._lock:

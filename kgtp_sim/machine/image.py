@@ -92,12 +92,13 @@ class KernelImage:
     def preload(cls, path: str | Path) -> None:
         """Read `path` now for a later `load` in this process or in its forks (warm.py: each fork's server is
         handed the image its parent read, the parent's copy untouched by what the fork's machine does to it)."""
-        key = cls._file_key(Path(path))
+        key = cls.file_key(Path(path))
         if key is not None:
             cls._preloaded[key] = cls.load(path)
 
     @staticmethod
-    def _file_key(path: Path) -> tuple[str, int, int] | None:
+    def file_key(path: Path) -> tuple[str, int, int] | None:
+        """The file as it is now (resolved path, size, modification time); None where it cannot be read."""
         try:
             info = path.stat()
         except OSError:
@@ -108,7 +109,7 @@ class KernelImage:
     def load(cls, path: str | Path) -> KernelImage:
         path = Path(path)
         if cls._preloaded:
-            key = cls._file_key(path)
+            key = cls.file_key(path)
             if key is not None and key in cls._preloaded:
                 return cls._preloaded.pop(key)
         try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import struct
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, TypeVar
 
 from unicorn import Uc, UcError
@@ -75,6 +76,29 @@ class MachineStats:
 
 class Machine:
     """A simulated x86_64 machine of `cpus` CPUs (1..8) running `image`."""
+
+    #: machines built ahead of their use (`prepare`), by (kernel file, hz, pace, cpus)
+    _prepared: dict[tuple, Machine] = {}
+
+    @classmethod
+    def prepare(cls, path: str | Path, hz: int = 100, pace: int = DEFAULT_PACE, cpus: int = 1) -> None:
+        """Build a machine of the kernel file at `path` now, not started, for a later `prepared` with the same
+        arguments in a fork of this process (warm.py: each fork's server takes the machine its parent built, some
+        15 ms of its start; the parent's own copy is never used nor started, so the next fork gets it as built).
+        Building one runs no instruction and starts no thread: nothing of it but memory crosses the fork."""
+        key = KernelImage.file_key(Path(path))
+        if key is not None:
+            cls._prepared[(key, hz, pace, cpus)] = cls(KernelImage.load(path), hz=hz, pace=pace, cpus=cpus)
+
+    @classmethod
+    def prepared(cls, path: str | Path, hz: int = 100, pace: int = DEFAULT_PACE, cpus: int = 1) -> Machine | None:
+        """The machine `prepare` built with these arguments, its clock counting from now, if the kernel file is
+        still the one it read; None otherwise (the caller builds its own). Each is handed out once."""
+        key = KernelImage.file_key(Path(path))
+        machine = cls._prepared.pop((key, hz, pace, cpus), None) if key is not None else None
+        if machine is not None:
+            machine.clock.restart()
+        return machine
 
     def __init__(self, image: KernelImage, hz: int = 100, pace: int = DEFAULT_PACE, cpus: int = 1) -> None:
         if not 1 <= cpus <= smp.MAX_CPUS:
