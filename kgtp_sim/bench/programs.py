@@ -271,12 +271,18 @@ def counted_per_unit(booted: Booted, binary: Path, kind: str, n: int, windows: i
             "units_per_window": statistics.median(units(w, n) for w in one)}
 
 
+#: the counting machine's windows do this share of the timing machine's calls: its hook on every instruction makes
+#: each one some 30 times slower, and a window as long as a tick's period (10 ms) always holds one (none was clean
+#: at 200 switches); the count per call is exact whatever the calls (the difference of two window sizes)
+COUNTED_SHARE = 8
+
+
 def per_unit(pair: Pair, binary: Path, kind: str, n: int, windows: int, processes: int = 1,
              units=lambda window, n: n) -> dict:
     """Instructions and host ns per unit of work (`units(window, n)` in a window: n calls unless said) over the
-    clean windows: instructions as `counted_per_unit` says; host ns: windows of n on the timing machine, median,
-    min and max of each one's ns per unit."""
-    counted = counted_per_unit(pair.counted, binary, kind, n, windows, processes, units)
+    clean windows: instructions as `counted_per_unit` says, from windows of n / COUNTED_SHARE and twice that; host
+    ns: windows of n on the timing machine, median, min and max of each one's ns per unit."""
+    counted = counted_per_unit(pair.counted, binary, kind, max(1, n // COUNTED_SHARE), windows, processes, units)
     timed = clean_windows(pair.timed, binary, kind, n, windows, processes, units)
     ns = [w.ns / units(w, n) for w in timed]
     return {**counted, "ns": statistics.median(ns), "ns_min": min(ns), "ns_max": max(ns),
@@ -376,7 +382,8 @@ def _call_insns(machine: Machine, target: str | int, *args: int) -> int:
 
 def speed_rows(pair: Pair, windows_binary: Path, calls: int, windows: int, rounds: int) -> list[dict]:
     """ring_loop's bytes in ring 3 (a process's windows) and in ring 0 (their copy, `Machine.call`), and the kernel's
-    kgtp_bench_loop: instructions a call (exact: windows or calls of n and 2n on the counting machine), host ns a
+    kgtp_bench_loop: instructions a call (exact: the process's windows of n / COUNTED_SHARE and twice that, calls
+    of n and 2n on the counting machine), host ns a
     call (`rounds` rounds of `windows` windows or calls of 0 then n calls on each side, the difference of the
     medians over n: each side's fixed cost, its window hooks or `Machine.call`'s, drops out) and instructions per
     host second, and each one's ratio to ring 0's copy."""
@@ -389,7 +396,7 @@ def speed_rows(pair: Pair, windows_binary: Path, calls: int, windows: int, round
         return "kgtp_bench_loop", n
 
     kernels = ("kernel", "kernel text")
-    user = counted_per_unit(pair.counted, windows_binary, "loop", calls, windows)
+    user = counted_per_unit(pair.counted, windows_binary, "loop", max(1, calls // COUNTED_SHARE), windows)
     insns = {"user": (user["insns"], user["exact"])}
     for name in kernels:  # two calls of n and two of 2n: the loop's prologue and return drop out
         one, two = ([_call_insns(pair.counted.machine, *kernel_call(name, pair.counted, n)) for _ in range(2)]
