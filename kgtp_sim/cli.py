@@ -142,10 +142,10 @@ def entry(warm: bool = True) -> None:
     shut down, the streams flushed here, the files they write closed before they return): freeing the emulator
     and every object one by one took 0.15 to 0.25 s after the last reply, and GDB's testsuite waits for a
     server's end at each of its hundreds of restarts."""
-    if warm and sys.argv[1:2] == ["gdbserver"] and os.environ.get("KGTP_SIM_WARM"):
-        from .launch import launch
+    if warm:
+        from .launch import offer
 
-        launch(os.environ["KGTP_SIM_WARM"], sys.argv[1:])  # returns only where none listens
+        offer(sys.argv[1:])  # returns only where it is no warm start
     status = main()
     if sys.argv[1:2] and sys.argv[1] in _QUICK_EXIT:
         from .warm import leave

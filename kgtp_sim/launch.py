@@ -42,6 +42,14 @@ def encode_request(argv: list[str], cwd: str, env: dict[str, str]) -> bytes:
             + ", ".join(f"{text(key)}: {text(value)}" for key, value in env.items()) + "}}").encode()
 
 
+def offer(argv: list[str]) -> None:
+    """`kgtp-sim ARGV`, when it is `gdbserver ...` and ENV names a warm server, served by that server (`launch`:
+    then it never returns); otherwise, or where no warm server listens there, returns at once."""
+    path = os.environ.get(ENV)
+    if argv[:1] == ["gdbserver"] and path:
+        launch(path, argv)
+
+
 def launch(path: str, argv: list[str]) -> None:
     """Have the warm server at `path` run `kgtp-sim ARGV` with this process's streams, directory and environment,
     and exit as it does. Returns (nothing done) when no warm server listens there."""

@@ -34,3 +34,17 @@ def test_the_launcher_loads_no_module_of_the_standard_library_beyond_the_interpr
     loaded = set(result.stdout.split())
     assert {"kgtp_sim", "kgtp_sim.launch"} <= loaded
     assert not loaded & {"json", "socket", "signal", "re", "enum", "selectors", "collections"}, loaded
+
+
+def test_only_a_gdbserver_command_with_the_variable_set_is_offered(monkeypatch):
+    from kgtp_sim import launch
+
+    offered = []
+    monkeypatch.setattr(launch, "launch", lambda path, argv: offered.append((path, argv)))
+    monkeypatch.delenv(launch.ENV, raising=False)
+    launch.offer(["gdbserver", ":1234"])
+    monkeypatch.setenv(launch.ENV, "/run/warm.sock")
+    launch.offer(["serve"])
+    launch.offer([])
+    launch.offer(["gdbserver", "--multi", ":1234"])
+    assert offered == [("/run/warm.sock", ["gdbserver", "--multi", ":1234"])]

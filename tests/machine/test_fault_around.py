@@ -25,10 +25,10 @@ WINDOW = 16 * PAGE
 TOUCHED = 21
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
+@pytest.fixture(scope="module", params=[1, 2], ids=["1 CPU", "2 CPUs"])
+def run(tmp_path_factory, request):
     path = compile_program("faultaround", "glibc-static", tmp_path_factory.mktemp("fault-around"))
-    machine = Machine(KernelImage.load(VMLINUX), cpus=1)
+    machine = Machine(KernelImage.load(VMLINUX), cpus=request.param)
     inside = load_programs(machine, [Program(path, (str(path),))])
     output: list[bytes] = []
     machine.processes.sink = lambda fd, data: output.append(data)
