@@ -48,3 +48,37 @@ def test_a_detour_kept_by_a_stack_keeps_the_link_it_jumps_to():
     machine.write_memory(word, bytes(8))  # that task went on
     retired.release()
     assert retired.regions == []
+
+
+def test_the_words_found_are_the_aligned_words_in_the_range_and_only_those():
+    """stacks_point_into finds a range's words by the top bytes they share: checked against every aligned word,
+    for ranges sharing eight to none of their top bytes, with words planted at aligned and unaligned places."""
+    import array
+    import random
+
+    from kgtp_sim.machine.layout import MODULE_BASE
+    from kgtp_sim.tracing.patching.retire import stacks_point_into, writable_memory
+
+    machine = Machine(IMAGE)
+    base = IMAGE.address_of("jiffies") & ~7
+    planted = MODULE_BASE + 0x12340
+    machine.write_memory(base, planted.to_bytes(8, "little"))  # aligned: counts
+    machine.write_memory(base + 8 * 5 + 3, (MODULE_BASE + 0x56780).to_bytes(8, "little"))  # unaligned: does not
+    memory = writable_memory(machine, machine.uc)
+
+    def every_word(low: int, high: int) -> bool:
+        return any(low <= word < high for data in memory for word in array.array("Q", data))
+
+    random.seed(7)
+    ranges = [(planted, planted + 1), (planted - 0x40, planted), (planted + 1, planted + 0x40),
+              (MODULE_BASE + 0x56780, MODULE_BASE + 0x56788), (MODULE_BASE, MODULE_BASE + (64 << 20)),
+              (0, 1 << 64), (0, 0x1000), (planted, planted), (1 << 63, (1 << 64) - 1)]
+    text = IMAGE.address_of("schedule")
+    ranges += [(text + 1, text + 5), (0xFFFF_FFFF_8100_0000, 0xFFFF_FFFF_8200_0000)]
+    for _ in range(40):
+        low = random.choice([MODULE_BASE, 0xFFFF_FFFF_8100_0000, base, 0]) + random.randrange(1 << 20)
+        ranges.append((low, low + random.choice([1, 7, 8, 64, 4096, 1 << 20, 1 << 40])))
+    found = [stacks_point_into(machine, machine.uc, low, min(high, 1 << 64), memory) for low, high in ranges]
+    assert found == [every_word(low, min(high, 1 << 64)) for low, high in ranges]
+    assert found[:5] == [True, False, False, False, True]  # the planted word; the unaligned one is no word
+    assert any(found[5:]) and not all(found[5:])
